@@ -1,0 +1,1 @@
+//! Compat tests live in tests/ and python/.

@@ -1,0 +1,1 @@
+//! Per-segment replication.
