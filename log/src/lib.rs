@@ -1,1 +1,12 @@
-//! Log.
+//! Tessera's storage: range logs made of segment files, their per-partition
+//! and time indexes, crash recovery and group commit.
+
+pub mod batch;
+pub mod error;
+pub mod range_log;
+pub mod segment;
+
+pub use error::{BatchError, LogError};
+pub use range_log::{
+    now_ms, AppendOutcome, PartitionOffsets, RangeLog, RangeLogOptions, ReadOutcome, SealedSegment,
+};

@@ -1,0 +1,35 @@
+//! The log crate's error types.
+
+use thiserror::Error;
+
+/// A record batch that cannot be accepted as produced.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum BatchError {
+    #[error("corrupt record batch: {0}")]
+    Corrupt(&'static str),
+    #[error("record batch CRC-32C mismatch")]
+    CrcMismatch,
+    #[error("unsupported record batch magic {0}")]
+    UnsupportedMagic(i8),
+}
+
+/// Errors of the range log.
+#[derive(Debug, Error)]
+pub enum LogError {
+    #[error("I/O error: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("partition {0} is not in this range")]
+    PartitionNotInRange(u32),
+    #[error("offset {offset} is outside [{log_start}, {log_end}]")]
+    OffsetOutOfRange {
+        offset: i64,
+        log_start: i64,
+        log_end: i64,
+    },
+    #[error("the log's storage failed earlier and refuses further writes")]
+    StorageFailed,
+    #[error("the range log is closed")]
+    Closed,
+    #[error(transparent)]
+    Batch(#[from] BatchError),
+}

@@ -1,0 +1,605 @@
+//! The log of one range: a chain of segments shared by the partitions
+//! `[lo, hi)`, each partition with its own dense offsets inside it.
+//!
+//! Appends are serialized by one lock per range and go to the page cache; a
+//! flusher task makes them durable with group commit (one `fdatasync` covers
+//! every append that arrived while the previous one ran) and then advances
+//! each partition's high watermark. Reads copy stored batch bytes as they are.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tokio::sync::{watch, Notify};
+
+use crate::batch;
+use crate::error::LogError;
+use crate::segment::{self, IndexEntry, Segment};
+
+/// How a range log is opened.
+#[derive(Clone, Debug)]
+pub struct RangeLogOptions {
+    pub dir: PathBuf,
+    pub lo: u32,
+    pub hi: u32,
+    /// `segment.bytes`: roll the active segment once it reaches this size.
+    pub segment_bytes: u64,
+    /// `segment.ms`: roll a non-empty active segment older than this.
+    pub segment_ms: i64,
+    /// Written into every stored batch's partitionLeaderEpoch.
+    pub leader_epoch: i32,
+    /// Log start offset per partition (index `p - lo`); empty means all 0.
+    pub log_start_offsets: Vec<i64>,
+}
+
+/// A segment that was sealed by a roll: what the metadata log must record.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SealedSegment {
+    pub seq: u32,
+    pub size_bytes: u64,
+    /// `(partition, start offset, end offset exclusive)`.
+    pub spans: Vec<(u32, i64, i64)>,
+    /// The sequence number of the segment that is active now.
+    pub next_seq: u32,
+}
+
+/// What one append did.
+#[derive(Clone, Debug)]
+pub struct AppendOutcome {
+    pub base_offset: i64,
+    pub last_offset: i64,
+    /// Range-wide logical position the append ends at; wait for it to be durable.
+    pub end_position: u64,
+    /// Set when this append rolled the active segment first.
+    pub rolled: Option<SealedSegment>,
+}
+
+/// Offsets of one partition.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PartitionOffsets {
+    pub log_start: i64,
+    pub high_watermark: i64,
+    pub log_end: i64,
+}
+
+/// The result of a read.
+#[derive(Debug, Default)]
+pub struct ReadOutcome {
+    pub records: Bytes,
+    pub offsets: PartitionOffsets,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct PartitionState {
+    log_start: i64,
+    next_offset: i64,
+    high_watermark: i64,
+}
+
+struct Pending {
+    end_position: u64,
+    partition_index: usize,
+    next_offset: i64,
+}
+
+struct Inner {
+    segments: Vec<Segment>,
+    partitions: Vec<PartitionState>,
+    /// Logical position of the start of the active segment.
+    active_base_position: u64,
+    pending: VecDeque<Pending>,
+}
+
+impl Inner {
+    fn active(&mut self) -> &mut Segment {
+        self.segments
+            .last_mut()
+            .expect("a range log always has an active segment")
+    }
+    fn written_position(&self) -> u64 {
+        self.active_base_position + self.segments.last().map_or(0, |s| s.size)
+    }
+    /// Applies durability up to `position`: every append ending there is now
+    /// visible below the high watermark.
+    fn advance_durable(&mut self, position: u64) -> bool {
+        let mut moved = false;
+        while let Some(p) = self.pending.front() {
+            if p.end_position > position {
+                break;
+            }
+            let p = self.pending.pop_front().unwrap();
+            let state = &mut self.partitions[p.partition_index];
+            if p.next_offset > state.high_watermark {
+                state.high_watermark = p.next_offset;
+                moved = true;
+            }
+        }
+        moved
+    }
+}
+
+/// The log of one range.
+pub struct RangeLog {
+    options: RangeLogOptions,
+    inner: Mutex<Inner>,
+    flush_wanted: Notify,
+    durable: watch::Sender<u64>,
+    failed: AtomicBool,
+    closed: AtomicBool,
+    /// Bumped whenever a high watermark moves, to wake long-polling fetches.
+    hw_listener: watch::Sender<u64>,
+}
+
+pub fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as i64)
+        .unwrap_or(0)
+}
+
+fn list_segments(dir: &Path) -> Result<Vec<u32>, LogError> {
+    let mut seqs = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        let name = name.to_string_lossy();
+        if let Some(stem) = name.strip_suffix(".log") {
+            if let Ok(seq) = stem.parse::<u32>() {
+                seqs.push(seq);
+            }
+        }
+    }
+    seqs.sort_unstable();
+    Ok(seqs)
+}
+
+fn sync_dir(dir: &Path) -> Result<(), LogError> {
+    File::open(dir)?.sync_all()?;
+    Ok(())
+}
+
+impl RangeLog {
+    /// Opens (or creates) a range log and recovers it: sealed segments load
+    /// their sidecar index, the active one is scanned and its torn tail cut.
+    /// Must be called inside a tokio runtime: it starts the flusher task.
+    pub fn open(
+        options: RangeLogOptions,
+        hw_listener: watch::Sender<u64>,
+    ) -> Result<Arc<RangeLog>, LogError> {
+        std::fs::create_dir_all(&options.dir)?;
+        let now = now_ms();
+        let seqs = list_segments(&options.dir)?;
+        let mut segments = Vec::with_capacity(seqs.len().max(1));
+        for (i, &seq) in seqs.iter().enumerate() {
+            let sealed = i + 1 < seqs.len();
+            segments.push(Segment::open(&options.dir, seq, sealed, now)?);
+        }
+        if segments.is_empty() {
+            segments.push(Segment::create(&options.dir, 0, now)?);
+            sync_dir(&options.dir)?;
+        }
+        // Everything recovered is made durable before it becomes visible.
+        segments.last().unwrap().file.sync_data()?;
+
+        let width = (options.hi - options.lo) as usize;
+        let mut partitions = vec![PartitionState::default(); width];
+        for (i, state) in partitions.iter_mut().enumerate() {
+            let start = options.log_start_offsets.get(i).copied().unwrap_or(0);
+            state.log_start = start;
+            state.next_offset = start;
+        }
+        for seg in &segments {
+            for (p, entries) in &seg.index.partitions {
+                if let (Some(i), Some(last)) = (p.checked_sub(options.lo), entries.last()) {
+                    if let Some(state) = partitions.get_mut(i as usize) {
+                        state.next_offset = state.next_offset.max(last.last_offset + 1);
+                    }
+                }
+            }
+        }
+        for state in &mut partitions {
+            state.high_watermark = state.next_offset;
+        }
+        let active_base_position = segments[..segments.len() - 1].iter().map(|s| s.size).sum();
+        let inner = Inner {
+            segments,
+            partitions,
+            active_base_position,
+            pending: VecDeque::new(),
+        };
+        let written = inner.written_position();
+        let log = Arc::new(RangeLog {
+            options,
+            inner: Mutex::new(inner),
+            flush_wanted: Notify::new(),
+            durable: watch::channel(written).0,
+            failed: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            hw_listener,
+        });
+        // The flusher owns a reference until `close()`: a range log lives until it is closed.
+        tokio::spawn(flusher(log.clone()));
+        Ok(log)
+    }
+
+    pub fn lo(&self) -> u32 {
+        self.options.lo
+    }
+    pub fn hi(&self) -> u32 {
+        self.options.hi
+    }
+    pub fn dir(&self) -> &Path {
+        &self.options.dir
+    }
+
+    fn index_of(&self, partition: u32) -> Result<usize, LogError> {
+        if partition < self.options.lo || partition >= self.options.hi {
+            return Err(LogError::PartitionNotInRange(partition));
+        }
+        Ok((partition - self.options.lo) as usize)
+    }
+
+    /// Assigns offsets to one validated batch of `partition` and appends it.
+    /// `batch_bytes` is rewritten in place (baseOffset, leader epoch, and the
+    /// LogAppendTime fields when `log_append_time` is set).
+    pub fn append(
+        &self,
+        partition: u32,
+        batch_bytes: &mut [u8],
+        log_append_time: Option<i64>,
+    ) -> Result<AppendOutcome, LogError> {
+        if self.failed.load(Ordering::Relaxed) {
+            return Err(LogError::StorageFailed);
+        }
+        if self.closed.load(Ordering::Relaxed) {
+            return Err(LogError::Closed);
+        }
+        let pi = self.index_of(partition)?;
+        let header = batch::parse_header(batch_bytes)?;
+        let mut inner = self.inner.lock();
+        let rolled = self.maybe_roll(&mut inner)?;
+        let base_offset = inner.partitions[pi].next_offset;
+        let last_offset = base_offset + header.last_offset_delta as i64;
+        batch::set_base_offset(batch_bytes, base_offset);
+        batch::set_partition_leader_epoch(batch_bytes, self.options.leader_epoch);
+        let max_ts = match log_append_time {
+            Some(now) => {
+                batch::set_log_append_time(batch_bytes, now);
+                now
+            }
+            None => header.max_timestamp,
+        };
+        let result =
+            inner
+                .active()
+                .append(partition, batch_bytes, (base_offset, last_offset), max_ts);
+        if let Err(e) = result {
+            // A failed write may have left a partial frame: refuse further
+            // writes rather than append after garbage. Restart recovery cuts it.
+            self.failed.store(true, Ordering::Relaxed);
+            return Err(e);
+        }
+        inner.partitions[pi].next_offset = last_offset + 1;
+        let end_position = inner.written_position();
+        inner.pending.push_back(Pending {
+            end_position,
+            partition_index: pi,
+            next_offset: last_offset + 1,
+        });
+        drop(inner);
+        self.flush_wanted.notify_one();
+        Ok(AppendOutcome {
+            base_offset,
+            last_offset,
+            end_position,
+            rolled,
+        })
+    }
+
+    /// Rolls the active segment when it is full or old. The sealed segment is
+    /// fsynced and its index written before the next one opens.
+    fn maybe_roll(&self, inner: &mut Inner) -> Result<Option<SealedSegment>, LogError> {
+        let now = now_ms();
+        let active = inner.segments.last().unwrap();
+        let full = active.size >= self.options.segment_bytes;
+        let old = active.size > 0 && now - active.created_ms >= self.options.segment_ms;
+        if !(full || old) {
+            return Ok(None);
+        }
+        self.roll_locked(inner, now).map(Some)
+    }
+
+    fn roll_locked(&self, inner: &mut Inner, now: i64) -> Result<SealedSegment, LogError> {
+        let dir = self.options.dir.clone();
+        let active = inner.active();
+        active.file.sync_data()?;
+        active.write_index(&dir)?;
+        active.sealed = true;
+        let sealed = SealedSegment {
+            seq: active.seq,
+            size_bytes: active.size,
+            spans: active.index.spans(),
+            next_seq: active.seq + 1,
+        };
+        let sealed_size = active.size;
+        let next = Segment::create(&dir, sealed.next_seq, now)?;
+        sync_dir(&dir)?;
+        inner.active_base_position += sealed_size;
+        inner.segments.push(next);
+        let position = inner.active_base_position;
+        if inner.advance_durable(position) {
+            self.hw_listener.send_modify(|v| *v += 1);
+        }
+        self.durable.send_if_modified(|d| {
+            let moved = *d < position;
+            *d = (*d).max(position);
+            moved
+        });
+        Ok(sealed)
+    }
+
+    /// Seals the active segment now, if it holds anything.
+    pub fn roll(&self) -> Result<Option<SealedSegment>, LogError> {
+        let mut inner = self.inner.lock();
+        if inner.segments.last().unwrap().size == 0 {
+            return Ok(None);
+        }
+        self.roll_locked(&mut inner, now_ms()).map(Some)
+    }
+
+    /// Waits until everything up to `position` is on disk.
+    pub async fn wait_durable(&self, position: u64) -> Result<(), LogError> {
+        let mut rx = self.durable.subscribe();
+        loop {
+            if *rx.borrow_and_update() >= position {
+                return Ok(());
+            }
+            if self.failed.load(Ordering::Relaxed) {
+                return Err(LogError::StorageFailed);
+            }
+            if rx.changed().await.is_err() {
+                return Err(LogError::Closed);
+            }
+        }
+    }
+
+    pub fn offsets(&self, partition: u32) -> Result<PartitionOffsets, LogError> {
+        let pi = self.index_of(partition)?;
+        let state = self.inner.lock().partitions[pi];
+        Ok(PartitionOffsets {
+            log_start: state.log_start,
+            high_watermark: state.high_watermark,
+            log_end: state.next_offset,
+        })
+    }
+
+    /// Reads `partition`'s batches from the one holding `offset`, below the
+    /// high watermark, up to `max_bytes` (the first batch always, whatever its size).
+    pub fn read(
+        &self,
+        partition: u32,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<ReadOutcome, LogError> {
+        let pi = self.index_of(partition)?;
+        let mut plan: Vec<(Arc<File>, IndexEntry)> = Vec::new();
+        let offsets;
+        {
+            let inner = self.inner.lock();
+            let state = inner.partitions[pi];
+            offsets = PartitionOffsets {
+                log_start: state.log_start,
+                high_watermark: state.high_watermark,
+                log_end: state.next_offset,
+            };
+            if offset < state.log_start || offset > state.next_offset {
+                return Err(LogError::OffsetOutOfRange {
+                    offset,
+                    log_start: state.log_start,
+                    log_end: state.next_offset,
+                });
+            }
+            let mut total = 0usize;
+            'segments: for seg in &inner.segments {
+                let Some(entries) = seg.index.partitions.get(&partition) else {
+                    continue;
+                };
+                if entries.last().is_none_or(|e| e.last_offset < offset) {
+                    continue;
+                }
+                let start = entries.partition_point(|e| e.last_offset < offset);
+                for e in &entries[start..] {
+                    if e.base_offset >= state.high_watermark {
+                        break 'segments;
+                    }
+                    if !plan.is_empty() && total + e.length as usize > max_bytes {
+                        break 'segments;
+                    }
+                    total += e.length as usize;
+                    plan.push((seg.file.clone(), *e));
+                }
+            }
+        }
+        Ok(ReadOutcome {
+            records: read_plan(&plan)?,
+            offsets,
+        })
+    }
+
+    /// The first stored batch of `partition` whose max timestamp is at or
+    /// after `timestamp`, with its bytes (the caller finds the record in it).
+    pub fn batch_at_timestamp(
+        &self,
+        partition: u32,
+        timestamp: i64,
+    ) -> Result<Option<Bytes>, LogError> {
+        self.find_batch(partition, |entries, hw| {
+            entries
+                .iter()
+                .find(|e| e.base_offset < hw && e.max_timestamp >= timestamp)
+                .copied()
+        })
+    }
+
+    /// The stored batch of `partition` holding its largest timestamp (the
+    /// earliest such batch on ties, as Kafka picks the first max).
+    pub fn batch_with_max_timestamp(&self, partition: u32) -> Result<Option<Bytes>, LogError> {
+        let pi = self.index_of(partition)?;
+        let inner = self.inner.lock();
+        let hw = inner.partitions[pi].high_watermark;
+        let mut best: Option<(Arc<File>, IndexEntry)> = None;
+        for seg in &inner.segments {
+            if let Some(entries) = seg.index.partitions.get(&partition) {
+                for e in entries.iter().filter(|e| e.base_offset < hw) {
+                    if best
+                        .as_ref()
+                        .is_none_or(|(_, b)| e.max_timestamp > b.max_timestamp)
+                    {
+                        best = Some((seg.file.clone(), *e));
+                    }
+                }
+            }
+        }
+        drop(inner);
+        best.map(|b| read_plan(&[b])).transpose()
+    }
+
+    fn find_batch(
+        &self,
+        partition: u32,
+        pick: impl Fn(&[IndexEntry], i64) -> Option<IndexEntry>,
+    ) -> Result<Option<Bytes>, LogError> {
+        let pi = self.index_of(partition)?;
+        let inner = self.inner.lock();
+        let hw = inner.partitions[pi].high_watermark;
+        for seg in &inner.segments {
+            if let Some(entries) = seg.index.partitions.get(&partition) {
+                if let Some(e) = pick(entries, hw) {
+                    let file = seg.file.clone();
+                    drop(inner);
+                    return read_plan(&[(file, e)]).map(Some);
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Number of segments (sealed and active) this range holds.
+    pub fn segment_count(&self) -> usize {
+        self.inner.lock().segments.len()
+    }
+
+    /// The sealed segments and the active one's sequence, for reconciling with metadata.
+    pub fn local_segments(&self) -> (Vec<SealedSegment>, u32) {
+        let inner = self.inner.lock();
+        let active_seq = inner.segments.last().unwrap().seq;
+        let sealed = inner
+            .segments
+            .iter()
+            .filter(|s| s.sealed)
+            .map(|s| SealedSegment {
+                seq: s.seq,
+                size_bytes: s.size,
+                spans: s.index.spans(),
+                next_seq: s.seq + 1,
+            })
+            .collect();
+        (sealed, active_seq)
+    }
+
+    /// Stops the flusher; further appends fail with `Closed`.
+    pub fn close(&self) {
+        self.closed.store(true, Ordering::Relaxed);
+        self.flush_wanted.notify_one();
+    }
+
+    /// Closes the log and removes its files.
+    pub fn delete(&self) -> Result<(), LogError> {
+        self.close();
+        match std::fs::remove_dir_all(&self.options.dir) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        }
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.failed.load(Ordering::Relaxed)
+    }
+}
+
+/// Reads the planned batches into one contiguous buffer, coalescing batches
+/// that sit next to each other in the same file into one read.
+fn read_plan(plan: &[(Arc<File>, IndexEntry)]) -> Result<Bytes, LogError> {
+    let total: usize = plan.iter().map(|(_, e)| e.length as usize).sum();
+    let mut out = Vec::with_capacity(total);
+    let mut i = 0;
+    while i < plan.len() {
+        // Extend the run while the next batch follows this one's frame directly.
+        let (file, first) = &plan[i];
+        let mut j = i + 1;
+        let mut end = first.position + first.length as u64;
+        while j < plan.len()
+            && Arc::ptr_eq(&plan[j].0, file)
+            && plan[j].1.position == end + segment::FRAME_HEADER_LEN
+            && plan[j].1.position - first.position < (8 << 20)
+        {
+            end = plan[j].1.position + plan[j].1.length as u64;
+            j += 1;
+        }
+        let region = Segment::read_at(file, first.position, (end - first.position) as usize)?;
+        for (_, e) in &plan[i..j] {
+            let at = (e.position - first.position) as usize;
+            out.extend_from_slice(&region[at..at + e.length as usize]);
+        }
+        i = j;
+    }
+    Ok(Bytes::from(out))
+}
+
+/// Group commit: while appends are outstanding, fsync the active file and
+/// publish the position that is now durable. One fsync covers every append
+/// that arrived while the previous one ran.
+async fn flusher(log: Arc<RangeLog>) {
+    loop {
+        if log.closed.load(Ordering::Relaxed) {
+            return;
+        }
+        let (file, position) = {
+            let inner = log.inner.lock();
+            (
+                inner.segments.last().unwrap().file.clone(),
+                inner.written_position(),
+            )
+        };
+        let up_to_date = *log.durable.borrow() >= position;
+        if up_to_date {
+            log.flush_wanted.notified().await;
+            continue;
+        }
+        let strong = &log;
+        let synced = tokio::task::spawn_blocking(move || file.sync_data()).await;
+        match synced {
+            Ok(Ok(())) => {
+                let moved = strong.inner.lock().advance_durable(position);
+                strong.durable.send_if_modified(|d| {
+                    let advanced = *d < position;
+                    *d = (*d).max(position);
+                    advanced
+                });
+                if moved {
+                    strong.hw_listener.send_modify(|v| *v += 1);
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::error!(dir = %strong.options.dir.display(), error = %e, "fsync failed; range log stops accepting writes");
+                strong.failed.store(true, Ordering::Relaxed);
+                strong.durable.send_modify(|_| {});
+                return;
+            }
+            Err(_) => return,
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! One segment file of a range's log, and its per-partition index.
+//!
+//! A segment file is a sequence of frames, one per stored batch:
+//! `[batch_len u32][partition u32][crc32c u32][batch bytes]`. The frame CRC
+//! covers the partition and the whole batch (baseOffset included, which the
+//! batch's own CRC leaves out), so recovery can cut a torn or corrupt tail at
+//! the first frame that does not check out.
+//!
+//! The index maps, per partition, each batch to its offsets, file position and
+//! max timestamp (so it is also the time index). The active segment keeps it in
+//! memory and rebuilds it by scanning on restart; a sealed segment writes it to
+//! a sidecar `.idx` file so that it is never rescanned.
+
+use std::collections::HashMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufReader, Read, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use crate::batch;
+use crate::error::LogError;
+
+pub const FRAME_HEADER_LEN: u64 = 12;
+const INDEX_MAGIC: &[u8; 4] = b"TSIX";
+const INDEX_VERSION: u16 = 1;
+const INDEX_ENTRY_LEN: usize = 4 + 8 + 8 + 8 + 4 + 8;
+
+/// Where one stored batch lives and what it holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IndexEntry {
+    pub base_offset: i64,
+    pub last_offset: i64,
+    /// File position of the batch bytes (just past the frame header).
+    pub position: u64,
+    pub length: u32,
+    pub max_timestamp: i64,
+}
+
+/// Per-partition batch index of one segment.
+#[derive(Default, Debug, Clone, PartialEq)]
+pub struct SegmentIndex {
+    pub partitions: HashMap<u32, Vec<IndexEntry>>,
+}
+
+impl SegmentIndex {
+    pub fn push(&mut self, partition: u32, entry: IndexEntry) {
+        self.partitions.entry(partition).or_default().push(entry);
+    }
+
+    /// `(partition, first offset, end offset exclusive)` for every partition with data.
+    pub fn spans(&self) -> Vec<(u32, i64, i64)> {
+        let mut spans: Vec<_> = self
+            .partitions
+            .iter()
+            .filter_map(|(p, e)| Some((*p, e.first()?.base_offset, e.last()?.last_offset + 1)))
+            .collect();
+        spans.sort_unstable();
+        spans
+    }
+}
+
+pub fn log_path(dir: &Path, seq: u32) -> PathBuf {
+    dir.join(format!("{seq:010}.log"))
+}
+
+pub fn index_path(dir: &Path, seq: u32) -> PathBuf {
+    dir.join(format!("{seq:010}.idx"))
+}
+
+/// One segment: its file, its size and its index.
+pub struct Segment {
+    pub seq: u32,
+    pub file: Arc<File>,
+    pub size: u64,
+    pub index: SegmentIndex,
+    pub sealed: bool,
+    /// Wall-clock creation time in ms, for `segment.ms`.
+    pub created_ms: i64,
+}
+
+impl Segment {
+    /// Creates a new, empty active segment file.
+    pub fn create(dir: &Path, seq: u32, now_ms: i64) -> Result<Segment, LogError> {
+        let file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .truncate(false)
+            .open(log_path(dir, seq))?;
+        let size = file.metadata()?.len();
+        Ok(Segment {
+            seq,
+            file: Arc::new(file),
+            size,
+            index: SegmentIndex::default(),
+            sealed: false,
+            created_ms: now_ms,
+        })
+    }
+
+    /// Opens a segment found on disk. A sealed segment loads its sidecar index
+    /// when present and matching the file size; otherwise (active segment, or a
+    /// missing/stale index) the file is scanned and cut at the first bad frame.
+    pub fn open(dir: &Path, seq: u32, sealed: bool, now_ms: i64) -> Result<Segment, LogError> {
+        let path = log_path(dir, seq);
+        let file = OpenOptions::new().read(true).append(true).open(&path)?;
+        let file_size = file.metadata()?.len();
+        if sealed {
+            if let Some(index) = read_index(&index_path(dir, seq), file_size) {
+                return Ok(Segment {
+                    seq,
+                    file: Arc::new(file),
+                    size: file_size,
+                    index,
+                    sealed,
+                    created_ms: now_ms,
+                });
+            }
+        }
+        let (index, valid_len) = scan(&file)?;
+        if valid_len < file_size {
+            tracing::warn!(
+                path = %path.display(),
+                valid_len,
+                file_size,
+                "cutting torn or corrupt tail of segment"
+            );
+            file.set_len(valid_len)?;
+            file.sync_all()?;
+        }
+        let segment = Segment {
+            seq,
+            file: Arc::new(file),
+            size: valid_len,
+            index,
+            sealed,
+            created_ms: now_ms,
+        };
+        if sealed {
+            segment.write_index(dir)?;
+        }
+        Ok(segment)
+    }
+
+    /// Appends one framed batch. The caller holds the range lock, so appends
+    /// are serialized; the write goes to the page cache and the flusher makes it durable.
+    pub fn append(
+        &mut self,
+        partition: u32,
+        batch_bytes: &[u8],
+        entry_offsets: (i64, i64),
+        max_ts: i64,
+    ) -> Result<u64, LogError> {
+        let mut frame = Vec::with_capacity(FRAME_HEADER_LEN as usize + batch_bytes.len());
+        frame.extend_from_slice(&(batch_bytes.len() as u32).to_be_bytes());
+        frame.extend_from_slice(&partition.to_be_bytes());
+        let mut crc = crc32c::crc32c(&partition.to_be_bytes());
+        crc = crc32c::crc32c_append(crc, batch_bytes);
+        frame.extend_from_slice(&crc.to_be_bytes());
+        frame.extend_from_slice(batch_bytes);
+        (&*self.file).write_all(&frame)?;
+        let position = self.size + FRAME_HEADER_LEN;
+        self.size += frame.len() as u64;
+        self.index.push(
+            partition,
+            IndexEntry {
+                base_offset: entry_offsets.0,
+                last_offset: entry_offsets.1,
+                position,
+                length: batch_bytes.len() as u32,
+                max_timestamp: max_ts,
+            },
+        );
+        Ok(self.size)
+    }
+
+    /// Writes the sidecar index (atomically: temp file, fsync, rename).
+    pub fn write_index(&self, dir: &Path) -> Result<(), LogError> {
+        let mut buf = Vec::new();
+        buf.extend_from_slice(INDEX_MAGIC);
+        buf.extend_from_slice(&INDEX_VERSION.to_be_bytes());
+        buf.extend_from_slice(&self.size.to_be_bytes());
+        let count: usize = self.index.partitions.values().map(Vec::len).sum();
+        buf.extend_from_slice(&(count as u64).to_be_bytes());
+        let mut partitions: Vec<_> = self.index.partitions.iter().collect();
+        partitions.sort_unstable_by_key(|(p, _)| **p);
+        for (p, entries) in partitions {
+            for e in entries {
+                buf.extend_from_slice(&p.to_be_bytes());
+                buf.extend_from_slice(&e.base_offset.to_be_bytes());
+                buf.extend_from_slice(&e.last_offset.to_be_bytes());
+                buf.extend_from_slice(&e.position.to_be_bytes());
+                buf.extend_from_slice(&e.length.to_be_bytes());
+                buf.extend_from_slice(&e.max_timestamp.to_be_bytes());
+            }
+        }
+        let crc = crc32c::crc32c(&buf);
+        buf.extend_from_slice(&crc.to_be_bytes());
+        let final_path = index_path(dir, self.seq);
+        let tmp = final_path.with_extension("idx.tmp");
+        let mut f = File::create(&tmp)?;
+        f.write_all(&buf)?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, &final_path)?;
+        Ok(())
+    }
+
+    /// Reads `length` bytes at `position`.
+    pub fn read_at(file: &File, position: u64, length: usize) -> Result<Vec<u8>, LogError> {
+        let mut buf = vec![0u8; length];
+        file.read_exact_at(&mut buf, position)?;
+        Ok(buf)
+    }
+}
+
+/// Reads a sidecar index; `None` when missing, corrupt, or for another file size.
+fn read_index(path: &Path, file_size: u64) -> Option<SegmentIndex> {
+    let buf = std::fs::read(path).ok()?;
+    if buf.len() < 4 + 2 + 8 + 8 + 4 || &buf[0..4] != INDEX_MAGIC {
+        return None;
+    }
+    let (body, crc) = buf.split_at(buf.len() - 4);
+    if crc32c::crc32c(body) != u32::from_be_bytes(crc.try_into().ok()?) {
+        return None;
+    }
+    if u16::from_be_bytes(body[4..6].try_into().ok()?) != INDEX_VERSION {
+        return None;
+    }
+    if u64::from_be_bytes(body[6..14].try_into().ok()?) != file_size {
+        return None;
+    }
+    let count = u64::from_be_bytes(body[14..22].try_into().ok()?) as usize;
+    let entries = &body[22..];
+    if entries.len() != count.checked_mul(INDEX_ENTRY_LEN)? {
+        return None;
+    }
+    let mut index = SegmentIndex::default();
+    for e in entries.chunks_exact(INDEX_ENTRY_LEN) {
+        let p = u32::from_be_bytes(e[0..4].try_into().unwrap());
+        index.push(
+            p,
+            IndexEntry {
+                base_offset: i64::from_be_bytes(e[4..12].try_into().unwrap()),
+                last_offset: i64::from_be_bytes(e[12..20].try_into().unwrap()),
+                position: u64::from_be_bytes(e[20..28].try_into().unwrap()),
+                length: u32::from_be_bytes(e[28..32].try_into().unwrap()),
+                max_timestamp: i64::from_be_bytes(e[32..40].try_into().unwrap()),
+            },
+        );
+    }
+    Some(index)
+}
+
+/// Scans a segment file from the start, indexing every frame whose length,
+/// CRC and batch header check out. Returns the index and the length of the
+/// valid prefix: everything after it is a torn or corrupt tail.
+fn scan(file: &File) -> Result<(SegmentIndex, u64), LogError> {
+    let mut reader = BufReader::with_capacity(1 << 20, file);
+    let mut index = SegmentIndex::default();
+    let mut position = 0u64;
+    let mut header = [0u8; FRAME_HEADER_LEN as usize];
+    let mut batch_buf = Vec::new();
+    loop {
+        if read_full(&mut reader, &mut header)? < header.len() {
+            break;
+        }
+        let len = u32::from_be_bytes(header[0..4].try_into().unwrap()) as usize;
+        let partition = u32::from_be_bytes(header[4..8].try_into().unwrap());
+        let crc = u32::from_be_bytes(header[8..12].try_into().unwrap());
+        if len < batch::BATCH_HEADER_LEN || len > 1 << 30 {
+            break;
+        }
+        batch_buf.resize(len, 0);
+        if read_full(&mut reader, &mut batch_buf)? < len {
+            break;
+        }
+        let actual = crc32c::crc32c_append(crc32c::crc32c(&partition.to_be_bytes()), &batch_buf);
+        if actual != crc {
+            break;
+        }
+        let Ok(h) = batch::parse_header(&batch_buf) else {
+            break;
+        };
+        if h.total_len() != len {
+            break;
+        }
+        index.push(
+            partition,
+            IndexEntry {
+                base_offset: h.base_offset,
+                last_offset: h.last_offset(),
+                position: position + FRAME_HEADER_LEN,
+                length: len as u32,
+                max_timestamp: h.max_timestamp,
+            },
+        );
+        position += FRAME_HEADER_LEN + len as u64;
+    }
+    Ok((index, position))
+}
+
+fn read_full(reader: &mut impl Read, buf: &mut [u8]) -> Result<usize, LogError> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        match reader.read(&mut buf[filled..])? {
+            0 => break,
+            n => filled += n,
+        }
+    }
+    Ok(filled)
+}

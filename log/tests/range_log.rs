@@ -1,0 +1,183 @@
+use std::io::Write;
+
+use tessera_log::batch::{self, testing::make_batch};
+use tessera_log::{LogError, RangeLog, RangeLogOptions};
+
+fn options(dir: &std::path::Path, segment_bytes: u64) -> RangeLogOptions {
+    RangeLogOptions {
+        dir: dir.to_path_buf(),
+        lo: 0,
+        hi: 4,
+        segment_bytes,
+        segment_ms: i64::MAX / 2,
+        leader_epoch: 0,
+        log_start_offsets: vec![],
+    }
+}
+
+fn hw() -> tokio::sync::watch::Sender<u64> {
+    tokio::sync::watch::channel(0).0
+}
+
+async fn append(log: &RangeLog, p: u32, count: i32) -> (i64, i64) {
+    let mut b = make_batch(count, 1000 + count as i64);
+    let out = log.append(p, &mut b, None).unwrap();
+    log.wait_durable(out.end_position).await.unwrap();
+    (out.base_offset, out.last_offset)
+}
+
+fn batches(bytes: &[u8]) -> Vec<batch::BatchHeader> {
+    batch::split_batches(bytes)
+        .unwrap()
+        .into_iter()
+        .map(|r| batch::validate(&bytes[r]).unwrap())
+        .collect()
+}
+
+#[tokio::test]
+async fn partitions_keep_dense_offsets_in_a_shared_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RangeLog::open(options(dir.path(), 1 << 20), hw()).unwrap();
+    assert_eq!(append(&log, 0, 3).await, (0, 2));
+    assert_eq!(append(&log, 1, 2).await, (0, 1));
+    assert_eq!(append(&log, 0, 1).await, (3, 3));
+    let read = log.read(0, 0, 1 << 20).unwrap();
+    let hs = batches(&read.records);
+    assert_eq!(
+        hs.iter().map(|h| h.base_offset).collect::<Vec<_>>(),
+        vec![0, 3]
+    );
+    assert_eq!(read.offsets.high_watermark, 4);
+    // A read in the middle of a batch returns that batch.
+    assert_eq!(
+        batches(&log.read(0, 1, 1 << 20).unwrap().records)[0].base_offset,
+        0
+    );
+    // At the end: empty; past the end: out of range.
+    assert!(log.read(0, 4, 1 << 20).unwrap().records.is_empty());
+    assert!(matches!(
+        log.read(0, 5, 100),
+        Err(LogError::OffsetOutOfRange { .. })
+    ));
+    assert!(matches!(
+        log.read(7, 0, 100),
+        Err(LogError::PartitionNotInRange(7))
+    ));
+}
+
+#[tokio::test]
+async fn first_batch_is_returned_even_when_larger_than_max_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RangeLog::open(options(dir.path(), 1 << 20), hw()).unwrap();
+    append(&log, 2, 5).await;
+    append(&log, 2, 5).await;
+    let read = log.read(2, 0, 1).unwrap();
+    assert_eq!(batches(&read.records).len(), 1);
+}
+
+#[tokio::test]
+async fn rolls_segments_and_reads_across_them_after_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let log = RangeLog::open(options(dir.path(), 200), hw()).unwrap();
+        let mut rolls = 0;
+        for _ in 0..10 {
+            let mut b = make_batch(2, 1);
+            let out = log.append(1, &mut b, None).unwrap();
+            rolls += out.rolled.is_some() as usize;
+            log.wait_durable(out.end_position).await.unwrap();
+        }
+        assert!(rolls >= 3, "expected several rolls, got {rolls}");
+        assert_eq!(log.segment_count(), rolls + 1);
+        log.close();
+    }
+    let log = RangeLog::open(options(dir.path(), 200), hw()).unwrap();
+    let offs = log.offsets(1).unwrap();
+    assert_eq!(offs.log_end, 20);
+    let all = batches(&log.read(1, 0, 1 << 20).unwrap().records);
+    assert_eq!(
+        all.iter().map(|h| h.base_offset).collect::<Vec<_>>(),
+        (0..10).map(|i| i * 2).collect::<Vec<_>>()
+    );
+    assert_eq!(append(&log, 1, 1).await.0, 20);
+}
+
+#[tokio::test]
+async fn torn_tail_is_cut_on_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let log = RangeLog::open(options(dir.path(), 1 << 20), hw()).unwrap();
+        append(&log, 0, 2).await;
+        append(&log, 0, 2).await;
+        log.close();
+    }
+    // Simulate a crash mid-write: half a frame at the end of the active segment.
+    let path = dir.path().join(format!("{:010}.log", 0));
+    let mut f = std::fs::OpenOptions::new()
+        .append(true)
+        .open(&path)
+        .unwrap();
+    f.write_all(&[0, 0, 0, 80, 0, 0, 0, 0, 1, 2, 3]).unwrap();
+    drop(f);
+    let log = RangeLog::open(options(dir.path(), 1 << 20), hw()).unwrap();
+    assert_eq!(log.offsets(0).unwrap().log_end, 4);
+    assert_eq!(append(&log, 0, 1).await.0, 4);
+    assert_eq!(batches(&log.read(0, 0, 1 << 20).unwrap().records).len(), 3);
+}
+
+#[tokio::test]
+async fn corrupt_frame_in_the_middle_cuts_everything_after_it() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let log = RangeLog::open(options(dir.path(), 1 << 20), hw()).unwrap();
+        for _ in 0..3 {
+            append(&log, 3, 1).await;
+        }
+        log.close();
+    }
+    let path = dir.path().join(format!("{:010}.log", 0));
+    let mut bytes = std::fs::read(&path).unwrap();
+    let frame = bytes.len() / 3;
+    bytes[frame + 40] ^= 0xff; // inside the second frame
+    std::fs::write(&path, bytes).unwrap();
+    let log = RangeLog::open(options(dir.path(), 1 << 20), hw()).unwrap();
+    assert_eq!(log.offsets(3).unwrap().log_end, 1);
+}
+
+#[tokio::test]
+async fn missing_sealed_index_is_rebuilt() {
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let log = RangeLog::open(options(dir.path(), 100), hw()).unwrap();
+        for _ in 0..4 {
+            append(&log, 0, 1).await;
+        }
+        log.close();
+    }
+    std::fs::remove_file(dir.path().join(format!("{:010}.idx", 0))).unwrap();
+    let log = RangeLog::open(options(dir.path(), 100), hw()).unwrap();
+    assert_eq!(batches(&log.read(0, 0, 1 << 20).unwrap().records).len(), 4);
+    assert!(dir.path().join(format!("{:010}.idx", 0)).exists());
+}
+
+#[tokio::test]
+async fn log_append_time_and_timestamp_lookup() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RangeLog::open(options(dir.path(), 1 << 20), hw()).unwrap();
+    for ts in [10, 20, 30] {
+        let mut b = make_batch(1, ts);
+        let out = log.append(0, &mut b, None).unwrap();
+        log.wait_durable(out.end_position).await.unwrap();
+    }
+    let found = log.batch_at_timestamp(0, 15).unwrap().unwrap();
+    assert_eq!(batch::parse_header(&found).unwrap().base_offset, 1);
+    assert!(log.batch_at_timestamp(0, 31).unwrap().is_none());
+    let max = log.batch_with_max_timestamp(0).unwrap().unwrap();
+    assert_eq!(batch::parse_header(&max).unwrap().base_offset, 2);
+    let mut b = make_batch(1, 5);
+    let out = log.append(1, &mut b, Some(12345)).unwrap();
+    log.wait_durable(out.end_position).await.unwrap();
+    let h = batches(&log.read(1, 0, 1 << 20).unwrap().records)[0];
+    assert!(h.is_log_append_time());
+    assert_eq!(h.max_timestamp, 12345);
+}
