@@ -71,7 +71,7 @@ def test_replication_factor_above_broker_count(broker):
     assert topic not in topic_names(admin(broker))
 
 
-@pytest.mark.parametrize("name", ["bad topic", "bad/topic", "..", "x" * 250])
+@pytest.mark.parametrize("name", ["bad topic", "bad/topic", "..", "x" * 250], ids=["space", "slash", "dotdot", "250-chars"])
 def test_invalid_topic_name(broker, name):
     err = create_error(broker, NewTopic(name, 1, 1))
     assert_error(err, KafkaError.TOPIC_EXCEPTION)  # INVALID_TOPIC_EXCEPTION (17)

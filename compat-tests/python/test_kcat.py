@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -9,7 +10,7 @@ import pytest
 
 from helpers import create_topic, unique_topic
 
-KCAT = shutil.which("kcat") or shutil.which("kafkacat")
+KCAT = os.environ.get("KCAT") or shutil.which("kcat") or shutil.which("kafkacat")
 pytestmark = pytest.mark.skipif(KCAT is None, reason="kcat not installed (scripts/test.sh installs it)")
 
 N_LINES = 10_000
