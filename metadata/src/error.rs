@@ -1,0 +1,101 @@
+//! Error types of the metadata crate.
+//!
+//! Three layers, because callers react differently to each:
+//! [`RecordDecodeError`] says why bytes are not a record this build reads,
+//! [`MetadataReplayError`] is what replay reports (always fatal to the
+//! controller), and [`MetadataError`] is what the controller API returns.
+
+use std::path::PathBuf;
+
+/// Why a byte string is not a metadata record this build can read.
+///
+/// Decided by the bytes alone (never by the image), so every replica reaches
+/// the same verdict on the same bytes.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum RecordDecodeError {
+    #[error("unknown record type {0}")]
+    UnknownType(u16),
+    #[error("unknown version {version} of record type {record_type}")]
+    UnknownVersion { record_type: u16, version: u16 },
+    #[error("truncated record: needed {needed} more bytes reading {field}")]
+    Truncated { field: &'static str, needed: usize },
+    #[error("{0} trailing bytes after record")]
+    TrailingBytes(usize),
+    #[error("invalid UTF-8 in {0}")]
+    InvalidUtf8(&'static str),
+    #[error("invalid value for {field}: {detail}")]
+    InvalidValue { field: &'static str, detail: String },
+}
+
+impl RecordDecodeError {
+    pub fn invalid(field: &'static str, detail: impl Into<String>) -> Self {
+        RecordDecodeError::InvalidValue {
+            field,
+            detail: detail.into(),
+        }
+    }
+}
+
+/// A committed value that replay cannot go past.
+///
+/// Always fatal: skipping an undecodable record on one replica and not on
+/// another (say, a newer build) would make the images diverge, so the
+/// controller stops, as Kafka's does.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MetadataReplayError {
+    #[error("undecodable metadata record at offset {offset}: {reason}")]
+    UndecodableRecord {
+        offset: i64,
+        #[source]
+        reason: RecordDecodeError,
+    },
+}
+
+/// Errors of the controller API.
+#[derive(Debug, thiserror::Error)]
+pub enum MetadataError {
+    #[error("I/O error ({context}): {source}")]
+    Io {
+        context: String,
+        #[source]
+        source: std::io::Error,
+    },
+    /// On-disk state (log, snapshot, vote) is damaged beyond a torn tail.
+    #[error("corrupt metadata storage: {0}")]
+    Corrupt(String),
+    #[error(transparent)]
+    Replay(#[from] MetadataReplayError),
+    /// A write was refused before it reached the log, because the record
+    /// would not decode on replay (an undecodable committed record is fatal).
+    #[error("record {index} of the write is invalid: {reason}")]
+    InvalidRecord {
+        index: usize,
+        #[source]
+        reason: RecordDecodeError,
+    },
+    /// The controller stopped on an undecodable committed record.
+    #[error("metadata controller failed: an undecodable record stopped it")]
+    Failed,
+    /// This node is not the leader of the controller quorum.
+    #[error("not the metadata leader (leader: {leader:?})")]
+    NotLeader { leader: Option<u64> },
+    /// Another controller holds the data directory.
+    #[error("metadata directory {0} is locked by another controller")]
+    Locked(PathBuf),
+    #[error("timed out waiting for the controller to become leader and catch up")]
+    StartTimeout,
+    #[error("metadata controller is shut down")]
+    Shutdown,
+    /// Any other error reported by openraft.
+    #[error("raft: {0}")]
+    Raft(String),
+}
+
+impl MetadataError {
+    pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        MetadataError::Io {
+            context: context.into(),
+            source,
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! The metadata image: the state every replica replays the log into.
+//!
+//! An image is an immutable value published as `Arc<MetadataImage>`; the
+//! controller builds the next one by cloning the current one once per apply
+//! batch. Bulky members sit behind `Arc`, so a clone copies map nodes and
+//! bumps reference counts instead of deep-copying topics and segments.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+use crate::records::{
+    BrokerRegistration, MetadataRecord, PartitionSpan, RangeRecord, SegmentOpenRecord,
+    SegmentSealRecord, TopicRecord,
+};
+use crate::{RangeId, SegmentId, TopicId};
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrokerImage {
+    pub registration: BrokerRegistration,
+    /// A fenced broker is registered but must not lead or take new segments.
+    pub fenced: bool,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicImage {
+    pub id: TopicId,
+    pub name: String,
+    pub partitions: u32,
+    pub replication_factor: i16,
+    pub configs: BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeImage {
+    pub id: RangeId,
+    pub topic_id: TopicId,
+    /// Covers partitions `[lo, hi)`.
+    pub lo: u32,
+    pub hi: u32,
+    pub parents: Vec<RangeId>,
+    /// False once the range was sealed (it became a split/merge parent).
+    pub active: bool,
+}
+
+impl RangeImage {
+    pub fn contains(&self, partition: u32) -> bool {
+        self.lo <= partition && partition < self.hi
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SealInfo {
+    pub size_bytes: u64,
+    pub spans: Vec<PartitionSpan>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentImage {
+    pub id: SegmentId,
+    /// `replicas[0]` is the primary.
+    pub replicas: Vec<i32>,
+    pub leader_epoch: i32,
+    /// `None` while the segment is active.
+    pub sealed: Option<SealInfo>,
+}
+
+impl SegmentImage {
+    /// The primary replica: the leader of the range's partitions while this
+    /// segment is the active one.
+    pub fn primary(&self) -> Option<i32> {
+        self.replicas.first().copied()
+    }
+
+    pub fn is_sealed(&self) -> bool {
+        self.sealed.is_some()
+    }
+
+    /// The offsets this sealed segment holds for `partition`, if any.
+    pub fn span_of(&self, partition: u32) -> Option<PartitionSpan> {
+        self.sealed
+            .as_ref()?
+            .spans
+            .iter()
+            .find(|s| s.partition == partition)
+            .copied()
+    }
+}
+
+/// Everything the metadata log says, as of `offset`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct MetadataImage {
+    /// Offset (raft log index) of the last applied record batch; -1 when
+    /// nothing was applied yet.
+    pub offset: i64,
+    pub brokers: BTreeMap<i32, BrokerImage>,
+    pub topics: BTreeMap<TopicId, Arc<TopicImage>>,
+    pub topic_names: BTreeMap<String, TopicId>,
+    pub ranges: BTreeMap<RangeId, Arc<RangeImage>>,
+    /// Ordered by (range, seq): a range's segments are adjacent.
+    pub segments: BTreeMap<SegmentId, Arc<SegmentImage>>,
+    pub log_start_offsets: BTreeMap<(TopicId, u32), i64>,
+    /// Index of `ranges` by topic, maintained by [`MetadataImage::apply`],
+    /// so per-request routing does not scan every range of every topic.
+    pub topic_ranges: BTreeSet<(TopicId, RangeId)>,
+}
+
+/// The empty image: `offset` is -1 (nothing applied), not 0, because 0 is
+/// a valid offset.
+impl Default for MetadataImage {
+    fn default() -> Self {
+        MetadataImage {
+            offset: -1,
+            brokers: BTreeMap::new(),
+            topics: BTreeMap::new(),
+            topic_names: BTreeMap::new(),
+            ranges: BTreeMap::new(),
+            segments: BTreeMap::new(),
+            log_start_offsets: BTreeMap::new(),
+            topic_ranges: BTreeSet::new(),
+        }
+    }
+}
+
+fn segment_bounds(range: RangeId) -> std::ops::RangeInclusive<SegmentId> {
+    SegmentId { range, seq: 0 }..=SegmentId {
+        range,
+        seq: u32::MAX,
+    }
+}
+
+impl MetadataImage {
+    pub fn empty() -> Self {
+        Self::default()
+    }
+
+    pub fn topic_by_name(&self, name: &str) -> Option<&Arc<TopicImage>> {
+        self.topics.get(self.topic_names.get(name)?)
+    }
+
+    fn topic_range_ids(&self, topic: TopicId) -> impl Iterator<Item = RangeId> + '_ {
+        self.topic_ranges
+            .range((topic, RangeId::MIN)..=(topic, RangeId::MAX))
+            .map(|(_, r)| *r)
+    }
+
+    /// Active ranges of `topic`, sorted by `lo`. They tile the topic's
+    /// partitions when the writers keep the design's invariant.
+    pub fn active_ranges(&self, topic: TopicId) -> Vec<Arc<RangeImage>> {
+        let mut v: Vec<_> = self
+            .topic_range_ids(topic)
+            .filter_map(|id| self.ranges.get(&id))
+            .filter(|r| r.active)
+            .cloned()
+            .collect();
+        v.sort_by_key(|r| (r.lo, r.id));
+        v
+    }
+
+    /// All ranges of `topic` (active and sealed), by id.
+    pub fn all_ranges(&self, topic: TopicId) -> Vec<Arc<RangeImage>> {
+        self.topic_range_ids(topic)
+            .filter_map(|id| self.ranges.get(&id))
+            .cloned()
+            .collect()
+    }
+
+    /// The active range that routes `partition` of `topic`.
+    pub fn active_range_for(&self, topic: TopicId, partition: u32) -> Option<Arc<RangeImage>> {
+        self.topic_range_ids(topic)
+            .filter_map(|id| self.ranges.get(&id))
+            .find(|r| r.active && r.contains(partition))
+            .cloned()
+    }
+
+    /// Segments of `range`, by seq.
+    pub fn segments_of(&self, range: RangeId) -> Vec<Arc<SegmentImage>> {
+        self.segments
+            .range(segment_bounds(range))
+            .map(|(_, s)| s.clone())
+            .collect()
+    }
+
+    /// The unsealed segment of `range` (there is at most one).
+    pub fn active_segment(&self, range: RangeId) -> Option<Arc<SegmentImage>> {
+        self.segments
+            .range(segment_bounds(range))
+            .rev()
+            .map(|(_, s)| s)
+            .find(|s| s.sealed.is_none())
+            .cloned()
+    }
+
+    /// The id a new range should get: one above the largest existing.
+    ///
+    /// Note: ids of a deleted topic's ranges can be handed out again once
+    /// they are no longer the largest.
+    pub fn next_range_id(&self) -> RangeId {
+        self.ranges.keys().next_back().map_or(1, |id| id + 1)
+    }
+
+    /// The next seq for a new segment of `range`.
+    pub fn next_segment_seq(&self, range: RangeId) -> u32 {
+        self.segments
+            .range(segment_bounds(range))
+            .next_back()
+            .map_or(0, |(id, _)| id.seq.saturating_add(1))
+    }
+
+    /// Log start offset of a partition; 0 until DeleteRecords/retention moved it.
+    pub fn log_start_offset(&self, topic: TopicId, partition: u32) -> i64 {
+        self.log_start_offsets
+            .get(&(topic, partition))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Records that rebuild this image from empty (used for snapshots).
+    ///
+    /// The order satisfies the replay checks of
+    /// [`crate::decode_committed_value`]: brokers, topics, then per topic
+    /// its ranges with parents before children, each range's segments in
+    /// seq order (each sealed right after it opens, so the range never has
+    /// two active segments), the range's own seal after its segments, and
+    /// log start offsets last. Replaying them with the image's offset gives
+    /// an equal image.
+    pub fn to_records(&self) -> Vec<MetadataRecord> {
+        let mut out = Vec::new();
+        for b in self.brokers.values() {
+            out.push(MetadataRecord::RegisterBroker(b.registration.clone()));
+            if !b.fenced {
+                out.push(MetadataRecord::UnfenceBroker {
+                    broker_id: b.registration.broker_id,
+                });
+            }
+        }
+        for t in self.topics.values() {
+            out.push(MetadataRecord::CreateTopic(TopicRecord {
+                topic_id: t.id,
+                name: t.name.clone(),
+                partitions: t.partitions,
+                replication_factor: t.replication_factor,
+                configs: t.configs.clone(),
+            }));
+        }
+        for t in self.topics.values() {
+            let mut emitted = BTreeSet::new();
+            for id in self.topic_range_ids(t.id).collect::<Vec<_>>() {
+                self.emit_range(id, &mut emitted, &mut out);
+            }
+        }
+        for (&(topic_id, partition), &offset) in &self.log_start_offsets {
+            out.push(MetadataRecord::SetLogStartOffset {
+                topic_id,
+                partition,
+                offset,
+            });
+        }
+        out
+    }
+
+    /// Emits `id` after its parents (iteratively: lineage chains can be long).
+    fn emit_range(
+        &self,
+        id: RangeId,
+        emitted: &mut BTreeSet<RangeId>,
+        out: &mut Vec<MetadataRecord>,
+    ) {
+        let mut stack = vec![(id, false)];
+        while let Some((id, parents_done)) = stack.pop() {
+            if emitted.contains(&id) {
+                continue;
+            }
+            let Some(r) = self.ranges.get(&id) else {
+                continue;
+            };
+            if !parents_done {
+                stack.push((id, true));
+                for p in r.parents.iter().rev() {
+                    if !emitted.contains(p) {
+                        stack.push((*p, false));
+                    }
+                }
+                continue;
+            }
+            emitted.insert(id);
+            out.push(MetadataRecord::CreateRange(RangeRecord {
+                range_id: r.id,
+                topic_id: r.topic_id,
+                lo: r.lo,
+                hi: r.hi,
+                parents: r.parents.clone(),
+            }));
+            for s in self.segments_of(id) {
+                out.push(MetadataRecord::OpenSegment(SegmentOpenRecord {
+                    segment: s.id,
+                    replicas: s.replicas.clone(),
+                    leader_epoch: s.leader_epoch,
+                }));
+                if let Some(seal) = &s.sealed {
+                    out.push(MetadataRecord::SealSegment(SegmentSealRecord {
+                        segment: s.id,
+                        size_bytes: seal.size_bytes,
+                        spans: seal.spans.clone(),
+                    }));
+                }
+            }
+            if !r.active {
+                out.push(MetadataRecord::SealRange { range_id: id });
+            }
+        }
+    }
+}

@@ -1,0 +1,1157 @@
+//! Metadata records and their explicit, versioned binary codec.
+//!
+//! The codec is hand written (not serde) so the bytes in the log are a
+//! stable contract: a record is `u16 BE type`, `u16 BE version`, then the
+//! payload with big-endian integers, length-prefixed UTF-8 strings (u16 for
+//! names/keys, u32 for config values), u32-count-prefixed arrays, 16-byte
+//! UUIDs and `Option` as a 0/1 tag byte. All records are version 0 today; a
+//! future version gets a new number and the decoder keeps reading the old.
+//!
+//! [`MetadataRecord::decode`] also rejects values out of range for their
+//! field (decided by the bytes alone, never by the image), because the
+//! design treats those as undecodable, not as skippable.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use crate::error::RecordDecodeError;
+use crate::{RangeId, SegmentId, TopicId};
+
+/// Largest partition count of a topic (and bound on partition indices).
+pub const MAX_PARTITIONS: u32 = 1_000_000;
+/// Kafka's limit on topic name length.
+pub const MAX_TOPIC_NAME_LEN: usize = 249;
+/// Bound on broker host names (DNS names are at most 253 bytes).
+pub const MAX_HOST_LEN: usize = 255;
+/// Bound on `broker.rack`.
+pub const MAX_RACK_LEN: usize = 255;
+/// Bound on a topic config key.
+pub const MAX_CONFIG_KEY_LEN: usize = 255;
+/// Bound on a topic config value.
+pub const MAX_CONFIG_VALUE_LEN: usize = 1 << 20;
+/// Bound on the number of configs carried by one CreateTopic.
+pub const MAX_TOPIC_CONFIGS: usize = 1024;
+/// Bound on replica set size and on a topic's replication factor.
+pub const MAX_REPLICAS: usize = 128;
+/// Bound on the parents of one range (a split has one, a merge two).
+pub const MAX_RANGE_PARENTS: usize = 16;
+
+/// A registered broker: who it is and where clients reach it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct BrokerRegistration {
+    pub broker_id: i32,
+    /// Changes on every broker process start, so a restart is told apart
+    /// from a stale duplicate registration.
+    pub incarnation_id: uuid::Uuid,
+    pub host: String,
+    pub port: u16,
+    pub rack: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TopicRecord {
+    pub topic_id: TopicId,
+    pub name: String,
+    pub partitions: u32,
+    pub replication_factor: i16,
+    pub configs: BTreeMap<String, String>,
+}
+
+/// A new active range covering partitions `[lo, hi)` of a topic.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RangeRecord {
+    pub range_id: RangeId,
+    pub topic_id: TopicId,
+    pub lo: u32,
+    pub hi: u32,
+    /// Lineage: the range(s) this one was split or merged from.
+    pub parents: Vec<RangeId>,
+}
+
+/// A new active segment of a range.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentOpenRecord {
+    pub segment: SegmentId,
+    /// `replicas[0]` is the primary (the leader of the range's partitions).
+    pub replicas: Vec<i32>,
+    pub leader_epoch: i32,
+}
+
+/// The seal of a segment: its final size and, per partition with data in
+/// it, the offsets it holds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SegmentSealRecord {
+    pub segment: SegmentId,
+    pub size_bytes: u64,
+    pub spans: Vec<PartitionSpan>,
+}
+
+/// Offsets `[start_offset, end_offset)` of one partition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PartitionSpan {
+    pub partition: u32,
+    pub start_offset: i64,
+    pub end_offset: i64,
+}
+
+/// One metadata change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum MetadataRecord {
+    NoOp,
+    /// Upsert. A new broker, or a new incarnation of a known one, starts
+    /// fenced (as in Kafka); `UnfenceBroker` lets it lead segments.
+    RegisterBroker(BrokerRegistration),
+    FenceBroker {
+        broker_id: i32,
+    },
+    UnfenceBroker {
+        broker_id: i32,
+    },
+    CreateTopic(TopicRecord),
+    /// Removes the topic and its ranges, segments and log start offsets.
+    DeleteTopic {
+        topic_id: TopicId,
+    },
+    /// `value: None` deletes the key.
+    SetTopicConfig {
+        topic_id: TopicId,
+        key: String,
+        value: Option<String>,
+    },
+    CreateRange(RangeRecord),
+    /// The range becomes inactive (a split or merge parent).
+    SealRange {
+        range_id: RangeId,
+    },
+    OpenSegment(SegmentOpenRecord),
+    SealSegment(SegmentSealRecord),
+    DeleteSegment {
+        segment: SegmentId,
+    },
+    SetLogStartOffset {
+        topic_id: TopicId,
+        partition: u32,
+        offset: i64,
+    },
+}
+
+/// Record type numbers. Never reuse or renumber: they are in the log.
+pub mod record_type {
+    pub const NO_OP: u16 = 0;
+    pub const REGISTER_BROKER: u16 = 1;
+    pub const FENCE_BROKER: u16 = 2;
+    pub const UNFENCE_BROKER: u16 = 3;
+    pub const CREATE_TOPIC: u16 = 4;
+    pub const DELETE_TOPIC: u16 = 5;
+    pub const SET_TOPIC_CONFIG: u16 = 6;
+    pub const CREATE_RANGE: u16 = 7;
+    pub const SEAL_RANGE: u16 = 8;
+    pub const OPEN_SEGMENT: u16 = 9;
+    pub const SEAL_SEGMENT: u16 = 10;
+    pub const DELETE_SEGMENT: u16 = 11;
+    pub const SET_LOG_START_OFFSET: u16 = 12;
+}
+
+impl MetadataRecord {
+    /// The record's type number in the codec.
+    pub fn record_type(&self) -> u16 {
+        use record_type::*;
+        match self {
+            MetadataRecord::NoOp => NO_OP,
+            MetadataRecord::RegisterBroker(_) => REGISTER_BROKER,
+            MetadataRecord::FenceBroker { .. } => FENCE_BROKER,
+            MetadataRecord::UnfenceBroker { .. } => UNFENCE_BROKER,
+            MetadataRecord::CreateTopic(_) => CREATE_TOPIC,
+            MetadataRecord::DeleteTopic { .. } => DELETE_TOPIC,
+            MetadataRecord::SetTopicConfig { .. } => SET_TOPIC_CONFIG,
+            MetadataRecord::CreateRange(_) => CREATE_RANGE,
+            MetadataRecord::SealRange { .. } => SEAL_RANGE,
+            MetadataRecord::OpenSegment(_) => OPEN_SEGMENT,
+            MetadataRecord::SealSegment(_) => SEAL_SEGMENT,
+            MetadataRecord::DeleteSegment { .. } => DELETE_SEGMENT,
+            MetadataRecord::SetLogStartOffset { .. } => SET_LOG_START_OFFSET,
+        }
+    }
+
+    /// Encodes the record (current version of its type).
+    ///
+    /// Infallible; a record whose fields are out of range still encodes,
+    /// but [`MetadataRecord::decode`] rejects the result. Check
+    /// [`MetadataRecord::validate`] before writing (the controller does).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut w = Writer(Vec::with_capacity(32));
+        w.u16(self.record_type());
+        w.u16(0);
+        match self {
+            MetadataRecord::NoOp => {}
+            MetadataRecord::RegisterBroker(b) => {
+                w.i32(b.broker_id);
+                w.uuid(&b.incarnation_id);
+                w.str16(&b.host);
+                w.u16(b.port);
+                match &b.rack {
+                    None => w.u8(0),
+                    Some(r) => {
+                        w.u8(1);
+                        w.str16(r);
+                    }
+                }
+            }
+            MetadataRecord::FenceBroker { broker_id }
+            | MetadataRecord::UnfenceBroker { broker_id } => w.i32(*broker_id),
+            MetadataRecord::CreateTopic(t) => {
+                w.uuid(&t.topic_id);
+                w.str16(&t.name);
+                w.u32(t.partitions);
+                w.i16(t.replication_factor);
+                w.count(t.configs.len());
+                for (k, v) in &t.configs {
+                    w.str16(k);
+                    w.str32(v);
+                }
+            }
+            MetadataRecord::DeleteTopic { topic_id } => w.uuid(topic_id),
+            MetadataRecord::SetTopicConfig {
+                topic_id,
+                key,
+                value,
+            } => {
+                w.uuid(topic_id);
+                w.str16(key);
+                match value {
+                    None => w.u8(0),
+                    Some(v) => {
+                        w.u8(1);
+                        w.str32(v);
+                    }
+                }
+            }
+            MetadataRecord::CreateRange(r) => {
+                w.u64(r.range_id);
+                w.uuid(&r.topic_id);
+                w.u32(r.lo);
+                w.u32(r.hi);
+                w.count(r.parents.len());
+                for p in &r.parents {
+                    w.u64(*p);
+                }
+            }
+            MetadataRecord::SealRange { range_id } => w.u64(*range_id),
+            MetadataRecord::OpenSegment(s) => {
+                w.segment(&s.segment);
+                w.count(s.replicas.len());
+                for r in &s.replicas {
+                    w.i32(*r);
+                }
+                w.i32(s.leader_epoch);
+            }
+            MetadataRecord::SealSegment(s) => {
+                w.segment(&s.segment);
+                w.u64(s.size_bytes);
+                w.count(s.spans.len());
+                for sp in &s.spans {
+                    w.u32(sp.partition);
+                    w.i64(sp.start_offset);
+                    w.i64(sp.end_offset);
+                }
+            }
+            MetadataRecord::DeleteSegment { segment } => w.segment(segment),
+            MetadataRecord::SetLogStartOffset {
+                topic_id,
+                partition,
+                offset,
+            } => {
+                w.uuid(topic_id);
+                w.u32(*partition);
+                w.i64(*offset);
+            }
+        }
+        w.0
+    }
+
+    /// Decodes one record, rejecting anything this build does not read:
+    /// unknown type or version, truncation, trailing bytes, invalid UTF-8,
+    /// a bad option tag, and values out of range for their field.
+    pub fn decode(bytes: &[u8]) -> Result<MetadataRecord, RecordDecodeError> {
+        use record_type::*;
+        let mut r = Reader { buf: bytes, pos: 0 };
+        let ty = r.u16("record type")?;
+        let version = r.u16("record version")?;
+        if ty > SET_LOG_START_OFFSET {
+            return Err(RecordDecodeError::UnknownType(ty));
+        }
+        if version != 0 {
+            return Err(RecordDecodeError::UnknownVersion {
+                record_type: ty,
+                version,
+            });
+        }
+        let rec = match ty {
+            NO_OP => MetadataRecord::NoOp,
+            REGISTER_BROKER => {
+                let broker_id = r.i32("broker_id")?;
+                let incarnation_id = r.uuid("incarnation_id")?;
+                let host = r.str16("host")?;
+                let port = r.u16("port")?;
+                let rack = if r.option("rack")? {
+                    Some(r.str16("rack")?)
+                } else {
+                    None
+                };
+                MetadataRecord::RegisterBroker(BrokerRegistration {
+                    broker_id,
+                    incarnation_id,
+                    host,
+                    port,
+                    rack,
+                })
+            }
+            FENCE_BROKER => MetadataRecord::FenceBroker {
+                broker_id: r.i32("broker_id")?,
+            },
+            UNFENCE_BROKER => MetadataRecord::UnfenceBroker {
+                broker_id: r.i32("broker_id")?,
+            },
+            CREATE_TOPIC => {
+                let topic_id = r.uuid("topic_id")?;
+                let name = r.str16("topic name")?;
+                let partitions = r.u32("partitions")?;
+                let replication_factor = r.i16("replication_factor")?;
+                // Each entry takes at least 2 + 4 bytes.
+                let n = r.count("configs", 6)?;
+                let mut configs = BTreeMap::new();
+                for _ in 0..n {
+                    let k = r.str16("config key")?;
+                    let v = r.str32("config value")?;
+                    // Strictly increasing keys keep the encoding canonical
+                    // (one byte string per record) and rule out duplicates.
+                    if configs.last_key_value().is_some_and(|(last, _)| *last >= k) {
+                        return Err(RecordDecodeError::invalid(
+                            "configs",
+                            "keys not in strictly increasing order",
+                        ));
+                    }
+                    configs.insert(k, v);
+                }
+                MetadataRecord::CreateTopic(TopicRecord {
+                    topic_id,
+                    name,
+                    partitions,
+                    replication_factor,
+                    configs,
+                })
+            }
+            DELETE_TOPIC => MetadataRecord::DeleteTopic {
+                topic_id: r.uuid("topic_id")?,
+            },
+            SET_TOPIC_CONFIG => {
+                let topic_id = r.uuid("topic_id")?;
+                let key = r.str16("config key")?;
+                let value = if r.option("config value")? {
+                    Some(r.str32("config value")?)
+                } else {
+                    None
+                };
+                MetadataRecord::SetTopicConfig {
+                    topic_id,
+                    key,
+                    value,
+                }
+            }
+            CREATE_RANGE => {
+                let range_id = r.u64("range_id")?;
+                let topic_id = r.uuid("topic_id")?;
+                let lo = r.u32("lo")?;
+                let hi = r.u32("hi")?;
+                let n = r.count("parents", 8)?;
+                let mut parents = Vec::with_capacity(n);
+                for _ in 0..n {
+                    parents.push(r.u64("parent")?);
+                }
+                MetadataRecord::CreateRange(RangeRecord {
+                    range_id,
+                    topic_id,
+                    lo,
+                    hi,
+                    parents,
+                })
+            }
+            SEAL_RANGE => MetadataRecord::SealRange {
+                range_id: r.u64("range_id")?,
+            },
+            OPEN_SEGMENT => {
+                let segment = r.segment()?;
+                let n = r.count("replicas", 4)?;
+                let mut replicas = Vec::with_capacity(n);
+                for _ in 0..n {
+                    replicas.push(r.i32("replica")?);
+                }
+                let leader_epoch = r.i32("leader_epoch")?;
+                MetadataRecord::OpenSegment(SegmentOpenRecord {
+                    segment,
+                    replicas,
+                    leader_epoch,
+                })
+            }
+            SEAL_SEGMENT => {
+                let segment = r.segment()?;
+                let size_bytes = r.u64("size_bytes")?;
+                let n = r.count("spans", 20)?;
+                let mut spans = Vec::with_capacity(n);
+                for _ in 0..n {
+                    spans.push(PartitionSpan {
+                        partition: r.u32("span partition")?,
+                        start_offset: r.i64("span start_offset")?,
+                        end_offset: r.i64("span end_offset")?,
+                    });
+                }
+                MetadataRecord::SealSegment(SegmentSealRecord {
+                    segment,
+                    size_bytes,
+                    spans,
+                })
+            }
+            DELETE_SEGMENT => MetadataRecord::DeleteSegment {
+                segment: r.segment()?,
+            },
+            SET_LOG_START_OFFSET => MetadataRecord::SetLogStartOffset {
+                topic_id: r.uuid("topic_id")?,
+                partition: r.u32("partition")?,
+                offset: r.i64("offset")?,
+            },
+            _ => unreachable!("type checked above"),
+        };
+        if r.pos != bytes.len() {
+            return Err(RecordDecodeError::TrailingBytes(bytes.len() - r.pos));
+        }
+        rec.validate()?;
+        Ok(rec)
+    }
+
+    /// Checks that every field is in range for its type, using the record
+    /// alone (never the image). [`MetadataRecord::decode`] applies the same
+    /// checks, so a record that passes this encodes to bytes that decode.
+    pub fn validate(&self) -> Result<(), RecordDecodeError> {
+        use RecordDecodeError as E;
+        match self {
+            MetadataRecord::NoOp => Ok(()),
+            MetadataRecord::RegisterBroker(b) => {
+                check_broker_id("broker_id", b.broker_id)?;
+                check_len("host", &b.host, 1, MAX_HOST_LEN)?;
+                if b.port == 0 {
+                    return Err(E::invalid("port", "0"));
+                }
+                if let Some(rack) = &b.rack {
+                    check_len("rack", rack, 1, MAX_RACK_LEN)?;
+                }
+                Ok(())
+            }
+            MetadataRecord::FenceBroker { broker_id }
+            | MetadataRecord::UnfenceBroker { broker_id } => {
+                check_broker_id("broker_id", *broker_id)
+            }
+            MetadataRecord::CreateTopic(t) => {
+                check_topic_id(&t.topic_id)?;
+                check_topic_name(&t.name)?;
+                if t.partitions == 0 || t.partitions > MAX_PARTITIONS {
+                    return Err(E::invalid(
+                        "partitions",
+                        format!("{} not in 1..={MAX_PARTITIONS}", t.partitions),
+                    ));
+                }
+                if t.replication_factor < 1 || t.replication_factor as usize > MAX_REPLICAS {
+                    return Err(E::invalid(
+                        "replication_factor",
+                        format!("{} not in 1..={MAX_REPLICAS}", t.replication_factor),
+                    ));
+                }
+                if t.configs.len() > MAX_TOPIC_CONFIGS {
+                    return Err(E::invalid(
+                        "configs",
+                        format!("more than {MAX_TOPIC_CONFIGS}"),
+                    ));
+                }
+                for (k, v) in &t.configs {
+                    check_len("config key", k, 1, MAX_CONFIG_KEY_LEN)?;
+                    check_len("config value", v, 0, MAX_CONFIG_VALUE_LEN)?;
+                }
+                Ok(())
+            }
+            MetadataRecord::DeleteTopic { topic_id } => check_topic_id(topic_id),
+            MetadataRecord::SetTopicConfig {
+                topic_id,
+                key,
+                value,
+            } => {
+                check_topic_id(topic_id)?;
+                check_len("config key", key, 1, MAX_CONFIG_KEY_LEN)?;
+                if let Some(v) = value {
+                    check_len("config value", v, 0, MAX_CONFIG_VALUE_LEN)?;
+                }
+                Ok(())
+            }
+            MetadataRecord::CreateRange(r) => {
+                check_range_id("range_id", r.range_id)?;
+                check_topic_id(&r.topic_id)?;
+                if r.lo >= r.hi || r.hi > MAX_PARTITIONS {
+                    return Err(E::invalid(
+                        "range bounds",
+                        format!("[{}, {}) is empty or beyond {MAX_PARTITIONS}", r.lo, r.hi),
+                    ));
+                }
+                if r.parents.len() > MAX_RANGE_PARENTS {
+                    return Err(E::invalid(
+                        "parents",
+                        format!("more than {MAX_RANGE_PARENTS}"),
+                    ));
+                }
+                let mut seen = BTreeSet::new();
+                for p in &r.parents {
+                    check_range_id("parent", *p)?;
+                    if *p == r.range_id {
+                        return Err(E::invalid("parents", "a range cannot be its own parent"));
+                    }
+                    if !seen.insert(*p) {
+                        return Err(E::invalid("parents", format!("duplicate parent {p}")));
+                    }
+                }
+                Ok(())
+            }
+            MetadataRecord::SealRange { range_id } => check_range_id("range_id", *range_id),
+            MetadataRecord::OpenSegment(s) => {
+                check_range_id("segment range", s.segment.range)?;
+                if s.replicas.is_empty() || s.replicas.len() > MAX_REPLICAS {
+                    return Err(E::invalid(
+                        "replicas",
+                        format!("{} replicas, need 1..={MAX_REPLICAS}", s.replicas.len()),
+                    ));
+                }
+                let mut seen = BTreeSet::new();
+                for r in &s.replicas {
+                    check_broker_id("replica", *r)?;
+                    if !seen.insert(*r) {
+                        return Err(E::invalid("replicas", format!("duplicate broker {r}")));
+                    }
+                }
+                if s.leader_epoch < 0 {
+                    return Err(E::invalid("leader_epoch", s.leader_epoch.to_string()));
+                }
+                Ok(())
+            }
+            MetadataRecord::SealSegment(s) => {
+                check_range_id("segment range", s.segment.range)?;
+                if s.size_bytes > i64::MAX as u64 {
+                    return Err(E::invalid("size_bytes", s.size_bytes.to_string()));
+                }
+                let mut seen = BTreeSet::new();
+                for sp in &s.spans {
+                    check_partition("span partition", sp.partition)?;
+                    if sp.start_offset < 0 || sp.end_offset < sp.start_offset {
+                        return Err(E::invalid(
+                            "span",
+                            format!(
+                                "partition {}: [{}, {}) is not a valid offset span",
+                                sp.partition, sp.start_offset, sp.end_offset
+                            ),
+                        ));
+                    }
+                    if !seen.insert(sp.partition) {
+                        return Err(E::invalid(
+                            "spans",
+                            format!("duplicate partition {}", sp.partition),
+                        ));
+                    }
+                }
+                Ok(())
+            }
+            MetadataRecord::DeleteSegment { segment } => {
+                check_range_id("segment range", segment.range)
+            }
+            MetadataRecord::SetLogStartOffset {
+                topic_id,
+                partition,
+                offset,
+            } => {
+                check_topic_id(topic_id)?;
+                check_partition("partition", *partition)?;
+                if *offset < 0 {
+                    return Err(E::invalid("offset", offset.to_string()));
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+fn check_broker_id(field: &'static str, id: i32) -> Result<(), RecordDecodeError> {
+    if id < 0 {
+        return Err(RecordDecodeError::invalid(
+            field,
+            format!("negative broker id {id}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_range_id(field: &'static str, id: RangeId) -> Result<(), RecordDecodeError> {
+    if id == 0 {
+        return Err(RecordDecodeError::invalid(field, "range id 0 is reserved"));
+    }
+    Ok(())
+}
+
+fn check_partition(field: &'static str, p: u32) -> Result<(), RecordDecodeError> {
+    if p >= MAX_PARTITIONS {
+        return Err(RecordDecodeError::invalid(
+            field,
+            format!("{p} >= {MAX_PARTITIONS}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_topic_id(id: &TopicId) -> Result<(), RecordDecodeError> {
+    // Kafka reserves the zero UUID ("no topic id").
+    if id.is_nil() {
+        return Err(RecordDecodeError::invalid("topic_id", "nil uuid"));
+    }
+    Ok(())
+}
+
+fn check_len(
+    field: &'static str,
+    s: &str,
+    min: usize,
+    max: usize,
+) -> Result<(), RecordDecodeError> {
+    if s.len() < min || s.len() > max {
+        return Err(RecordDecodeError::invalid(
+            field,
+            format!("length {} not in {min}..={max}", s.len()),
+        ));
+    }
+    Ok(())
+}
+
+/// Kafka's topic name rule: 1..=249 of `[a-zA-Z0-9._-]`, not "." or "..".
+fn check_topic_name(name: &str) -> Result<(), RecordDecodeError> {
+    check_len("topic name", name, 1, MAX_TOPIC_NAME_LEN)?;
+    if name == "." || name == ".." {
+        return Err(RecordDecodeError::invalid(
+            "topic name",
+            "'.' and '..' are not allowed",
+        ));
+    }
+    if !name
+        .bytes()
+        .all(|b| b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-')
+    {
+        return Err(RecordDecodeError::invalid(
+            "topic name",
+            format!("illegal character in {name:?}"),
+        ));
+    }
+    Ok(())
+}
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn u8(&mut self, v: u8) {
+        self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn i16(&mut self, v: i16) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u32(&mut self, v: u32) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn i32(&mut self, v: i32) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn u64(&mut self, v: u64) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn i64(&mut self, v: i64) {
+        self.0.extend_from_slice(&v.to_be_bytes());
+    }
+    fn uuid(&mut self, v: &uuid::Uuid) {
+        self.0.extend_from_slice(v.as_bytes());
+    }
+    fn segment(&mut self, s: &SegmentId) {
+        self.u64(s.range);
+        self.u32(s.seq);
+    }
+    fn count(&mut self, n: usize) {
+        self.u32(u32::try_from(n).unwrap_or(u32::MAX));
+    }
+    /// A string longer than the prefix allows is cut to the prefix's
+    /// maximum; every u16-prefixed field has a limit below that, so the
+    /// decoder rejects the result rather than misreading it.
+    fn str16(&mut self, s: &str) {
+        let b = s.as_bytes();
+        let n = b.len().min(u16::MAX as usize);
+        self.u16(n as u16);
+        self.0.extend_from_slice(&b[..n]);
+    }
+    fn str32(&mut self, s: &str) {
+        let b = s.as_bytes();
+        let n = b.len().min(u32::MAX as usize);
+        self.u32(n as u32);
+        self.0.extend_from_slice(&b[..n]);
+    }
+}
+
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize, field: &'static str) -> Result<&'a [u8], RecordDecodeError> {
+        let rest = self.buf.len() - self.pos;
+        if rest < n {
+            return Err(RecordDecodeError::Truncated {
+                field,
+                needed: n - rest,
+            });
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+    fn array<const N: usize>(&mut self, field: &'static str) -> Result<[u8; N], RecordDecodeError> {
+        let mut a = [0u8; N];
+        a.copy_from_slice(self.take(N, field)?);
+        Ok(a)
+    }
+    fn u8(&mut self, field: &'static str) -> Result<u8, RecordDecodeError> {
+        Ok(self.array::<1>(field)?[0])
+    }
+    fn u16(&mut self, field: &'static str) -> Result<u16, RecordDecodeError> {
+        Ok(u16::from_be_bytes(self.array(field)?))
+    }
+    fn i16(&mut self, field: &'static str) -> Result<i16, RecordDecodeError> {
+        Ok(i16::from_be_bytes(self.array(field)?))
+    }
+    fn u32(&mut self, field: &'static str) -> Result<u32, RecordDecodeError> {
+        Ok(u32::from_be_bytes(self.array(field)?))
+    }
+    fn i32(&mut self, field: &'static str) -> Result<i32, RecordDecodeError> {
+        Ok(i32::from_be_bytes(self.array(field)?))
+    }
+    fn u64(&mut self, field: &'static str) -> Result<u64, RecordDecodeError> {
+        Ok(u64::from_be_bytes(self.array(field)?))
+    }
+    fn i64(&mut self, field: &'static str) -> Result<i64, RecordDecodeError> {
+        Ok(i64::from_be_bytes(self.array(field)?))
+    }
+    fn uuid(&mut self, field: &'static str) -> Result<uuid::Uuid, RecordDecodeError> {
+        Ok(uuid::Uuid::from_bytes(self.array(field)?))
+    }
+    fn segment(&mut self) -> Result<SegmentId, RecordDecodeError> {
+        Ok(SegmentId {
+            range: self.u64("segment range")?,
+            seq: self.u32("segment seq")?,
+        })
+    }
+    fn option(&mut self, field: &'static str) -> Result<bool, RecordDecodeError> {
+        match self.u8(field)? {
+            0 => Ok(false),
+            1 => Ok(true),
+            t => Err(RecordDecodeError::invalid(field, format!("option tag {t}"))),
+        }
+    }
+    /// Reads an array count and checks it against the bytes left (each
+    /// element takes at least `min_elem` bytes), so a corrupt count cannot
+    /// make the decoder allocate without bound.
+    fn count(&mut self, field: &'static str, min_elem: usize) -> Result<usize, RecordDecodeError> {
+        let n = self.u32(field)? as usize;
+        let rest = self.buf.len() - self.pos;
+        if n.saturating_mul(min_elem) > rest {
+            return Err(RecordDecodeError::Truncated {
+                field,
+                needed: n.saturating_mul(min_elem) - rest,
+            });
+        }
+        Ok(n)
+    }
+    fn utf8(&mut self, n: usize, field: &'static str) -> Result<String, RecordDecodeError> {
+        let b = self.take(n, field)?;
+        std::str::from_utf8(b)
+            .map(str::to_owned)
+            .map_err(|_| RecordDecodeError::InvalidUtf8(field))
+    }
+    fn str16(&mut self, field: &'static str) -> Result<String, RecordDecodeError> {
+        let n = self.u16(field)? as usize;
+        self.utf8(n, field)
+    }
+    fn str32(&mut self, field: &'static str) -> Result<String, RecordDecodeError> {
+        let n = self.u32(field)? as usize;
+        self.utf8(n, field)
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub fn arb_uuid() -> impl Strategy<Value = uuid::Uuid> {
+        any::<u128>().prop_map(|v| uuid::Uuid::from_u128(v.max(1)))
+    }
+
+    fn arb_name() -> impl Strategy<Value = String> {
+        "[a-zA-Z0-9_-][a-zA-Z0-9._-]{0,40}"
+    }
+
+    fn arb_text(max: usize) -> impl Strategy<Value = String> {
+        proptest::collection::vec(any::<char>(), 0..max).prop_map(|v| v.into_iter().collect())
+    }
+
+    fn arb_nonempty_text(max: usize) -> impl Strategy<Value = String> {
+        proptest::collection::vec(any::<char>(), 1..max).prop_map(|v| v.into_iter().collect())
+    }
+
+    fn arb_segment() -> impl Strategy<Value = SegmentId> {
+        (1u64.., any::<u32>()).prop_map(|(range, seq)| SegmentId { range, seq })
+    }
+
+    /// Arbitrary records whose fields are all in range.
+    pub fn arb_record() -> impl Strategy<Value = MetadataRecord> {
+        prop_oneof![
+            Just(MetadataRecord::NoOp),
+            (
+                0i32..,
+                arb_uuid(),
+                arb_nonempty_text(60),
+                1u16..,
+                proptest::option::of(arb_nonempty_text(20))
+            )
+                .prop_map(|(broker_id, incarnation_id, host, port, rack)| {
+                    MetadataRecord::RegisterBroker(BrokerRegistration {
+                        broker_id,
+                        incarnation_id,
+                        host,
+                        port,
+                        rack,
+                    })
+                }),
+            (0i32..).prop_map(|broker_id| MetadataRecord::FenceBroker { broker_id }),
+            (0i32..).prop_map(|broker_id| MetadataRecord::UnfenceBroker { broker_id }),
+            (
+                arb_uuid(),
+                arb_name(),
+                1u32..=MAX_PARTITIONS,
+                1i16..=MAX_REPLICAS as i16,
+                proptest::collection::btree_map(arb_nonempty_text(20), arb_text(30), 0..5)
+            )
+                .prop_map(
+                    |(topic_id, name, partitions, replication_factor, configs)| {
+                        MetadataRecord::CreateTopic(TopicRecord {
+                            topic_id,
+                            name,
+                            partitions,
+                            replication_factor,
+                            configs,
+                        })
+                    }
+                ),
+            arb_uuid().prop_map(|topic_id| MetadataRecord::DeleteTopic { topic_id }),
+            (
+                arb_uuid(),
+                arb_nonempty_text(20),
+                proptest::option::of(arb_text(30))
+            )
+                .prop_map(|(topic_id, key, value)| MetadataRecord::SetTopicConfig {
+                    topic_id,
+                    key,
+                    value
+                }),
+            (
+                1u64..,
+                arb_uuid(),
+                0u32..MAX_PARTITIONS,
+                1u32..1000,
+                proptest::collection::btree_set(1u64.., 0..3)
+            )
+                .prop_map(|(range_id, topic_id, lo, width, parents)| {
+                    MetadataRecord::CreateRange(RangeRecord {
+                        range_id,
+                        topic_id,
+                        lo,
+                        hi: (lo + width).min(MAX_PARTITIONS).max(lo + 1),
+                        parents: parents.into_iter().filter(|p| *p != range_id).collect(),
+                    })
+                }),
+            (1u64..).prop_map(|range_id| MetadataRecord::SealRange { range_id }),
+            (
+                arb_segment(),
+                proptest::collection::btree_set(0i32.., 1..5),
+                0i32..
+            )
+                .prop_map(|(segment, replicas, leader_epoch)| {
+                    MetadataRecord::OpenSegment(SegmentOpenRecord {
+                        segment,
+                        replicas: replicas.into_iter().collect(),
+                        leader_epoch,
+                    })
+                }),
+            (
+                arb_segment(),
+                0u64..=i64::MAX as u64,
+                proptest::collection::btree_map(
+                    0u32..MAX_PARTITIONS,
+                    (0i64..i64::MAX / 2, 0i64..1 << 40),
+                    0..5
+                )
+            )
+                .prop_map(|(segment, size_bytes, spans)| {
+                    MetadataRecord::SealSegment(SegmentSealRecord {
+                        segment,
+                        size_bytes,
+                        spans: spans
+                            .into_iter()
+                            .map(|(partition, (start, len))| PartitionSpan {
+                                partition,
+                                start_offset: start,
+                                end_offset: start + len,
+                            })
+                            .collect(),
+                    })
+                }),
+            arb_segment().prop_map(|segment| MetadataRecord::DeleteSegment { segment }),
+            (arb_uuid(), 0u32..MAX_PARTITIONS, 0i64..).prop_map(|(topic_id, partition, offset)| {
+                MetadataRecord::SetLogStartOffset {
+                    topic_id,
+                    partition,
+                    offset,
+                }
+            }),
+        ]
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2000))]
+
+        #[test]
+        fn encode_decode_round_trips(rec in arb_record()) {
+            prop_assert_eq!(rec.validate(), Ok(()));
+            let bytes = rec.encode();
+            prop_assert_eq!(MetadataRecord::decode(&bytes), Ok(rec));
+        }
+
+        #[test]
+        fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let _ = MetadataRecord::decode(&bytes);
+        }
+
+        /// Random bytes behind a valid type/version header reach the payload
+        /// parsers, which plain random bytes rarely do.
+        #[test]
+        fn random_payloads_never_panic(ty in 0u16..=13, bytes in proptest::collection::vec(any::<u8>(), 0..120)) {
+            let mut v = ty.to_be_bytes().to_vec();
+            v.extend_from_slice(&[0, 0]);
+            v.extend_from_slice(&bytes);
+            if let Ok(rec) = MetadataRecord::decode(&v) {
+                // Whatever decodes re-encodes to the same bytes: the codec is canonical.
+                prop_assert_eq!(rec.encode(), v);
+            }
+        }
+
+        #[test]
+        fn truncation_is_rejected(rec in arb_record(), cut in any::<prop::sample::Index>()) {
+            let bytes = rec.encode();
+            let at = cut.index(bytes.len());
+            prop_assert!(MetadataRecord::decode(&bytes[..at]).is_err());
+        }
+    }
+
+    fn topic(name: &str) -> TopicRecord {
+        TopicRecord {
+            topic_id: uuid::Uuid::from_u128(7),
+            name: name.into(),
+            partitions: 3,
+            replication_factor: 1,
+            configs: BTreeMap::new(),
+        }
+    }
+
+    fn rejects(rec: MetadataRecord) -> RecordDecodeError {
+        assert!(rec.validate().is_err(), "validate accepted {rec:?}");
+        MetadataRecord::decode(&rec.encode()).expect_err("decode accepted an out-of-range record")
+    }
+
+    #[test]
+    fn empty_noop_is_valid() {
+        assert_eq!(MetadataRecord::NoOp.encode(), vec![0, 0, 0, 0]);
+        assert_eq!(
+            MetadataRecord::decode(&[0, 0, 0, 0]),
+            Ok(MetadataRecord::NoOp)
+        );
+    }
+
+    #[test]
+    fn header_errors() {
+        assert_eq!(
+            MetadataRecord::decode(&[0, 99, 0, 0]),
+            Err(RecordDecodeError::UnknownType(99))
+        );
+        assert_eq!(
+            MetadataRecord::decode(&[0, 0, 0, 1]),
+            Err(RecordDecodeError::UnknownVersion {
+                record_type: 0,
+                version: 1
+            })
+        );
+        assert!(matches!(
+            MetadataRecord::decode(&[0]),
+            Err(RecordDecodeError::Truncated { .. })
+        ));
+        assert!(matches!(
+            MetadataRecord::decode(&[]),
+            Err(RecordDecodeError::Truncated { .. })
+        ));
+        assert_eq!(
+            MetadataRecord::decode(&[0, 0, 0, 0, 5]),
+            Err(RecordDecodeError::TrailingBytes(1))
+        );
+    }
+
+    #[test]
+    fn invalid_utf8_rejected() {
+        let mut b = MetadataRecord::CreateTopic(topic("ab")).encode();
+        // name bytes follow type(2) version(2) uuid(16) len(2)
+        b[22] = 0xff;
+        assert_eq!(
+            MetadataRecord::decode(&b),
+            Err(RecordDecodeError::InvalidUtf8("topic name"))
+        );
+    }
+
+    #[test]
+    fn bad_option_tag_rejected() {
+        let mut b = MetadataRecord::SetTopicConfig {
+            topic_id: uuid::Uuid::from_u128(1),
+            key: "k".into(),
+            value: None,
+        }
+        .encode();
+        *b.last_mut().unwrap() = 2;
+        assert!(matches!(
+            MetadataRecord::decode(&b),
+            Err(RecordDecodeError::InvalidValue {
+                field: "config value",
+                ..
+            })
+        ));
+    }
+
+    #[test]
+    fn huge_count_does_not_allocate() {
+        let mut b = MetadataRecord::OpenSegment(SegmentOpenRecord {
+            segment: SegmentId::new(1, 0),
+            replicas: vec![1],
+            leader_epoch: 0,
+        })
+        .encode();
+        // count follows header(4) + range(8) + seq(4)
+        b[16..20].copy_from_slice(&u32::MAX.to_be_bytes());
+        assert!(matches!(
+            MetadataRecord::decode(&b),
+            Err(RecordDecodeError::Truncated { .. })
+        ));
+    }
+
+    #[test]
+    fn out_of_range_values_rejected() {
+        let mut t = topic("t");
+        t.partitions = 0;
+        rejects(MetadataRecord::CreateTopic(t));
+        let mut t = topic("t");
+        t.partitions = MAX_PARTITIONS + 1;
+        rejects(MetadataRecord::CreateTopic(t));
+        let mut t = topic("t");
+        t.replication_factor = 0;
+        rejects(MetadataRecord::CreateTopic(t));
+        rejects(MetadataRecord::CreateTopic(topic("")));
+        rejects(MetadataRecord::CreateTopic(topic("..")));
+        rejects(MetadataRecord::CreateTopic(topic("a/b")));
+        rejects(MetadataRecord::CreateTopic(topic(&"x".repeat(250))));
+        let mut t = topic("t");
+        t.topic_id = uuid::Uuid::nil();
+        rejects(MetadataRecord::CreateTopic(t));
+
+        let range = |lo, hi, parents: Vec<u64>| {
+            MetadataRecord::CreateRange(RangeRecord {
+                range_id: 5,
+                topic_id: uuid::Uuid::from_u128(1),
+                lo,
+                hi,
+                parents,
+            })
+        };
+        rejects(range(3, 3, vec![]));
+        rejects(range(4, 3, vec![]));
+        rejects(range(0, MAX_PARTITIONS + 1, vec![]));
+        rejects(range(0, 1, vec![5]));
+        rejects(range(0, 1, vec![2, 2]));
+        rejects(range(0, 1, vec![0]));
+        rejects(MetadataRecord::SealRange { range_id: 0 });
+
+        let open = |replicas: Vec<i32>, leader_epoch| {
+            MetadataRecord::OpenSegment(SegmentOpenRecord {
+                segment: SegmentId::new(1, 0),
+                replicas,
+                leader_epoch,
+            })
+        };
+        rejects(open(vec![], 0));
+        rejects(open(vec![1, 1], 0));
+        rejects(open(vec![-1], 0));
+        rejects(open(vec![1], -1));
+
+        let seal = |start, end| {
+            MetadataRecord::SealSegment(SegmentSealRecord {
+                segment: SegmentId::new(1, 0),
+                size_bytes: 10,
+                spans: vec![PartitionSpan {
+                    partition: 0,
+                    start_offset: start,
+                    end_offset: end,
+                }],
+            })
+        };
+        rejects(seal(-1, 3));
+        rejects(seal(5, 4));
+        seal(5, 5).validate().unwrap();
+
+        rejects(MetadataRecord::SetLogStartOffset {
+            topic_id: uuid::Uuid::from_u128(1),
+            partition: 0,
+            offset: -1,
+        });
+        rejects(MetadataRecord::FenceBroker { broker_id: -1 });
+        rejects(MetadataRecord::RegisterBroker(BrokerRegistration {
+            broker_id: 1,
+            incarnation_id: uuid::Uuid::from_u128(1),
+            host: "h".into(),
+            port: 0,
+            rack: None,
+        }));
+        rejects(MetadataRecord::RegisterBroker(BrokerRegistration {
+            broker_id: 1,
+            incarnation_id: uuid::Uuid::from_u128(1),
+            host: "h".repeat(70_000),
+            port: 1,
+            rack: None,
+        }));
+        rejects(MetadataRecord::SetTopicConfig {
+            topic_id: uuid::Uuid::from_u128(1),
+            key: String::new(),
+            value: None,
+        });
+    }
+}
