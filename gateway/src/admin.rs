@@ -1,0 +1,88 @@
+//! The admin HTTP port: `/metrics` (Prometheus text), `/health`, `/ready`.
+//! A deliberately small HTTP/1.1 responder: three GET routes do not need a
+//! web framework.
+
+use std::sync::Arc;
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::broker::Broker;
+
+pub async fn serve(listener: TcpListener, broker: Arc<Broker>) {
+    loop {
+        let Ok((stream, _)) = listener.accept().await else {
+            continue;
+        };
+        let broker = broker.clone();
+        tokio::spawn(async move {
+            let _ = handle(stream, &broker).await;
+        });
+    }
+}
+
+async fn handle(mut stream: TcpStream, broker: &Broker) -> std::io::Result<()> {
+    let mut buf = vec![0u8; 4096];
+    let mut len = 0;
+    // Read until the end of the request head (or the buffer is full).
+    while len < buf.len() {
+        let n = stream.read(&mut buf[len..]).await?;
+        if n == 0 {
+            break;
+        }
+        len += n;
+        if buf[..len].windows(4).any(|w| w == b"\r\n\r\n") {
+            break;
+        }
+    }
+    let head = String::from_utf8_lossy(&buf[..len]);
+    let mut parts = head.split_whitespace();
+    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (status, content_type, body) = match (method, path) {
+        ("GET", "/health") => ("200 OK", "text/plain", "ok\n".to_string()),
+        ("GET", "/ready") if broker.is_ready() => ("200 OK", "text/plain", "ready\n".to_string()),
+        ("GET", "/ready") => (
+            "503 Service Unavailable",
+            "text/plain",
+            "not ready\n".to_string(),
+        ),
+        ("GET", "/metrics") => (
+            "200 OK",
+            "text/plain; version=0.0.4",
+            broker.metrics.render(&[
+                (
+                    "tessera_range_logs",
+                    "Range logs open on this broker.",
+                    broker.range_log_count() as u64,
+                ),
+                (
+                    "tessera_segments",
+                    "Segments (sealed and active) of the open range logs.",
+                    broker.segment_count() as u64,
+                ),
+                (
+                    "tessera_topics",
+                    "Topics in the metadata image.",
+                    broker.image().topics.len() as u64,
+                ),
+                (
+                    "tessera_metadata_offset",
+                    "Offset of the last applied metadata record.",
+                    broker.image().offset.max(0) as u64,
+                ),
+            ]),
+        ),
+        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
+        _ => (
+            "405 Method Not Allowed",
+            "text/plain",
+            "method not allowed\n".to_string(),
+        ),
+    };
+    let response = format!(
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(response.as_bytes()).await?;
+    stream.shutdown().await
+}

@@ -1,0 +1,182 @@
+//! CreateTopics: validate each topic as Kafka does, then commit it (a topic
+//! record, its first range and that range's first segment) to the metadata log.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use kafka_protocol::messages::create_topics_response::{
+    CreatableTopicConfigs, CreatableTopicResult,
+};
+use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse, RequestHeader};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::broker::{Broker, NewTopic};
+use crate::error::ApiError;
+use crate::topic_config::validate_topic_configs;
+
+/// Kafka's config source for a value set on the topic itself.
+const TOPIC_CONFIG_SOURCE: i8 = 1;
+/// Kafka's config source for a broker default.
+const DEFAULT_CONFIG_SOURCE: i8 = 5;
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    header: &RequestHeader,
+    request: CreateTopicsRequest,
+) -> CreateTopicsResponse {
+    let version = header.request_api_version;
+    let mut seen = HashSet::new();
+    let duplicates: HashSet<String> = request
+        .topics
+        .iter()
+        .filter(|t| !seen.insert(t.name.0.to_string()))
+        .map(|t| t.name.0.to_string())
+        .collect();
+    let mut results = Vec::with_capacity(request.topics.len());
+    for topic in request.topics {
+        let name = topic.name.0.to_string();
+        let mut result = CreatableTopicResult::default().with_name(topic.name.clone());
+        let outcome = if duplicates.contains(&name) {
+            Err(ApiError::InvalidRequest(format!(
+                "create topics request had topic {name:?} more than once"
+            )))
+        } else {
+            create_one(broker, &topic, request.validate_only).await
+        };
+        match outcome {
+            Ok(created) => {
+                result = result
+                    .with_topic_id(if request.validate_only {
+                        uuid::Uuid::nil()
+                    } else {
+                        created.id
+                    })
+                    .with_num_partitions(created.partitions as i32)
+                    .with_replication_factor(created.replication_factor);
+                if version >= 5 {
+                    result = result.with_configs(Some(describe_configs(broker, &created.configs)));
+                }
+            }
+            Err(e) => {
+                result = result
+                    .with_error_code(e.code())
+                    .with_error_message(e.message().map(StrBytes::from_string))
+                    .with_num_partitions(-1)
+                    .with_replication_factor(-1);
+            }
+        }
+        results.push(result);
+    }
+    CreateTopicsResponse::default().with_topics(results)
+}
+
+async fn create_one(
+    broker: &Arc<Broker>,
+    topic: &kafka_protocol::messages::create_topics_request::CreatableTopic,
+    validate_only: bool,
+) -> Result<Arc<tessera_metadata::TopicImage>, ApiError> {
+    let configs = validate_topic_configs(
+        topic
+            .configs
+            .iter()
+            .map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string()))),
+    )?;
+    let (partitions, replication_factor) = if topic.assignments.is_empty() {
+        let partitions = if topic.num_partitions == -1 {
+            broker.config.num_partitions as i32
+        } else {
+            topic.num_partitions
+        };
+        let rf = if topic.replication_factor == -1 {
+            broker.config.default_replication_factor
+        } else {
+            topic.replication_factor
+        };
+        (partitions, rf)
+    } else {
+        // Manual assignment: Kafka requires -1 for both counts, and every
+        // partition listed once with the same replica count on known brokers.
+        if topic.num_partitions != -1 || topic.replication_factor != -1 {
+            return Err(ApiError::InvalidRequest(
+                "both numPartitions and replicationFactor must be -1 when replica assignments are given".into(),
+            ));
+        }
+        let image = broker.image();
+        let rf = topic.assignments[0].broker_ids.len();
+        for (i, a) in topic.assignments.iter().enumerate() {
+            if a.partition_index != i as i32 {
+                return Err(ApiError::InvalidReplicaAssignment(
+                    "partitions must be consecutive from 0".into(),
+                ));
+            }
+            if a.broker_ids.len() != rf || rf == 0 {
+                return Err(ApiError::InvalidReplicaAssignment(
+                    "all partitions need the same number of replicas".into(),
+                ));
+            }
+            if let Some(unknown) = a
+                .broker_ids
+                .iter()
+                .find(|b| !image.brokers.contains_key(&b.0))
+            {
+                return Err(ApiError::InvalidReplicaAssignment(format!(
+                    "unknown broker {}",
+                    unknown.0
+                )));
+            }
+        }
+        (topic.assignments.len() as i32, rf as i16)
+    };
+    if partitions <= 0 {
+        return Err(ApiError::InvalidPartitions(
+            "number of partitions must be larger than 0".into(),
+        ));
+    }
+    broker
+        .create_topic(
+            NewTopic {
+                name: topic.name.0.to_string(),
+                partitions: partitions as u32,
+                replication_factor,
+                configs,
+            },
+            validate_only,
+        )
+        .await
+}
+
+/// The topic's configs as CreateTopics v5+ reports them: the topic's own and
+/// the broker defaults for the keys the log runs with.
+fn describe_configs(
+    broker: &Broker,
+    topic: &BTreeMap<String, String>,
+) -> Vec<CreatableTopicConfigs> {
+    let c = &broker.config;
+    let defaults = [
+        ("cleanup.policy", c.log_cleanup_policy.clone()),
+        ("max.message.bytes", c.message_max_bytes.to_string()),
+        (
+            "message.timestamp.type",
+            c.log_message_timestamp_type.clone(),
+        ),
+        ("retention.bytes", c.log_retention_bytes.to_string()),
+        ("retention.ms", c.log_retention_ms.to_string()),
+        ("segment.bytes", c.log_segment_bytes.to_string()),
+        ("segment.ms", c.log_roll_ms.to_string()),
+    ];
+    let mut out: BTreeMap<String, (String, i8)> = defaults
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), (v, DEFAULT_CONFIG_SOURCE)))
+        .collect();
+    for (k, v) in topic {
+        out.insert(k.clone(), (v.clone(), TOPIC_CONFIG_SOURCE));
+    }
+    out.into_iter()
+        .map(|(k, (v, source))| {
+            CreatableTopicConfigs::default()
+                .with_name(StrBytes::from_string(k))
+                .with_value(Some(StrBytes::from_string(v)))
+                .with_config_source(source)
+        })
+        .collect()
+}

@@ -1,0 +1,53 @@
+//! DescribeCluster: the brokers, the cluster id and the controller.
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::describe_cluster_response::DescribeClusterBroker;
+use kafka_protocol::messages::{
+    BrokerId, DescribeClusterRequest, DescribeClusterResponse, RequestHeader,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::broker::Broker;
+
+/// Kafka's "authorized operations not requested" marker.
+pub const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
+/// With no authorizer every operation a resource type supports is allowed;
+/// bits are Kafka's AclOperation codes. Cluster: CREATE, ALTER, DESCRIBE,
+/// CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE.
+pub const CLUSTER_OPERATIONS: i32 =
+    (1 << 5) | (1 << 7) | (1 << 8) | (1 << 9) | (1 << 10) | (1 << 11) | (1 << 12);
+/// Topic: READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS.
+pub const TOPIC_OPERATIONS: i32 =
+    (1 << 3) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1 << 10) | (1 << 11);
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    _header: &RequestHeader,
+    request: DescribeClusterRequest,
+) -> DescribeClusterResponse {
+    let image = broker.image();
+    let brokers = image
+        .brokers
+        .values()
+        .filter(|b| request.include_fenced_brokers || !b.fenced)
+        .map(|b| {
+            DescribeClusterBroker::default()
+                .with_broker_id(BrokerId(b.registration.broker_id))
+                .with_host(StrBytes::from_string(b.registration.host.clone()))
+                .with_port(b.registration.port as i32)
+                .with_rack(b.registration.rack.clone().map(StrBytes::from_string))
+                .with_is_fenced(b.fenced)
+        })
+        .collect();
+    DescribeClusterResponse::default()
+        .with_endpoint_type(1)
+        .with_cluster_id(StrBytes::from_string(broker.cluster_id.clone()))
+        .with_controller_id(BrokerId(broker.config.node_id))
+        .with_brokers(brokers)
+        .with_cluster_authorized_operations(if request.include_cluster_authorized_operations {
+            CLUSTER_OPERATIONS
+        } else {
+            AUTHORIZED_OPERATIONS_OMITTED
+        })
+}

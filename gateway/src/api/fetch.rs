@@ -1,0 +1,179 @@
+//! Fetch: resolve each partition to its range log, return stored batches as
+//! they are, honour max_bytes / partition_max_bytes (the first batch of the
+//! response always, even when larger) and long-poll for min_bytes up to
+//! max_wait, woken by high-watermark moves.
+//!
+//! Fetch sessions (KIP-227) are refused exactly as a Kafka broker with no
+//! session cache slots refuses them: full requests get session id 0 and are
+//! served sessionless, incremental ones get FETCH_SESSION_ID_NOT_FOUND.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::fetch_request::FetchPartition;
+use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
+use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, RequestHeader, TopicName};
+use kafka_protocol::protocol::StrBytes;
+use tessera_metadata::TopicImage;
+
+use crate::broker::Broker;
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+/// Session epochs with a meaning of their own (Kafka's FetchMetadata).
+const INITIAL_EPOCH: i32 = 0;
+const FINAL_EPOCH: i32 = -1;
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    header: &RequestHeader,
+    request: FetchRequest,
+) -> FetchResponse {
+    let version = header.request_api_version;
+    if version >= 7
+        && request.session_epoch != INITIAL_EPOCH
+        && request.session_epoch != FINAL_EPOCH
+    {
+        return FetchResponse::default()
+            .with_error_code(ResponseError::FetchSessionIdNotFound.code())
+            .with_session_id(0);
+    }
+    let max_wait = Duration::from_millis(request.max_wait_ms.max(0) as u64);
+    let deadline = tokio::time::Instant::now() + max_wait;
+    let min_bytes = request.min_bytes.max(0) as usize;
+    let mut hw_events = broker.hw_events.subscribe();
+    loop {
+        hw_events.borrow_and_update();
+        let (response, bytes, has_error) = gather(broker, version, &request);
+        if bytes >= min_bytes || has_error || tokio::time::Instant::now() >= deadline {
+            Metrics::add(&broker.metrics.fetched_bytes, bytes as u64);
+            return response;
+        }
+        tokio::select! {
+            changed = hw_events.changed() => if changed.is_err() { return response },
+            _ = tokio::time::sleep_until(deadline) => {}
+        }
+    }
+}
+
+/// One pass over the requested partitions: `(response, record bytes, any error)`.
+fn gather(broker: &Broker, version: i16, request: &FetchRequest) -> (FetchResponse, usize, bool) {
+    let image = broker.image();
+    let mut remaining = request.max_bytes.max(0) as usize;
+    let mut total = 0usize;
+    let mut has_error = false;
+    let mut topics = Vec::with_capacity(request.topics.len());
+    for topic in &request.topics {
+        // v13+ names topics by id only.
+        let resolved: Result<Arc<TopicImage>, ApiError> = if version >= 13 {
+            image
+                .topics
+                .get(&topic.topic_id)
+                .cloned()
+                .ok_or(ApiError::UnknownTopicId)
+        } else {
+            image
+                .topic_by_name(topic.topic.0.as_str())
+                .cloned()
+                .ok_or(ApiError::UnknownTopicOrPartition)
+        };
+        let mut partitions = Vec::with_capacity(topic.partitions.len());
+        for p in &topic.partitions {
+            let data = match &resolved {
+                Err(e) => Err((e.clone(), None)),
+                Ok(t) => read_partition(broker, &image, t, p, &mut remaining, total == 0),
+            };
+            let data = match data {
+                Ok(d) => {
+                    total += d.records.as_ref().map_or(0, Bytes::len);
+                    d
+                }
+                Err((e, offsets)) => {
+                    has_error = true;
+                    let (log_start, hw) = offsets.unwrap_or((-1, -1));
+                    PartitionData::default()
+                        .with_partition_index(p.partition)
+                        .with_error_code(e.code())
+                        .with_high_watermark(hw)
+                        .with_last_stable_offset(hw)
+                        .with_log_start_offset(log_start)
+                        .with_preferred_read_replica(BrokerId(-1))
+                        .with_records(Some(Bytes::new()))
+                }
+            };
+            partitions.push(data);
+        }
+        topics.push(
+            FetchableTopicResponse::default()
+                .with_topic(if version >= 13 {
+                    TopicName(StrBytes::default())
+                } else {
+                    topic.topic.clone()
+                })
+                .with_topic_id(topic.topic_id)
+                .with_partitions(partitions),
+        );
+    }
+    (
+        FetchResponse::default()
+            .with_session_id(0)
+            .with_responses(topics),
+        total,
+        has_error,
+    )
+}
+
+type PartitionError = (ApiError, Option<(i64, i64)>);
+
+fn read_partition(
+    broker: &Broker,
+    image: &tessera_metadata::MetadataImage,
+    topic: &TopicImage,
+    p: &FetchPartition,
+    remaining: &mut usize,
+    first_in_response: bool,
+) -> Result<PartitionData, PartitionError> {
+    let route = broker
+        .route(image, topic, p.partition)
+        .map_err(|e| (e, None))?;
+    if p.current_leader_epoch >= 0 && p.current_leader_epoch != route.leader_epoch {
+        let e = if p.current_leader_epoch > route.leader_epoch {
+            ApiError::UnknownLeaderEpoch
+        } else {
+            ApiError::FencedLeaderEpoch
+        };
+        return Err((e, None));
+    }
+    let partition = p.partition as u32;
+    let limit = (p.partition_max_bytes.max(0) as usize).min(*remaining);
+    let offsets = route.log.offsets(partition).map_err(|e| (e.into(), None))?;
+    let bounds = Some((offsets.log_start, offsets.high_watermark));
+    if p.fetch_offset < offsets.log_start || p.fetch_offset > offsets.log_end {
+        return Err((ApiError::OffsetOutOfRange, bounds));
+    }
+    let mut records = Bytes::new();
+    let mut hw = offsets.high_watermark;
+    let mut log_start = offsets.log_start;
+    if p.fetch_offset < offsets.high_watermark && (limit > 0 || first_in_response) {
+        let read = route
+            .log
+            .read(partition, p.fetch_offset, limit)
+            .map_err(|e| (e.into(), bounds))?;
+        hw = read.offsets.high_watermark;
+        log_start = read.offsets.log_start;
+        // Only the response's first batch may exceed the limit (KIP-74).
+        if read.records.len() <= limit || first_in_response {
+            records = read.records;
+        }
+    }
+    *remaining = remaining.saturating_sub(records.len());
+    Ok(PartitionData::default()
+        .with_partition_index(p.partition)
+        .with_high_watermark(hw)
+        .with_last_stable_offset(hw)
+        .with_log_start_offset(log_start)
+        .with_preferred_read_replica(BrokerId(-1))
+        .with_records(Some(records)))
+}

@@ -1,0 +1,116 @@
+//! ListOffsets: earliest, latest, max timestamp, and the first offset at or
+//! after a timestamp (found through the time index, then inside the batch).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use kafka_protocol::messages::list_offsets_response::{
+    ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
+};
+use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse, RequestHeader};
+use kafka_protocol::records::RecordBatchDecoder;
+use tessera_log::batch;
+
+use crate::broker::Broker;
+use crate::error::ApiError;
+
+/// Kafka's special timestamps.
+const LATEST: i64 = -1;
+const EARLIEST: i64 = -2;
+const MAX_TIMESTAMP: i64 = -3;
+const EARLIEST_LOCAL: i64 = -4;
+const LATEST_TIERED: i64 = -5;
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    header: &RequestHeader,
+    request: ListOffsetsRequest,
+) -> ListOffsetsResponse {
+    let image = broker.image();
+    // leader_epoch exists from v4 on.
+    let with_epoch = header.request_api_version >= 4;
+    let topics = request
+        .topics
+        .iter()
+        .map(|topic| {
+            let resolved = image.topic_by_name(topic.name.0.as_str()).cloned();
+            let partitions = topic
+                .partitions
+                .iter()
+                .map(|p| {
+                    let result = match &resolved {
+                        None => Err(ApiError::UnknownTopicOrPartition),
+                        Some(t) => broker
+                            .route(&image, t, p.partition_index)
+                            .and_then(|route| {
+                                lookup(&route.log, p.partition_index as u32, p.timestamp)
+                                    .map(|(offset, ts)| (offset, ts, route.leader_epoch))
+                            }),
+                    };
+                    match result {
+                        Ok((offset, timestamp, epoch)) => ListOffsetsPartitionResponse::default()
+                            .with_partition_index(p.partition_index)
+                            .with_offset(offset)
+                            .with_timestamp(timestamp)
+                            .with_leader_epoch(if offset >= 0 && with_epoch { epoch } else { -1 }),
+                        Err(e) => ListOffsetsPartitionResponse::default()
+                            .with_partition_index(p.partition_index)
+                            .with_error_code(e.code())
+                            .with_offset(-1)
+                            .with_timestamp(-1)
+                            .with_leader_epoch(-1),
+                    }
+                })
+                .collect();
+            ListOffsetsTopicResponse::default()
+                .with_name(topic.name.clone())
+                .with_partitions(partitions)
+        })
+        .collect();
+    ListOffsetsResponse::default().with_topics(topics)
+}
+
+/// `(offset, timestamp)` for one partition; `(-1, -1)` when no record qualifies.
+fn lookup(
+    log: &tessera_log::RangeLog,
+    partition: u32,
+    timestamp: i64,
+) -> Result<(i64, i64), ApiError> {
+    let offsets = log.offsets(partition)?;
+    match timestamp {
+        LATEST | LATEST_TIERED => Ok((offsets.high_watermark, -1)),
+        EARLIEST | EARLIEST_LOCAL => Ok((offsets.log_start, -1)),
+        MAX_TIMESTAMP => match log.batch_with_max_timestamp(partition)? {
+            None => Ok((-1, -1)),
+            Some(bytes) => record_at(bytes, |ts, max| ts == max),
+        },
+        ts if ts >= 0 => match log.batch_at_timestamp(partition, ts)? {
+            None => Ok((-1, -1)),
+            Some(bytes) => record_at(bytes, |record_ts, _| record_ts >= ts),
+        },
+        _ => Err(ApiError::InvalidRequest(format!(
+            "invalid ListOffsets timestamp {timestamp}"
+        ))),
+    }
+}
+
+/// The first record of a stored batch matching `wanted(record ts, batch max ts)`.
+fn record_at(bytes: Bytes, wanted: impl Fn(i64, i64) -> bool) -> Result<(i64, i64), ApiError> {
+    let header = batch::parse_header(&bytes)?;
+    if header.is_log_append_time() {
+        // Every record carries the batch's append time.
+        return Ok((header.base_offset, header.max_timestamp));
+    }
+    let mut buf = bytes;
+    let set = RecordBatchDecoder::decode(&mut buf)
+        .map_err(|e| ApiError::CorruptMessage(format!("stored batch does not decode: {e}")))?;
+    set.records
+        .iter()
+        .find(|r| wanted(r.timestamp, header.max_timestamp))
+        .map(|r| (r.offset, r.timestamp))
+        .ok_or_else(|| {
+            ApiError::CorruptMessage(
+                "time index points at a batch without a matching record".into(),
+            )
+        })
+}

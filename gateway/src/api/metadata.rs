@@ -1,0 +1,144 @@
+//! Metadata: brokers, and per topic the leader of every partition (the
+//! primary of the active segment of the range that covers it).
+
+use std::sync::Arc;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::metadata_response::{
+    MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
+};
+use kafka_protocol::messages::{
+    BrokerId, MetadataRequest, MetadataResponse, RequestHeader, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+use tessera_metadata::{MetadataImage, TopicImage};
+
+use super::describe_cluster::{
+    AUTHORIZED_OPERATIONS_OMITTED, CLUSTER_OPERATIONS, TOPIC_OPERATIONS,
+};
+use crate::broker::Broker;
+use crate::error::ApiError;
+use crate::topic_config::validate_topic_name;
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    header: &RequestHeader,
+    request: MetadataRequest,
+) -> MetadataResponse {
+    let version = header.request_api_version;
+    // v0: an empty list means all topics; v1+: null means all, empty means none.
+    let all_topics = request.topics.is_none()
+        || (version == 0 && request.topics.as_ref().is_some_and(Vec::is_empty));
+    // Before v4 there is no flag and Kafka auto-creates when the broker allows it.
+    let allow_auto_create =
+        broker.config.auto_create_topics && (version < 4 || request.allow_auto_topic_creation);
+    // Authorized operations exist for topics from v8, for the cluster in v8-v10.
+    let topic_ops = if request.include_topic_authorized_operations && version >= 8 {
+        TOPIC_OPERATIONS
+    } else {
+        AUTHORIZED_OPERATIONS_OMITTED
+    };
+
+    let mut topics = Vec::new();
+    if all_topics {
+        let image = broker.image();
+        for topic in image.topics.values() {
+            topics.push(describe_topic(&image, topic, topic_ops));
+        }
+    } else {
+        for wanted in request.topics.unwrap_or_default() {
+            let image = broker.image();
+            let found = match &wanted.name {
+                Some(name) => image.topic_by_name(name).cloned(),
+                None => image.topics.get(&wanted.topic_id).cloned(),
+            };
+            let topic = match (found, &wanted.name) {
+                (Some(t), _) => Ok(t),
+                (None, Some(name)) => match validate_topic_name(name) {
+                    Err(e) => Err(e),
+                    Ok(()) if allow_auto_create => broker.auto_create_topic(name).await,
+                    Ok(()) => Err(ApiError::UnknownTopicOrPartition),
+                },
+                (None, None) => Err(ApiError::UnknownTopicId),
+            };
+            match topic {
+                Ok(t) => topics.push(describe_topic(&broker.image(), &t, topic_ops)),
+                Err(e) => topics.push(
+                    MetadataResponseTopic::default()
+                        .with_error_code(e.code())
+                        .with_name(wanted.name.clone())
+                        .with_topic_id(wanted.topic_id)
+                        .with_topic_authorized_operations(topic_ops),
+                ),
+            }
+        }
+    }
+
+    let image = broker.image();
+    let brokers = image
+        .brokers
+        .values()
+        .filter(|b| !b.fenced)
+        .map(|b| {
+            MetadataResponseBroker::default()
+                .with_node_id(BrokerId(b.registration.broker_id))
+                .with_host(StrBytes::from_string(b.registration.host.clone()))
+                .with_port(b.registration.port as i32)
+                .with_rack(b.registration.rack.clone().map(StrBytes::from_string))
+        })
+        .collect();
+    MetadataResponse::default()
+        .with_brokers(brokers)
+        .with_cluster_id(Some(StrBytes::from_string(broker.cluster_id.clone())))
+        .with_controller_id(BrokerId(broker.config.node_id))
+        .with_topics(topics)
+        .with_cluster_authorized_operations(
+            if request.include_cluster_authorized_operations && (8..=10).contains(&version) {
+                CLUSTER_OPERATIONS
+            } else {
+                AUTHORIZED_OPERATIONS_OMITTED
+            },
+        )
+}
+
+/// One topic's partitions, walking its active ranges rather than its
+/// partitions one by one against the image.
+pub fn describe_topic(
+    image: &MetadataImage,
+    topic: &TopicImage,
+    topic_ops: i32,
+) -> MetadataResponseTopic {
+    let mut partitions = Vec::with_capacity(topic.partitions as usize);
+    for range in image.active_ranges(topic.id) {
+        let segment = image.active_segment(range.id);
+        for p in range.lo..range.hi {
+            let partition = match &segment {
+                Some(seg) => {
+                    let replicas: Vec<BrokerId> =
+                        seg.replicas.iter().map(|r| BrokerId(*r)).collect();
+                    MetadataResponsePartition::default()
+                        .with_partition_index(p as i32)
+                        .with_leader_id(BrokerId(seg.primary().unwrap_or(-1)))
+                        .with_leader_epoch(seg.leader_epoch)
+                        .with_isr_nodes(replicas.clone())
+                        .with_replica_nodes(replicas)
+                }
+                None => MetadataResponsePartition::default()
+                    .with_partition_index(p as i32)
+                    .with_error_code(ResponseError::LeaderNotAvailable.code())
+                    .with_leader_id(BrokerId(-1)),
+            };
+            partitions.push(partition);
+        }
+    }
+    partitions.sort_by_key(|p| p.partition_index);
+    MetadataResponseTopic::default()
+        .with_name(Some(TopicName(StrBytes::from_string(topic.name.clone()))))
+        .with_topic_id(topic.id)
+        .with_is_internal(matches!(
+            topic.name.as_str(),
+            "__consumer_offsets" | "__transaction_state"
+        ))
+        .with_partitions(partitions)
+        .with_topic_authorized_operations(topic_ops)
+}

@@ -1,0 +1,175 @@
+//! Kafka API dispatch: one handler module per API, and the table of what
+//! this broker implements (which is exactly what ApiVersions advertises).
+
+pub mod api_versions;
+pub mod create_topics;
+pub mod delete_topics;
+pub mod describe_cluster;
+pub mod fetch;
+pub mod list_offsets;
+pub mod metadata;
+pub mod produce;
+
+use std::sync::Arc;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
+use kafka_protocol::protocol::{Decodable, Encodable};
+
+use crate::broker::Broker;
+
+/// What the connection does with a request's outcome.
+pub enum Reply {
+    /// A complete response frame, size prefix included.
+    Frame(Bytes),
+    /// No response (Produce with acks=0).
+    Nothing,
+    /// Close the connection after the responses already queued (Kafka's
+    /// answer to an unknown API, an unsupported version or a malformed body).
+    Close(String),
+}
+
+/// `(api, min version, max version)` this broker serves.
+pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
+    (ApiKey::Produce, 3, 11),
+    (ApiKey::Fetch, 4, 18),
+    (ApiKey::ListOffsets, 1, 10),
+    (ApiKey::Metadata, 0, 13),
+    (ApiKey::ApiVersions, 0, 4),
+    (ApiKey::CreateTopics, 2, 7),
+    (ApiKey::DeleteTopics, 1, 6),
+    (ApiKey::DescribeCluster, 0, 2),
+];
+
+pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
+    SUPPORTED_APIS
+        .iter()
+        .find(|(k, _, _)| *k == api)
+        .map(|(_, lo, hi)| (*lo, *hi))
+}
+
+/// Encodes a response frame: size, header (in the API's header version), body.
+pub fn encode_response<R: Encodable>(
+    api: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    body: &R,
+) -> Bytes {
+    try_encode_response(api, version, correlation_id, body)
+        .expect("response encodes in its own version")
+}
+
+/// Like [`encode_response`], but a body that does not fit the version (a
+/// handler bug) becomes an error instead of a panic.
+pub fn try_encode_response<R: Encodable>(
+    api: ApiKey,
+    version: i16,
+    correlation_id: i32,
+    body: &R,
+) -> anyhow::Result<Bytes> {
+    let header_version = api.response_header_version(version);
+    let header = ResponseHeader::default().with_correlation_id(correlation_id);
+    let size =
+        header.compute_size(header_version).unwrap_or(0) + body.compute_size(version).unwrap_or(0);
+    let mut buf = BytesMut::with_capacity(4 + size);
+    buf.put_i32(0);
+    header.encode(&mut buf, header_version)?;
+    body.encode(&mut buf, version)?;
+    let len = (buf.len() - 4) as i32;
+    buf[0..4].copy_from_slice(&len.to_be_bytes());
+    Ok(buf.freeze())
+}
+
+fn frame<R: Encodable>(api: ApiKey, version: i16, correlation_id: i32, body: &R) -> Reply {
+    match try_encode_response(api, version, correlation_id, body) {
+        Ok(bytes) => Reply::Frame(bytes),
+        Err(e) => {
+            tracing::error!(?api, version, error = %e, "response does not encode");
+            Reply::Close(format!(
+                "response to {api:?} v{version} does not encode: {e}"
+            ))
+        }
+    }
+}
+
+fn decode<R: Decodable>(body: &mut Bytes, version: i16) -> Result<R, Reply> {
+    R::decode(body, version).map_err(|e| Reply::Close(format!("malformed request body: {e}")))
+}
+
+/// Handles one request frame (without its size prefix).
+pub async fn handle_frame(broker: &Arc<Broker>, mut frame: Bytes) -> Reply {
+    if frame.len() < 8 {
+        return Reply::Close("request shorter than a request header".into());
+    }
+    let api_key = i16::from_be_bytes([frame[0], frame[1]]);
+    let version = i16::from_be_bytes([frame[2], frame[3]]);
+    let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
+    broker.metrics.count_request(api_key);
+    let Ok(api) = ApiKey::try_from(api_key) else {
+        broker.metrics.count_error(api_key);
+        return Reply::Close(format!("unknown API key {api_key}"));
+    };
+    let Some((min, max)) = supported_range(api) else {
+        broker.metrics.count_error(api_key);
+        return Reply::Close(format!("API {api:?} is not supported by this broker"));
+    };
+    if api == ApiKey::ApiVersions && !(min..=max).contains(&version) {
+        // KIP-511: answer in v0 with UNSUPPORTED_VERSION and our versions,
+        // so the client can retry with one we support.
+        return Reply::Frame(api_versions::unsupported_version_response(correlation_id));
+    }
+    if !(min..=max).contains(&version) {
+        broker.metrics.count_error(api_key);
+        return Reply::Close(format!("unsupported version {version} of {api:?}"));
+    }
+    let header_version = api.request_header_version(version);
+    let header = match RequestHeader::decode(&mut frame, header_version) {
+        Ok(h) => h,
+        Err(e) => return Reply::Close(format!("malformed request header: {e}")),
+    };
+    let result = dispatch(broker, api, &header, &mut frame).await;
+    if let Reply::Close(_) = &result {
+        broker.metrics.count_error(api_key);
+    }
+    result
+}
+
+async fn dispatch(
+    broker: &Arc<Broker>,
+    api: ApiKey,
+    header: &RequestHeader,
+    body: &mut Bytes,
+) -> Reply {
+    let v = header.request_api_version;
+    let id = header.correlation_id;
+    macro_rules! call {
+        ($module:ident) => {{
+            let request = match decode(body, v) {
+                Ok(r) => r,
+                Err(reply) => return reply,
+            };
+            let response = $module::handle(broker, header, request).await;
+            frame(api, v, id, &response)
+        }};
+    }
+    match api {
+        ApiKey::Produce => {
+            let request = match decode(body, v) {
+                Ok(r) => r,
+                Err(reply) => return reply,
+            };
+            match produce::handle(broker, header, request).await {
+                Some(response) => frame(api, v, id, &response),
+                None => Reply::Nothing,
+            }
+        }
+        ApiKey::Fetch => call!(fetch),
+        ApiKey::ListOffsets => call!(list_offsets),
+        ApiKey::Metadata => call!(metadata),
+        ApiKey::ApiVersions => call!(api_versions),
+        ApiKey::CreateTopics => call!(create_topics),
+        ApiKey::DeleteTopics => call!(delete_topics),
+        ApiKey::DescribeCluster => call!(describe_cluster),
+        other => Reply::Close(format!("API {other:?} has no handler")),
+    }
+}

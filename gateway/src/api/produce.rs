@@ -1,0 +1,203 @@
+//! Produce: validate every batch of a partition (magic 2, CRC-32C, size
+//! against max.message.bytes) before any is appended, append to the range
+//! that covers the partition, then acknowledge by `acks` once the appends are
+//! durable (group commit: the range's flusher covers many requests per fsync).
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader};
+use kafka_protocol::protocol::StrBytes;
+use tessera_log::{batch, now_ms, RangeLog};
+use tessera_metadata::RangeId;
+
+use crate::broker::{Broker, PartitionRoute};
+use crate::error::ApiError;
+use crate::metrics::Metrics;
+
+struct Appended {
+    base_offset: i64,
+    log_append_time: i64,
+    log_start_offset: i64,
+}
+
+/// Returns `None` for acks=0: Kafka sends no response at all.
+pub async fn handle(
+    broker: &Arc<Broker>,
+    _header: &RequestHeader,
+    request: ProduceRequest,
+) -> Option<ProduceResponse> {
+    let acks = request.acks;
+    if !matches!(acks, 0 | 1 | -1) {
+        let responses = request
+            .topic_data
+            .iter()
+            .map(|t| {
+                TopicProduceResponse::default()
+                    .with_name(t.name.clone())
+                    .with_partition_responses(
+                        t.partition_data
+                            .iter()
+                            .map(|p| error_response(p.index, &ApiError::InvalidRequiredAcks(acks)))
+                            .collect(),
+                    )
+            })
+            .collect();
+        return Some(ProduceResponse::default().with_responses(responses));
+    }
+
+    // Append everything first, remembering the furthest position per range;
+    // then wait once per range for durability.
+    let mut waits: HashMap<RangeId, (Arc<RangeLog>, u64)> = HashMap::new();
+    let mut outcomes: Vec<(usize, i32, Result<Appended, ApiError>)> = Vec::new();
+    for (ti, topic) in request.topic_data.iter().enumerate() {
+        let name = topic.name.0.as_str();
+        let image = broker.image();
+        let resolved = match image.topic_by_name(name) {
+            Some(t) => Ok(t.clone()),
+            None if broker.config.auto_create_topics => broker.auto_create_topic(name).await,
+            None => Err(ApiError::UnknownTopicOrPartition),
+        };
+        let image = broker.image();
+        for p in &topic.partition_data {
+            let result = match &resolved {
+                Err(e) => Err(e.clone()),
+                Ok(t) => match broker.route(&image, t, p.index) {
+                    Err(e) => Err(e),
+                    Ok(route) => {
+                        append_partition(broker, &route, p.index as u32, p.records.as_deref()).map(
+                            |(appended, end)| {
+                                let entry = waits
+                                    .entry(route.range_id)
+                                    .or_insert((route.log.clone(), 0));
+                                entry.1 = entry.1.max(end);
+                                appended
+                            },
+                        )
+                    }
+                },
+            };
+            outcomes.push((ti, p.index, result));
+        }
+    }
+
+    if acks != 0 {
+        let timeout = Duration::from_millis(request.timeout_ms.max(0) as u64);
+        let mut failed: HashMap<RangeId, ApiError> = HashMap::new();
+        for (range, (log, position)) in &waits {
+            match tokio::time::timeout(timeout, log.wait_durable(*position)).await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    failed.insert(*range, e.into());
+                }
+                Err(_) => {
+                    failed.insert(*range, ApiError::RequestTimedOut);
+                }
+            }
+        }
+        if !failed.is_empty() {
+            // Report the failure on every partition of the ranges that failed.
+            let image = broker.image();
+            for (ti, index, result) in outcomes.iter_mut() {
+                let topic = &request.topic_data[*ti];
+                let Some(t) = image.topic_by_name(topic.name.0.as_str()) else {
+                    continue;
+                };
+                if let Some(range) = image.active_range_for(t.id, *index as u32) {
+                    if let Some(e) = failed.get(&range.id) {
+                        *result = Err(e.clone());
+                    }
+                }
+            }
+        }
+    } else {
+        return None;
+    }
+
+    let mut responses: Vec<TopicProduceResponse> = request
+        .topic_data
+        .iter()
+        .map(|t| TopicProduceResponse::default().with_name(t.name.clone()))
+        .collect();
+    for (ti, index, result) in outcomes {
+        let response = match result {
+            Ok(a) => PartitionProduceResponse::default()
+                .with_index(index)
+                .with_base_offset(a.base_offset)
+                .with_log_append_time_ms(a.log_append_time)
+                .with_log_start_offset(a.log_start_offset),
+            Err(e) => {
+                broker.metrics.count_error(0);
+                error_response(index, &e)
+            }
+        };
+        responses[ti].partition_responses.push(response);
+    }
+    Some(ProduceResponse::default().with_responses(responses))
+}
+
+fn error_response(index: i32, e: &ApiError) -> PartitionProduceResponse {
+    PartitionProduceResponse::default()
+        .with_index(index)
+        .with_error_code(e.code())
+        .with_base_offset(-1)
+        .with_log_append_time_ms(-1)
+        .with_log_start_offset(-1)
+        .with_error_message(e.message().map(StrBytes::from_string))
+}
+
+/// Validates all batches of one partition, then appends them. Returns the
+/// first batch's offsets and the position to wait for.
+fn append_partition(
+    broker: &Broker,
+    route: &PartitionRoute,
+    partition: u32,
+    records: Option<&[u8]>,
+) -> Result<(Appended, u64), ApiError> {
+    let records = records.filter(|r| !r.is_empty()).ok_or_else(|| {
+        ApiError::CorruptMessage("produce request carries no record batch for the partition".into())
+    })?;
+    let ranges = batch::split_batches(records)?;
+    for r in &ranges {
+        let header = batch::validate(&records[r.clone()])?;
+        if r.len() > route.config.max_message_bytes {
+            return Err(ApiError::MessageTooLarge(format!(
+                "the record batch is {} bytes, larger than max.message.bytes {}",
+                r.len(),
+                route.config.max_message_bytes
+            )));
+        }
+        if header.is_transactional() || header.is_control() {
+            return Err(ApiError::InvalidRequest(
+                "transactional produce is not supported yet".into(),
+            ));
+        }
+    }
+    let log_append_time = route.config.log_append_time.then(now_ms);
+    let mut first: Option<Appended> = None;
+    let mut end = 0;
+    for r in ranges {
+        let mut bytes = records[r].to_vec();
+        let outcome = route.log.append(partition, &mut bytes, log_append_time)?;
+        if let Some(sealed) = outcome.rolled {
+            broker.notify_roll(route.range_id, sealed);
+        }
+        Metrics::add(&broker.metrics.produced_batches, 1);
+        Metrics::add(&broker.metrics.produced_bytes, bytes.len() as u64);
+        end = outcome.end_position;
+        if first.is_none() {
+            first = Some(Appended {
+                base_offset: outcome.base_offset,
+                log_append_time: log_append_time.unwrap_or(-1),
+                log_start_offset: route
+                    .log
+                    .offsets(partition)
+                    .map(|o| o.log_start)
+                    .unwrap_or(0),
+            });
+        }
+    }
+    Ok((first.expect("at least one batch"), end))
+}

@@ -1,0 +1,338 @@
+//! Broker configuration: Kafka's key names and defaults, read from a TOML
+//! file, then `TESSERA_*` environment variables, then command-line overrides.
+//!
+//! Every source is flattened to `key -> string` first (so TOML may write
+//! `log.dirs = ".."` as a dotted key, a quoted key, or a `[log]` table), and
+//! one function turns that map into a typed [`BrokerConfig`].
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use crate::error::ConfigError;
+
+/// The typed broker configuration.
+#[derive(Clone, Debug)]
+pub struct BrokerConfig {
+    /// `node.id`
+    pub node_id: i32,
+    /// `listeners`: the Kafka listener address.
+    pub listener: SocketAddr,
+    /// `advertised.listeners`: host and port given to clients.
+    pub advertised_host: String,
+    pub advertised_port: u16,
+    /// `admin.listener`: HTTP address for /metrics, /health, /ready.
+    pub admin_listener: SocketAddr,
+    /// `log.dirs`
+    pub data_dir: PathBuf,
+    /// `broker.rack`
+    pub rack: Option<String>,
+    /// `num.partitions`
+    pub num_partitions: u32,
+    /// `default.replication.factor`
+    pub default_replication_factor: i16,
+    /// `auto.create.topics.enable`
+    pub auto_create_topics: bool,
+    /// `socket.request.max.bytes`
+    pub socket_request_max_bytes: usize,
+    /// `message.max.bytes`: default for the topic's max.message.bytes.
+    pub message_max_bytes: i64,
+    /// `log.segment.bytes`
+    pub log_segment_bytes: i64,
+    /// `log.roll.ms`
+    pub log_roll_ms: i64,
+    /// `log.retention.ms`
+    pub log_retention_ms: i64,
+    /// `log.retention.bytes`
+    pub log_retention_bytes: i64,
+    /// `log.cleanup.policy`
+    pub log_cleanup_policy: String,
+    /// `log.message.timestamp.type`
+    pub log_message_timestamp_type: String,
+    /// `metadata.snapshot.interval.entries`: raft entries between metadata snapshots.
+    pub metadata_snapshot_interval_entries: u64,
+}
+
+/// Every broker key this build understands, with its default.
+const DEFAULTS: &[(&str, &str)] = &[
+    ("node.id", "1"),
+    ("listeners", "PLAINTEXT://127.0.0.1:9092"),
+    ("advertised.listeners", ""),
+    ("admin.listener", "127.0.0.1:9644"),
+    ("log.dirs", "./tessera-data"),
+    ("broker.rack", ""),
+    ("num.partitions", "1"),
+    ("default.replication.factor", "1"),
+    ("auto.create.topics.enable", "true"),
+    ("socket.request.max.bytes", "104857600"),
+    ("message.max.bytes", "1048588"),
+    ("log.segment.bytes", "1073741824"),
+    ("log.roll.ms", "604800000"),
+    ("log.retention.ms", "604800000"),
+    ("log.retention.bytes", "-1"),
+    ("log.cleanup.policy", "delete"),
+    ("log.message.timestamp.type", "CreateTime"),
+    ("metadata.snapshot.interval.entries", "1000"),
+];
+
+impl Default for BrokerConfig {
+    fn default() -> Self {
+        BrokerConfig::from_map(&BTreeMap::new()).expect("defaults are valid")
+    }
+}
+
+/// Flattens a TOML document to dotted keys.
+pub fn flatten_toml(text: &str) -> Result<BTreeMap<String, String>, ConfigError> {
+    let value: toml::Table = text
+        .parse()
+        .map_err(|e: toml::de::Error| ConfigError::Toml(e.to_string()))?;
+    let mut out = BTreeMap::new();
+    fn walk(prefix: &str, table: &toml::Table, out: &mut BTreeMap<String, String>) {
+        for (k, v) in table {
+            let key = if prefix.is_empty() {
+                k.clone()
+            } else {
+                format!("{prefix}.{k}")
+            };
+            match v {
+                toml::Value::Table(t) => walk(&key, t, out),
+                toml::Value::String(s) => {
+                    out.insert(key, s.clone());
+                }
+                toml::Value::Array(items) => {
+                    let joined: Vec<String> = items
+                        .iter()
+                        .map(|i| {
+                            i.as_str()
+                                .map(str::to_string)
+                                .unwrap_or_else(|| i.to_string())
+                        })
+                        .collect();
+                    out.insert(key, joined.join(","));
+                }
+                other => {
+                    out.insert(key, other.to_string());
+                }
+            }
+        }
+    }
+    walk("", &value, &mut out);
+    Ok(out)
+}
+
+/// Reads `TESSERA_LOG_DIRS`-style variables: the key upper-cased, dots as underscores.
+pub fn from_env(vars: impl Iterator<Item = (String, String)>) -> BTreeMap<String, String> {
+    let by_env_name: BTreeMap<String, &str> = DEFAULTS
+        .iter()
+        .map(|(k, _)| {
+            (
+                format!("TESSERA_{}", k.to_uppercase().replace(['.', '-'], "_")),
+                *k,
+            )
+        })
+        .collect();
+    vars.filter_map(|(name, value)| by_env_name.get(&name).map(|k| (k.to_string(), value)))
+        .collect()
+}
+
+fn parse<T: std::str::FromStr>(
+    map: &BTreeMap<String, String>,
+    key: &str,
+) -> Result<T, ConfigError> {
+    let raw = map
+        .get(key)
+        .map(String::as_str)
+        .or_else(|| DEFAULTS.iter().find(|(k, _)| *k == key).map(|(_, v)| *v))
+        .unwrap_or("");
+    raw.trim().parse().map_err(|_| ConfigError::InvalidValue {
+        key: key.to_string(),
+        value: raw.to_string(),
+    })
+}
+
+/// `PLAINTEXT://host:port` or `host:port` -> (host, port).
+fn parse_listener(key: &str, raw: &str) -> Result<(String, u16), ConfigError> {
+    let invalid = || ConfigError::InvalidValue {
+        key: key.to_string(),
+        value: raw.to_string(),
+    };
+    let first = raw.split(',').next().unwrap_or("").trim();
+    let addr = match first.split_once("://") {
+        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("PLAINTEXT") => rest,
+        Some(_) => return Err(invalid()),
+        None => first,
+    };
+    let (host, port) = addr.rsplit_once(':').ok_or_else(invalid)?;
+    let port: u16 = port.parse().map_err(|_| invalid())?;
+    let host = if host.is_empty() { "127.0.0.1" } else { host };
+    Ok((host.to_string(), port))
+}
+
+fn resolve(key: &str, host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
+    use std::net::ToSocketAddrs;
+    (host, port)
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| ConfigError::InvalidValue {
+            key: key.to_string(),
+            value: format!("{host}:{port}"),
+        })
+}
+
+impl BrokerConfig {
+    /// Builds the typed config; unknown keys are refused so a typo is not silently ignored.
+    pub fn from_map(map: &BTreeMap<String, String>) -> Result<BrokerConfig, ConfigError> {
+        for key in map.keys() {
+            if !DEFAULTS.iter().any(|(k, _)| k == key) {
+                return Err(ConfigError::UnknownKey(key.clone()));
+            }
+        }
+        let get = |key: &str| -> String {
+            map.get(key).cloned().unwrap_or_else(|| {
+                DEFAULTS
+                    .iter()
+                    .find(|(k, _)| *k == key)
+                    .unwrap()
+                    .1
+                    .to_string()
+            })
+        };
+        let (host, port) = parse_listener("listeners", &get("listeners"))?;
+        let listener = resolve("listeners", &host, port)?;
+        let advertised = get("advertised.listeners");
+        let (advertised_host, advertised_port) = if advertised.trim().is_empty() {
+            (host.clone(), port)
+        } else {
+            parse_listener("advertised.listeners", &advertised)?
+        };
+        let admin = get("admin.listener");
+        let (admin_host, admin_port) = parse_listener("admin.listener", &admin)?;
+        let rack = get("broker.rack");
+        let config = BrokerConfig {
+            node_id: parse(map, "node.id")?,
+            listener,
+            advertised_host,
+            advertised_port,
+            admin_listener: resolve("admin.listener", &admin_host, admin_port)?,
+            data_dir: PathBuf::from(
+                get("log.dirs")
+                    .split(',')
+                    .next()
+                    .unwrap_or("./tessera-data")
+                    .trim(),
+            ),
+            rack: (!rack.trim().is_empty()).then(|| rack.trim().to_string()),
+            num_partitions: parse(map, "num.partitions")?,
+            default_replication_factor: parse(map, "default.replication.factor")?,
+            auto_create_topics: parse(map, "auto.create.topics.enable")?,
+            socket_request_max_bytes: parse(map, "socket.request.max.bytes")?,
+            message_max_bytes: parse(map, "message.max.bytes")?,
+            log_segment_bytes: parse(map, "log.segment.bytes")?,
+            log_roll_ms: parse(map, "log.roll.ms")?,
+            log_retention_ms: parse(map, "log.retention.ms")?,
+            log_retention_bytes: parse(map, "log.retention.bytes")?,
+            log_cleanup_policy: get("log.cleanup.policy"),
+            log_message_timestamp_type: get("log.message.timestamp.type"),
+            metadata_snapshot_interval_entries: parse(map, "metadata.snapshot.interval.entries")?,
+        };
+        if config.num_partitions == 0 {
+            return Err(ConfigError::InvalidValue {
+                key: "num.partitions".into(),
+                value: "0".into(),
+            });
+        }
+        if config.node_id < 0 {
+            return Err(ConfigError::InvalidValue {
+                key: "node.id".into(),
+                value: config.node_id.to_string(),
+            });
+        }
+        Ok(config)
+    }
+
+    /// Loads: file (if any) < environment < explicit overrides.
+    pub fn load(
+        file: Option<&Path>,
+        env: impl Iterator<Item = (String, String)>,
+        overrides: &[(String, String)],
+    ) -> Result<BrokerConfig, ConfigError> {
+        let mut map = match file {
+            Some(path) => {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| ConfigError::Io(format!("{}: {e}", path.display())))?;
+                flatten_toml(&text)?
+            }
+            None => BTreeMap::new(),
+        };
+        map.extend(from_env(env));
+        map.extend(overrides.iter().cloned());
+        BrokerConfig::from_map(&map)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_match_kafka() {
+        let c = BrokerConfig::default();
+        assert_eq!(c.listener.port(), 9092);
+        assert_eq!(c.data_dir, PathBuf::from("./tessera-data"));
+        assert_eq!(c.socket_request_max_bytes, 100 * 1024 * 1024);
+        assert_eq!(c.num_partitions, 1);
+        assert!(c.auto_create_topics);
+        assert_eq!(c.message_max_bytes, 1048588);
+    }
+
+    #[test]
+    fn toml_forms_env_and_overrides_layer() {
+        let toml =
+            "\"num.partitions\" = 3\nlog.dirs = \"/x\"\n[auto.create.topics]\nenable = false\n";
+        let env = vec![("TESSERA_NUM_PARTITIONS".to_string(), "5".to_string())];
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.toml");
+        std::fs::write(&path, toml).unwrap();
+        let c = BrokerConfig::load(Some(&path), env.clone().into_iter(), &[]).unwrap();
+        assert_eq!(c.num_partitions, 5);
+        assert_eq!(c.data_dir, PathBuf::from("/x"));
+        assert!(!c.auto_create_topics);
+        let c = BrokerConfig::load(
+            Some(&path),
+            env.into_iter(),
+            &[("num.partitions".into(), "7".into())],
+        )
+        .unwrap();
+        assert_eq!(c.num_partitions, 7);
+    }
+
+    #[test]
+    fn unknown_key_and_bad_value_are_refused() {
+        let mut m = BTreeMap::new();
+        m.insert("no.such.key".to_string(), "1".to_string());
+        assert!(matches!(
+            BrokerConfig::from_map(&m),
+            Err(ConfigError::UnknownKey(_))
+        ));
+        let mut m = BTreeMap::new();
+        m.insert("num.partitions".to_string(), "many".to_string());
+        assert!(matches!(
+            BrokerConfig::from_map(&m),
+            Err(ConfigError::InvalidValue { .. })
+        ));
+    }
+
+    #[test]
+    fn listeners_accept_kafka_form() {
+        assert_eq!(
+            parse_listener("l", "PLAINTEXT://127.0.0.1:19092").unwrap(),
+            ("127.0.0.1".into(), 19092)
+        );
+        assert_eq!(
+            parse_listener("l", "localhost:1").unwrap(),
+            ("localhost".into(), 1)
+        );
+        assert!(parse_listener("l", "SSL://h:1").is_err());
+    }
+}

@@ -1,0 +1,152 @@
+//! The gateway's errors, and the one place they map to Kafka error codes.
+
+use kafka_protocol::error::ResponseError;
+use thiserror::Error;
+
+/// Configuration problems found at startup.
+#[derive(Debug, Error)]
+pub enum ConfigError {
+    #[error("unknown config key {0:?}")]
+    UnknownKey(String),
+    #[error("invalid value {value:?} for {key}")]
+    InvalidValue { key: String, value: String },
+    #[error("config file: {0}")]
+    Toml(String),
+    #[error("reading config: {0}")]
+    Io(String),
+}
+
+/// An error a request handler reports to the client as a Kafka error code.
+#[derive(Debug, Error, Clone)]
+pub enum ApiError {
+    #[error("unknown topic or partition")]
+    UnknownTopicOrPartition,
+    #[error("unknown topic id")]
+    UnknownTopicId,
+    #[error("invalid topic: {0}")]
+    InvalidTopic(String),
+    #[error("topic {0:?} already exists")]
+    TopicAlreadyExists(String),
+    #[error("invalid partitions: {0}")]
+    InvalidPartitions(String),
+    #[error("invalid replication factor: {0}")]
+    InvalidReplicationFactor(String),
+    #[error("invalid replica assignment: {0}")]
+    InvalidReplicaAssignment(String),
+    #[error("invalid config: {0}")]
+    InvalidConfig(String),
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    #[error("corrupt message: {0}")]
+    CorruptMessage(String),
+    #[error("unsupported message format: {0}")]
+    UnsupportedForMessageFormat(String),
+    #[error("message too large: {0}")]
+    MessageTooLarge(String),
+    #[error("invalid required acks {0}")]
+    InvalidRequiredAcks(i16),
+    #[error("offset out of range")]
+    OffsetOutOfRange,
+    #[error("not leader or follower")]
+    NotLeaderOrFollower,
+    #[error("the client's leader epoch is newer than the broker's")]
+    UnknownLeaderEpoch,
+    #[error("the client's leader epoch is older than the broker's")]
+    FencedLeaderEpoch,
+    #[error("request timed out")]
+    RequestTimedOut,
+    #[error("storage error: {0}")]
+    Storage(String),
+    #[error("metadata: {0}")]
+    Metadata(String),
+}
+
+impl ApiError {
+    /// The Kafka error this maps to.
+    pub fn kafka(&self) -> ResponseError {
+        use ResponseError as K;
+        match self {
+            ApiError::UnknownTopicOrPartition => K::UnknownTopicOrPartition,
+            ApiError::UnknownTopicId => K::UnknownTopicId,
+            ApiError::InvalidTopic(_) => K::InvalidTopicException,
+            ApiError::TopicAlreadyExists(_) => K::TopicAlreadyExists,
+            ApiError::InvalidPartitions(_) => K::InvalidPartitions,
+            ApiError::InvalidReplicationFactor(_) => K::InvalidReplicationFactor,
+            ApiError::InvalidReplicaAssignment(_) => K::InvalidReplicaAssignment,
+            ApiError::InvalidConfig(_) => K::InvalidConfig,
+            ApiError::InvalidRequest(_) => K::InvalidRequest,
+            ApiError::CorruptMessage(_) => K::CorruptMessage,
+            ApiError::UnsupportedForMessageFormat(_) => K::UnsupportedForMessageFormat,
+            ApiError::MessageTooLarge(_) => K::MessageTooLarge,
+            ApiError::InvalidRequiredAcks(_) => K::InvalidRequiredAcks,
+            ApiError::OffsetOutOfRange => K::OffsetOutOfRange,
+            ApiError::NotLeaderOrFollower => K::NotLeaderOrFollower,
+            ApiError::UnknownLeaderEpoch => K::UnknownLeaderEpoch,
+            ApiError::FencedLeaderEpoch => K::FencedLeaderEpoch,
+            ApiError::RequestTimedOut => K::RequestTimedOut,
+            ApiError::Storage(_) => K::KafkaStorageError,
+            ApiError::Metadata(_) => K::UnknownServerError,
+        }
+    }
+
+    pub fn code(&self) -> i16 {
+        self.kafka().code()
+    }
+
+    /// The message to send where the response has an error_message field.
+    pub fn message(&self) -> Option<String> {
+        Some(self.to_string())
+    }
+}
+
+impl From<tessera_log::BatchError> for ApiError {
+    fn from(e: tessera_log::BatchError) -> Self {
+        match e {
+            tessera_log::BatchError::UnsupportedMagic(m) => ApiError::UnsupportedForMessageFormat(
+                format!("record batch magic {m}, only 2 is accepted"),
+            ),
+            other => ApiError::CorruptMessage(other.to_string()),
+        }
+    }
+}
+
+impl From<tessera_log::LogError> for ApiError {
+    fn from(e: tessera_log::LogError) -> Self {
+        use tessera_log::LogError as L;
+        match e {
+            L::OffsetOutOfRange { .. } => ApiError::OffsetOutOfRange,
+            // A range that moved or closed under the request: the client refreshes metadata.
+            L::PartitionNotInRange(_) | L::Closed => ApiError::NotLeaderOrFollower,
+            L::Batch(b) => b.into(),
+            L::Io(e) => ApiError::Storage(e.to_string()),
+            L::StorageFailed => ApiError::Storage("log storage failed".into()),
+        }
+    }
+}
+
+impl From<tessera_metadata::MetadataError> for ApiError {
+    fn from(e: tessera_metadata::MetadataError) -> Self {
+        ApiError::Metadata(e.to_string())
+    }
+}
+
+/// Kafka's code for "no error".
+pub const NONE: i16 = 0;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_are_kafkas() {
+        assert_eq!(ApiError::UnknownTopicOrPartition.code(), 3);
+        assert_eq!(ApiError::CorruptMessage(String::new()).code(), 2);
+        assert_eq!(ApiError::MessageTooLarge(String::new()).code(), 10);
+        assert_eq!(ApiError::InvalidTopic(String::new()).code(), 17);
+        assert_eq!(ApiError::TopicAlreadyExists(String::new()).code(), 36);
+        assert_eq!(ApiError::InvalidReplicationFactor(String::new()).code(), 38);
+        assert_eq!(ApiError::InvalidConfig(String::new()).code(), 40);
+        assert_eq!(ApiError::OffsetOutOfRange.code(), 1);
+        assert_eq!(ApiError::UnknownTopicId.code(), 100);
+    }
+}

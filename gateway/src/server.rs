@@ -1,0 +1,137 @@
+//! The Kafka listener: framing with a size cap, pipelined requests on one
+//! connection answered in request order, and graceful shutdown.
+
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+
+use crate::api::{self, Reply};
+use crate::broker::Broker;
+use crate::metrics::Metrics;
+
+/// Requests one connection may have in flight before we stop reading from it.
+const MAX_IN_FLIGHT: usize = 256;
+
+/// Accepts connections until `shutdown` turns true; returns the handles of
+/// the live connections so the caller can let them finish.
+pub async fn serve(
+    listener: TcpListener,
+    broker: Arc<Broker>,
+    mut shutdown: watch::Receiver<bool>,
+) -> Vec<JoinHandle<()>> {
+    let mut connections = Vec::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, peer)) => {
+                    let _ = stream.set_nodelay(true);
+                    Metrics::add(&broker.metrics.connections_opened, 1);
+                    tracing::debug!(%peer, "connection accepted");
+                    connections.retain(|c: &JoinHandle<()>| !c.is_finished());
+                    connections.push(tokio::spawn(connection(stream, broker.clone(), shutdown.clone())));
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                }
+            },
+            _ = shutdown.changed() => return connections,
+        }
+    }
+}
+
+async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+    let peer = stream.peer_addr().ok();
+    let (mut reader, writer) = stream.into_split();
+    // Each request is handled in its own task; the writer awaits them in
+    // arrival order, so pipelined responses go back in request order.
+    let (tx, rx) = mpsc::channel::<JoinHandle<Reply>>(MAX_IN_FLIGHT);
+    let writer_task = tokio::spawn(write_responses(writer, rx));
+    let max = broker.config.socket_request_max_bytes;
+    loop {
+        let frame = tokio::select! {
+            frame = read_frame(&mut reader, max) => frame,
+            _ = shutdown.changed() => break,
+        };
+        let frame = match frame {
+            Ok(Some(frame)) => frame,
+            Ok(None) => break,
+            Err(reason) => {
+                Metrics::add(&broker.metrics.rejected_frames, 1);
+                tracing::info!(?peer, %reason, "closing connection");
+                break;
+            }
+        };
+        let broker = broker.clone();
+        let handle = tokio::spawn(async move { api::handle_frame(&broker, frame).await });
+        if tx.send(handle).await.is_err() {
+            break;
+        }
+    }
+    drop(tx);
+    let _ = writer_task.await;
+    Metrics::add(&broker.metrics.connections_closed, 1);
+}
+
+async fn write_responses(
+    writer: tokio::net::tcp::OwnedWriteHalf,
+    mut rx: mpsc::Receiver<JoinHandle<Reply>>,
+) {
+    let mut writer = BufWriter::with_capacity(64 * 1024, writer);
+    while let Some(handle) = rx.recv().await {
+        let reply = match handle.await {
+            Ok(reply) => reply,
+            Err(e) => Reply::Close(format!("request handler failed: {e}")),
+        };
+        match reply {
+            Reply::Frame(bytes) => {
+                if writer.write_all(&bytes).await.is_err() {
+                    return;
+                }
+            }
+            Reply::Nothing => {}
+            Reply::Close(reason) => {
+                tracing::info!(%reason, "closing connection");
+                let _ = writer.flush().await;
+                let _ = writer.shutdown().await;
+                return;
+            }
+        }
+        // Flush when nothing else is ready, so bursts share one write.
+        if rx.is_empty() && writer.flush().await.is_err() {
+            return;
+        }
+    }
+    let _ = writer.flush().await;
+}
+
+/// Reads one size-prefixed frame. `Ok(None)` on a clean end of stream; an
+/// error when the size is negative or over `socket.request.max.bytes` (refused
+/// before anything is allocated, as Kafka does), or the stream ends mid-frame.
+async fn read_frame(
+    reader: &mut tokio::net::tcp::OwnedReadHalf,
+    max: usize,
+) -> Result<Option<Bytes>, String> {
+    let mut size = [0u8; 4];
+    match reader.read_exact(&mut size).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.to_string()),
+    }
+    let size = i32::from_be_bytes(size);
+    if size < 0 || size as usize > max {
+        return Err(format!(
+            "invalid request size {size} (socket.request.max.bytes is {max})"
+        ));
+    }
+    let mut buf = BytesMut::zeroed(size as usize);
+    reader
+        .read_exact(&mut buf)
+        .await
+        .map_err(|e| format!("truncated frame: {e}"))?;
+    Ok(Some(buf.freeze()))
+}
