@@ -96,8 +96,9 @@ pub struct Controller {
     node_id: u64,
     raft: MetadataRaft,
     shared: Arc<Shared>,
-    /// Holds an exclusive lock on `dir/LOCK` until shutdown, so two
-    /// controllers never write the same log.
+    /// Holds an exclusive lock on `dir/LOCK` until shutdown (the log store
+    /// holds a second handle while raft runs), so two controllers never
+    /// write the same log.
     lock: Mutex<Option<File>>,
     shut_down: AtomicBool,
 }
@@ -141,7 +142,10 @@ impl Controller {
         }
 
         let shared = Shared::new(dir.clone());
-        let log_store = LogStore::open(&dir)?;
+        let lock_dup = lock
+            .try_clone()
+            .map_err(|e| MetadataError::io(format!("dup {}", lock_path.display()), e))?;
+        let log_store = LogStore::open(&dir, lock_dup)?;
         let state_machine = StateMachineStore::open(shared.clone())?;
 
         let config = Config {
@@ -198,8 +202,11 @@ impl Controller {
                 Err(RaftError::Fatal(f)) => return Err(self.raft_err(f)),
             }
         }
-        // A new leader's first entry is a blank one in its own term; once an
-        // entry of the current term is applied, so is everything before it.
+        // Wait until this node leads and has applied its whole log. A leader
+        // commits everything in its log (with one voter at once: a node that
+        // restarts as the leader of its old term appends nothing new), so
+        // this covers every entry committed before the restart, even when
+        // the persisted committed index was stale.
         let mut metrics = self.raft.metrics();
         let node_id = self.node_id;
         let wait = async {
@@ -209,10 +216,8 @@ impl Controller {
                     if let Err(f) = &m.running_state {
                         return Err(self.raft_err(f.clone()));
                     }
-                    let caught_up = m
-                        .last_applied
-                        .as_ref()
-                        .is_some_and(|l| l.leader_id.term == m.current_term);
+                    let caught_up = m.last_log_index.is_some()
+                        && m.last_applied.map(|l| l.index) == m.last_log_index;
                     if m.state == ServerState::Leader
                         && m.current_leader == Some(node_id)
                         && caught_up
@@ -352,11 +357,11 @@ impl Controller {
             tracing::warn!("metadata raft shutdown: {e}");
         }
         // A snapshot build runs in its own task; let a write in flight finish
-        // before the directory is handed to the next controller.
-        self.shared.quiesce();
-        if let Some(lock) = self.lock.lock().take() {
-            let _ = lock.unlock();
-        }
+        // and refuse later ones before the directory is handed over.
+        self.shared.close();
+        // The raft core has stopped and dropped its handle on the lock file;
+        // closing ours releases the directory.
+        drop(self.lock.lock().take());
     }
 }
 

@@ -206,6 +206,10 @@ struct LogFile {
 }
 
 pub(crate) struct LogStore {
+    /// A handle on the controller's `LOCK` file: the directory stays locked
+    /// while the raft core (which owns this store) runs, even if the
+    /// `Controller` was dropped without `shutdown`.
+    _dir_lock: File,
     root: PathBuf,
     log_dir: PathBuf,
     entries: SharedEntries,
@@ -258,7 +262,7 @@ impl RaftLogReader<TypeConfig> for LogReader {
 }
 
 impl LogStore {
-    pub(crate) fn open(root: &Path) -> Result<LogStore, MetadataError> {
+    pub(crate) fn open(root: &Path, dir_lock: File) -> Result<LogStore, MetadataError> {
         let log_dir = root.join("log");
         fs::create_dir_all(&log_dir).map_err(io_err(format!("create {}", log_dir.display())))?;
         let vote = read_json(&root.join("vote.json"))?;
@@ -288,6 +292,7 @@ impl LogStore {
         }
 
         let mut store = LogStore {
+            _dir_lock: dir_lock,
             root: root.to_path_buf(),
             log_dir,
             entries: Arc::new(RwLock::new(BTreeMap::new())),
@@ -722,6 +727,10 @@ pub(crate) struct Shared {
     /// The newest snapshot on disk. Its lock also serializes snapshot file
     /// writes, so an older build cannot replace a newer snapshot.
     current_snapshot: Mutex<Option<StoredSnapshot>>,
+    /// Set (under `current_snapshot`) at shutdown: a snapshot build still
+    /// running in its task must not write into a directory that the next
+    /// controller may already own.
+    closed: std::sync::atomic::AtomicBool,
 }
 
 impl Shared {
@@ -732,17 +741,23 @@ impl Shared {
             images,
             failure: Mutex::new(None),
             current_snapshot: Mutex::new(None),
+            closed: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
-    /// Waits for any snapshot write in flight (used by shutdown).
-    pub(crate) fn quiesce(&self) {
-        drop(self.current_snapshot.lock());
+    /// Waits for a snapshot write in flight and refuses later ones (used by
+    /// shutdown).
+    pub(crate) fn close(&self) {
+        let _guard = self.current_snapshot.lock();
+        self.closed.store(true, std::sync::atomic::Ordering::SeqCst);
     }
 
     /// Persists `data` as the current snapshot unless a newer one exists.
     fn store_snapshot(&self, snap: StoredSnapshot) -> Result<(), MetadataError> {
         let mut cur = self.current_snapshot.lock();
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(MetadataError::Shutdown);
+        }
         if cur
             .as_ref()
             .is_some_and(|c| c.meta.last_log_id > snap.meta.last_log_id)
@@ -958,5 +973,208 @@ impl RaftStateMachine<TypeConfig> for StateMachineStore {
             .lock()
             .as_ref()
             .map(StoredSnapshot::to_snapshot))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::records::TopicRecord;
+
+    fn entry(term: u64, index: u64, size: usize) -> Ent {
+        Entry {
+            log_id: LogId::new(CommittedLeaderId::new(term, 1), index),
+            payload: EntryPayload::Normal(MetadataBatch {
+                records: vec![vec![index as u8; size]],
+            }),
+        }
+    }
+
+    fn open(dir: &Path) -> LogStore {
+        let lock = File::create(dir.join("LOCK")).unwrap();
+        LogStore::open(dir, lock).unwrap()
+    }
+
+    fn indexes(store: &LogStore) -> Vec<(u64, u64)> {
+        store
+            .entries
+            .read()
+            .values()
+            .map(|e| (e.log_id.leader_id.term, e.log_id.index))
+            .collect()
+    }
+
+    #[test]
+    fn entry_envelope_round_trips() {
+        let e = entry(3, 9, 5);
+        let back = decode_entry(&encode_entry(&e)).unwrap();
+        assert_eq!(back, e);
+        let blank: Ent = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 2), 0),
+            payload: EntryPayload::Blank,
+        };
+        assert_eq!(decode_entry(&encode_entry(&blank)).unwrap(), blank);
+        let m: Ent = Entry {
+            log_id: LogId::new(CommittedLeaderId::new(1, 2), 1),
+            payload: EntryPayload::Membership(Membership::new(
+                vec![std::collections::BTreeSet::from([1u64])],
+                None,
+            )),
+        };
+        assert_eq!(decode_entry(&encode_entry(&m)).unwrap(), m);
+    }
+
+    #[test]
+    fn truncate_and_reappend_survive_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = open(dir.path());
+        s.append_durable((1..=10).map(|i| entry(1, i, 10)).collect())
+            .unwrap();
+        s.truncate_from(6).unwrap();
+        s.append_durable((6..=8).map(|i| entry(2, i, 10)).collect())
+            .unwrap();
+        let want: Vec<_> = (1..=5)
+            .map(|i| (1, i))
+            .chain((6..=8).map(|i| (2, i)))
+            .collect();
+        assert_eq!(indexes(&s), want);
+        drop(s);
+        assert_eq!(indexes(&open(dir.path())), want);
+    }
+
+    #[test]
+    fn appends_must_not_leave_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = open(dir.path());
+        s.append_durable(vec![entry(1, 1, 1)]).unwrap();
+        assert!(s.append_durable(vec![entry(1, 3, 1)]).is_err());
+    }
+
+    #[test]
+    fn files_roll_and_purge_deletes_whole_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = open(dir.path());
+        let big = 1 << 20;
+        s.append_durable((1..=10).map(|i| entry(1, i, big)).collect())
+            .unwrap();
+        assert!(s.files.len() >= 3, "{} files", s.files.len());
+        let files_before = s.files.len();
+        s.purge_upto(LogId::new(CommittedLeaderId::new(1, 1), 5))
+            .unwrap();
+        assert!(s.files.len() < files_before);
+        assert_eq!(indexes(&s), (6..=10).map(|i| (1, i)).collect::<Vec<_>>());
+        s.truncate_from(8).unwrap();
+        drop(s);
+        let mut s = open(dir.path());
+        assert_eq!(s.purged.unwrap().index, 5);
+        assert_eq!(indexes(&s), vec![(1, 6), (1, 7)]);
+        s.append_durable(vec![entry(2, 8, 10)]).unwrap();
+        // Purge past the end (a snapshot install does that): nothing left,
+        // and the next append continues after the purge point.
+        s.purge_upto(LogId::new(CommittedLeaderId::new(2, 1), 20))
+            .unwrap();
+        assert!(indexes(&s).is_empty());
+        assert!(s.files.is_empty());
+        s.append_durable(vec![entry(3, 21, 10)]).unwrap();
+        drop(s);
+        assert_eq!(indexes(&open(dir.path())), vec![(3, 21)]);
+    }
+
+    #[test]
+    fn corruption_before_the_newest_file_is_reported() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = open(dir.path());
+        s.append_durable((1..=6).map(|i| entry(1, i, 1 << 20)).collect())
+            .unwrap();
+        let first = s.files.values().next().unwrap().path.clone();
+        assert!(s.files.len() >= 2);
+        drop(s);
+        let mut data = fs::read(&first).unwrap();
+        data[20] ^= 0xff;
+        fs::write(&first, data).unwrap();
+        let lock = File::create(dir.path().join("LOCK")).unwrap();
+        assert!(matches!(
+            LogStore::open(dir.path(), lock),
+            Err(MetadataError::Corrupt(_))
+        ));
+    }
+
+    #[test]
+    fn torn_tail_of_newest_file_is_truncated() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut s = open(dir.path());
+        s.append_durable((1..=3).map(|i| entry(1, i, 10)).collect())
+            .unwrap();
+        let path = s.files.values().next().unwrap().path.clone();
+        drop(s);
+        let good = fs::metadata(&path).unwrap().len();
+        // Cut the last frame in half.
+        let f = OpenOptions::new().write(true).open(&path).unwrap();
+        f.set_len(good - 5).unwrap();
+        drop(f);
+        let s = open(dir.path());
+        assert_eq!(indexes(&s), vec![(1, 1), (1, 2)]);
+        assert!(fs::metadata(&path).unwrap().len() < good - 5);
+    }
+
+    fn sample_image() -> MetadataImage {
+        let mut img = MetadataImage::default();
+        let rec = MetadataRecord::CreateTopic(TopicRecord {
+            topic_id: uuid::Uuid::from_u128(5),
+            name: "t".into(),
+            partitions: 2,
+            replication_factor: 1,
+            configs: Default::default(),
+        });
+        img.apply(&rec, 12);
+        img
+    }
+
+    fn meta() -> SnapshotMeta<NodeId, BasicNode> {
+        SnapshotMeta {
+            last_log_id: Some(LogId::new(CommittedLeaderId::new(1, 1), 12)),
+            last_membership: StoredMembership::default(),
+            snapshot_id: "s".into(),
+        }
+    }
+
+    #[test]
+    fn snapshot_round_trips_and_is_checked() {
+        let img = sample_image();
+        let data = encode_snapshot(&meta(), &img);
+        let (m, back) = decode_snapshot(&data).unwrap();
+        assert_eq!(m, meta());
+        assert_eq!(back, img);
+        let empty = encode_snapshot(&meta(), &MetadataImage::default());
+        assert_eq!(decode_snapshot(&empty).unwrap().1, MetadataImage::default());
+
+        let mut bad = data.clone();
+        let n = bad.len();
+        bad[n - 10] ^= 1;
+        assert!(matches!(
+            decode_snapshot(&bad),
+            Err(MetadataError::Corrupt(_))
+        ));
+    }
+
+    /// A snapshot is read through decode_committed_value: an undecodable
+    /// record in it is a replay error, not a skipped record.
+    #[test]
+    fn snapshot_with_an_undecodable_record_is_a_replay_error() {
+        let data = encode_snapshot(&meta(), &sample_image());
+        // Rebuild the body with the record's type number changed to 77.
+        let body = &data[..data.len() - 4];
+        let hlen = u32::from_be_bytes(body[6..10].try_into().unwrap()) as usize;
+        let rec_at = 10 + hlen + 4 + 4;
+        let mut body = body.to_vec();
+        body[rec_at..rec_at + 2].copy_from_slice(&77u16.to_be_bytes());
+        let crc = crc32c::crc32c(&body);
+        body.extend_from_slice(&crc.to_be_bytes());
+        assert!(matches!(
+            decode_snapshot(&body),
+            Err(MetadataError::Replay(
+                MetadataReplayError::UndecodableRecord { offset: 12, .. }
+            ))
+        ));
     }
 }
