@@ -1015,6 +1015,29 @@ mod tests {
             }
         }
 
+        /// Random bytes (behind a valid header or not) never panic replay,
+        /// against an image that holds things they may name.
+        #[test]
+        fn random_values_never_panic_replay(
+            steps in proptest::collection::vec(arb_step(), 0..30),
+            ty in 0u16..=13,
+            header in any::<bool>(),
+            bytes in proptest::collection::vec(any::<u8>(), 0..80),
+        ) {
+            let (img, _) = replay(&history(&steps));
+            let mut v = Vec::new();
+            if header {
+                v.extend_from_slice(&ty.to_be_bytes());
+                v.extend_from_slice(&[0, 0]);
+            }
+            v.extend_from_slice(&bytes);
+            if let Ok(Some(rec)) = decode_committed_value(&v, &img, 99) {
+                let mut img = img.clone();
+                img.apply(&rec, 99);
+                prop_assert_eq!(img.offset, 99);
+            }
+        }
+
         /// Replay is a function of the bytes: replaying twice gives equal images.
         #[test]
         fn replay_is_deterministic(steps in proptest::collection::vec(arb_step(), 0..60)) {
