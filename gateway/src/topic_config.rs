@@ -52,47 +52,50 @@ enum Kind {
 }
 
 /// Every topic-level config key Kafka accepts, with its type.
-const TOPIC_CONFIGS: &[(&str, Kind)] = &[
-    ("cleanup.policy", Kind::List(&["delete", "compact"])),
+/// `(key, type, Kafka's default)`.
+const TOPIC_CONFIGS: &[(&str, Kind, &str)] = &[
+    ("cleanup.policy", Kind::List(&["delete", "compact"]), "delete"),
     (
         "compression.type",
         Kind::OneOf(&["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"]),
+        "producer",
     ),
-    ("compression.gzip.level", Kind::Int(i64::MIN)),
-    ("compression.lz4.level", Kind::Int(i64::MIN)),
-    ("compression.zstd.level", Kind::Int(i64::MIN)),
-    ("delete.retention.ms", Kind::Long(0)),
-    ("file.delete.delay.ms", Kind::Long(0)),
-    ("flush.messages", Kind::Long(1)),
-    ("flush.ms", Kind::Long(0)),
-    ("follower.replication.throttled.replicas", Kind::Text),
-    ("index.interval.bytes", Kind::Int(0)),
-    ("leader.replication.throttled.replicas", Kind::Text),
-    ("local.retention.bytes", Kind::Long(-2)),
-    ("local.retention.ms", Kind::Long(-2)),
-    ("max.compaction.lag.ms", Kind::Long(1)),
-    ("max.message.bytes", Kind::Int(0)),
-    ("message.downconversion.enable", Kind::Bool),
-    ("message.format.version", Kind::Text),
-    ("message.timestamp.after.max.ms", Kind::Long(0)),
-    ("message.timestamp.before.max.ms", Kind::Long(0)),
-    ("message.timestamp.difference.max.ms", Kind::Long(0)),
+    ("compression.gzip.level", Kind::Int(i64::MIN), "-1"),
+    ("compression.lz4.level", Kind::Int(i64::MIN), "9"),
+    ("compression.zstd.level", Kind::Int(i64::MIN), "3"),
+    ("delete.retention.ms", Kind::Long(0), "86400000"),
+    ("file.delete.delay.ms", Kind::Long(0), "60000"),
+    ("flush.messages", Kind::Long(1), "9223372036854775807"),
+    ("flush.ms", Kind::Long(0), "9223372036854775807"),
+    ("follower.replication.throttled.replicas", Kind::Text, ""),
+    ("index.interval.bytes", Kind::Int(0), "4096"),
+    ("leader.replication.throttled.replicas", Kind::Text, ""),
+    ("local.retention.bytes", Kind::Long(-2), "-2"),
+    ("local.retention.ms", Kind::Long(-2), "-2"),
+    ("max.compaction.lag.ms", Kind::Long(1), "9223372036854775807"),
+    ("max.message.bytes", Kind::Int(0), "1048588"),
+    ("message.downconversion.enable", Kind::Bool, "true"),
+    ("message.format.version", Kind::Text, "3.0-IV1"),
+    ("message.timestamp.after.max.ms", Kind::Long(0), "9223372036854775807"),
+    ("message.timestamp.before.max.ms", Kind::Long(0), "9223372036854775807"),
+    ("message.timestamp.difference.max.ms", Kind::Long(0), "9223372036854775807"),
     (
         "message.timestamp.type",
         Kind::OneOf(&["CreateTime", "LogAppendTime"]),
+        "CreateTime",
     ),
-    ("min.cleanable.dirty.ratio", Kind::Double),
-    ("min.compaction.lag.ms", Kind::Long(0)),
-    ("min.insync.replicas", Kind::Int(1)),
-    ("preallocate", Kind::Bool),
-    ("remote.storage.enable", Kind::Bool),
-    ("retention.bytes", Kind::Long(i64::MIN)),
-    ("retention.ms", Kind::Long(-1)),
-    ("segment.bytes", Kind::Int(14)),
-    ("segment.index.bytes", Kind::Int(4)),
-    ("segment.jitter.ms", Kind::Long(0)),
-    ("segment.ms", Kind::Long(1)),
-    ("unclean.leader.election.enable", Kind::Bool),
+    ("min.cleanable.dirty.ratio", Kind::Double, "0.5"),
+    ("min.compaction.lag.ms", Kind::Long(0), "0"),
+    ("min.insync.replicas", Kind::Int(1), "1"),
+    ("preallocate", Kind::Bool, "false"),
+    ("remote.storage.enable", Kind::Bool, "false"),
+    ("retention.bytes", Kind::Long(i64::MIN), "-1"),
+    ("retention.ms", Kind::Long(-1), "604800000"),
+    ("segment.bytes", Kind::Int(14), "1073741824"),
+    ("segment.index.bytes", Kind::Int(4), "10485760"),
+    ("segment.jitter.ms", Kind::Long(0), "0"),
+    ("segment.ms", Kind::Long(1), "604800000"),
+    ("unclean.leader.election.enable", Kind::Bool, "false"),
 ];
 
 fn check_value(key: &str, kind: Kind, value: &str) -> Result<(), ApiError> {
@@ -145,7 +148,7 @@ pub fn validate_topic_configs(
 ) -> Result<BTreeMap<String, String>, ApiError> {
     let mut out = BTreeMap::new();
     for (key, value) in configs {
-        let Some((_, kind)) = TOPIC_CONFIGS.iter().find(|(k, _)| *k == key) else {
+        let Some((_, kind, _)) = TOPIC_CONFIGS.iter().find(|(k, _, _)| *k == key) else {
             return Err(ApiError::InvalidConfig(format!(
                 "unknown topic config name: {key}"
             )));
@@ -159,6 +162,55 @@ pub fn validate_topic_configs(
         out.insert(key, value.trim().to_string());
     }
     Ok(out)
+}
+
+/// Kafka's config sources (DescribeConfigs `config_source`).
+pub const SOURCE_TOPIC: i8 = 1;
+pub const SOURCE_DEFAULT: i8 = 5;
+
+/// One topic config as DescribeConfigs and CreateTopics (v5+) report it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DescribedConfig {
+    pub name: &'static str,
+    pub value: String,
+    pub source: i8,
+    /// Kafka's ConfigType code (BOOLEAN 1, STRING 2, INT 3, LONG 5, DOUBLE 6, LIST 7).
+    pub config_type: i8,
+}
+
+/// Every topic config with its value: the topic's own, else the broker's
+/// default where the broker has one, else Kafka's default.
+pub fn describe_topic_configs(topic: &BTreeMap<String, String>, broker: &BrokerConfig) -> Vec<DescribedConfig> {
+    let broker_default = |key: &str| -> Option<String> {
+        Some(match key {
+            "cleanup.policy" => broker.log_cleanup_policy.clone(),
+            "max.message.bytes" => broker.message_max_bytes.to_string(),
+            "message.timestamp.type" => broker.log_message_timestamp_type.clone(),
+            "retention.bytes" => broker.log_retention_bytes.to_string(),
+            "retention.ms" => broker.log_retention_ms.to_string(),
+            "segment.bytes" => broker.log_segment_bytes.to_string(),
+            "segment.ms" => broker.log_roll_ms.to_string(),
+            _ => return None,
+        })
+    };
+    TOPIC_CONFIGS
+        .iter()
+        .map(|(name, kind, default)| {
+            let (value, source) = match topic.get(*name) {
+                Some(v) => (v.clone(), SOURCE_TOPIC),
+                None => (broker_default(name).unwrap_or_else(|| default.to_string()), SOURCE_DEFAULT),
+            };
+            let config_type = match kind {
+                Kind::Bool => 1,
+                Kind::OneOf(_) | Kind::Text => 2,
+                Kind::Int(_) => 3,
+                Kind::Long(_) => 5,
+                Kind::Double => 6,
+                Kind::List(_) => 7,
+            };
+            DescribedConfig { name, value, source, config_type }
+        })
+        .collect()
 }
 
 /// The configs the log of a topic runs with: the topic's own, else the broker's defaults.
@@ -233,6 +285,19 @@ mod tests {
             Err(ApiError::InvalidConfig(_))
         ));
         assert!(validate_topic_configs([("retention.ms".into(), None)]).is_err());
+    }
+
+    #[test]
+    fn described_configs_cover_every_key_and_mark_sources() {
+        let broker = BrokerConfig::default();
+        let mut t = BTreeMap::new();
+        t.insert("retention.ms".to_string(), "1000".to_string());
+        let d = describe_topic_configs(&t, &broker);
+        assert_eq!(d.len(), TOPIC_CONFIGS.len());
+        let r = d.iter().find(|c| c.name == "retention.ms").unwrap();
+        assert_eq!((r.value.as_str(), r.source), ("1000", SOURCE_TOPIC));
+        let s = d.iter().find(|c| c.name == "segment.bytes").unwrap();
+        assert_eq!((s.value.as_str(), s.source), ("1073741824", SOURCE_DEFAULT));
     }
 
     #[test]

@@ -12,12 +12,8 @@ use kafka_protocol::protocol::StrBytes;
 
 use crate::broker::{Broker, NewTopic};
 use crate::error::ApiError;
-use crate::topic_config::validate_topic_configs;
+use crate::topic_config::{describe_topic_configs, validate_topic_configs};
 
-/// Kafka's config source for a value set on the topic itself.
-const TOPIC_CONFIG_SOURCE: i8 = 1;
-/// Kafka's config source for a broker default.
-const DEFAULT_CONFIG_SOURCE: i8 = 5;
 
 pub async fn handle(
     broker: &Arc<Broker>,
@@ -145,38 +141,15 @@ async fn create_one(
         .await
 }
 
-/// The topic's configs as CreateTopics v5+ reports them: the topic's own and
-/// the broker defaults for the keys the log runs with.
-fn describe_configs(
-    broker: &Broker,
-    topic: &BTreeMap<String, String>,
-) -> Vec<CreatableTopicConfigs> {
-    let c = &broker.config;
-    let defaults = [
-        ("cleanup.policy", c.log_cleanup_policy.clone()),
-        ("max.message.bytes", c.message_max_bytes.to_string()),
-        (
-            "message.timestamp.type",
-            c.log_message_timestamp_type.clone(),
-        ),
-        ("retention.bytes", c.log_retention_bytes.to_string()),
-        ("retention.ms", c.log_retention_ms.to_string()),
-        ("segment.bytes", c.log_segment_bytes.to_string()),
-        ("segment.ms", c.log_roll_ms.to_string()),
-    ];
-    let mut out: BTreeMap<String, (String, i8)> = defaults
+/// The topic's configs as CreateTopics v5+ reports them.
+fn describe_configs(broker: &Broker, topic: &BTreeMap<String, String>) -> Vec<CreatableTopicConfigs> {
+    describe_topic_configs(topic, &broker.config)
         .into_iter()
-        .map(|(k, v)| (k.to_string(), (v, DEFAULT_CONFIG_SOURCE)))
-        .collect();
-    for (k, v) in topic {
-        out.insert(k.clone(), (v.clone(), TOPIC_CONFIG_SOURCE));
-    }
-    out.into_iter()
-        .map(|(k, (v, source))| {
+        .map(|c| {
             CreatableTopicConfigs::default()
-                .with_name(StrBytes::from_string(k))
-                .with_value(Some(StrBytes::from_string(v)))
-                .with_config_source(source)
+                .with_name(StrBytes::from_static_str(c.name))
+                .with_value(Some(StrBytes::from_string(c.value)))
+                .with_config_source(c.source)
         })
         .collect()
 }

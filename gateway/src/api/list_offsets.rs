@@ -29,6 +29,14 @@ pub async fn handle(
     let image = broker.image();
     // leader_epoch exists from v4 on.
     let with_epoch = header.request_api_version >= 4;
+    // Kafka answers INVALID_REQUEST for a partition named twice in one request.
+    let mut seen = std::collections::HashSet::new();
+    let duplicates: std::collections::HashSet<(String, i32)> = request
+        .topics
+        .iter()
+        .flat_map(|t| t.partitions.iter().map(move |p| (t.name.0.to_string(), p.partition_index)))
+        .filter(|key| !seen.insert(key.clone()))
+        .collect();
     let topics = request
         .topics
         .iter()
@@ -38,7 +46,9 @@ pub async fn handle(
                 .partitions
                 .iter()
                 .map(|p| {
+                    let duplicate = duplicates.contains(&(topic.name.0.to_string(), p.partition_index));
                     let result = match &resolved {
+                        _ if duplicate => Err(ApiError::InvalidRequest("partition listed more than once".into())),
                         None => Err(ApiError::UnknownTopicOrPartition),
                         Some(t) => broker
                             .route(&image, t, p.partition_index)

@@ -5,6 +5,7 @@ pub mod api_versions;
 pub mod create_topics;
 pub mod delete_topics;
 pub mod describe_cluster;
+pub mod describe_configs;
 pub mod fetch;
 pub mod list_offsets;
 pub mod metadata;
@@ -39,6 +40,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateTopics, 2, 7),
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::DescribeCluster, 0, 2),
+    (ApiKey::DescribeConfigs, 1, 4),
 ];
 
 pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
@@ -170,6 +172,7 @@ async fn dispatch(
         ApiKey::CreateTopics => call!(create_topics),
         ApiKey::DeleteTopics => call!(delete_topics),
         ApiKey::DescribeCluster => call!(describe_cluster),
+        ApiKey::DescribeConfigs => call!(describe_configs),
         other => Reply::Close(format!("API {other:?} has no handler")),
     }
 }
