@@ -215,6 +215,23 @@ pub mod testing {
         b[17..21].copy_from_slice(&crc.to_be_bytes());
         b
     }
+
+    /// Like [`make_batch`], from an idempotent producer.
+    pub fn make_idempotent_batch(
+        count: i32,
+        timestamp: i64,
+        producer_id: i64,
+        epoch: i16,
+        base_sequence: i32,
+    ) -> Vec<u8> {
+        let mut b = make_batch(count, timestamp);
+        b[OFF_PRODUCER_ID..OFF_PRODUCER_ID + 8].copy_from_slice(&producer_id.to_be_bytes());
+        b[OFF_PRODUCER_EPOCH..OFF_PRODUCER_EPOCH + 2].copy_from_slice(&epoch.to_be_bytes());
+        b[OFF_BASE_SEQUENCE..OFF_BASE_SEQUENCE + 4].copy_from_slice(&base_sequence.to_be_bytes());
+        let crc = compute_crc(&b);
+        b[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
+        b
+    }
 }
 
 #[cfg(test)]

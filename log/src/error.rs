@@ -32,4 +32,6 @@ pub enum LogError {
     Closed,
     #[error(transparent)]
     Batch(#[from] BatchError),
+    #[error(transparent)]
+    Sequence(#[from] crate::producer_state::SequenceError),
 }

@@ -3,6 +3,7 @@
 
 pub mod batch;
 pub mod error;
+pub mod producer_state;
 pub mod range_log;
 pub mod segment;
 

@@ -18,6 +18,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::batch;
 use crate::error::LogError;
+use crate::producer_state::{increment_sequence, BatchMetadata, ProducerStates, Verdict};
 use crate::segment::{self, IndexEntry, Segment};
 
 /// How a range log is opened.
@@ -56,6 +57,8 @@ pub struct AppendOutcome {
     pub end_position: u64,
     /// Set when this append rolled the active segment first.
     pub rolled: Option<SealedSegment>,
+    /// Set when the batch was a retry of one already stored: nothing was appended.
+    pub duplicate: bool,
 }
 
 /// Offsets of one partition.
@@ -89,6 +92,8 @@ struct Pending {
 struct Inner {
     segments: Vec<Segment>,
     partitions: Vec<PartitionState>,
+    /// Idempotent producer state per partition (index `p - lo`).
+    producers: Vec<ProducerStates>,
     /// Logical position of the start of the active segment.
     active_base_position: u64,
     pending: VecDeque<Pending>,
@@ -203,10 +208,26 @@ impl RangeLog {
         for state in &mut partitions {
             state.high_watermark = state.next_offset;
         }
+        // Producer state comes back from the indexes, oldest segment first.
+        let mut producers = vec![ProducerStates::default(); width];
+        for seg in &segments {
+            for (p, entries) in &seg.index.partitions {
+                let Some(states) = p
+                    .checked_sub(options.lo)
+                    .and_then(|i| producers.get_mut(i as usize))
+                else {
+                    continue;
+                };
+                for e in entries.iter().filter(|e| e.producer_id >= 0) {
+                    states.record(e.producer_id, e.producer_epoch, batch_metadata(e));
+                }
+            }
+        }
         let active_base_position = segments[..segments.len() - 1].iter().map(|s| s.size).sum();
         let inner = Inner {
             segments,
             partitions,
+            producers,
             active_base_position,
             pending: VecDeque::new(),
         };
@@ -259,7 +280,27 @@ impl RangeLog {
         }
         let pi = self.index_of(partition)?;
         let header = batch::parse_header(batch_bytes)?;
+        let idempotent = header.producer_id >= 0;
+        let last_seq = increment_sequence(header.base_sequence, header.last_offset_delta);
         let mut inner = self.inner.lock();
+        if idempotent {
+            let verdict = inner.producers[pi].check(
+                header.producer_id,
+                header.producer_epoch,
+                header.base_sequence,
+                last_seq,
+            )?;
+            if let Verdict::Duplicate(original) = verdict {
+                let end_position = inner.written_position();
+                return Ok(AppendOutcome {
+                    base_offset: original.first_offset,
+                    last_offset: original.last_offset,
+                    end_position,
+                    rolled: None,
+                    duplicate: true,
+                });
+            }
+        }
         let rolled = self.maybe_roll(&mut inner)?;
         let base_offset = inner.partitions[pi].next_offset;
         let last_offset = base_offset + header.last_offset_delta as i64;
@@ -272,10 +313,8 @@ impl RangeLog {
             }
             None => header.max_timestamp,
         };
-        let result =
-            inner
-                .active()
-                .append(partition, batch_bytes, (base_offset, last_offset), max_ts);
+        let entry = IndexEntry::for_batch(&header, base_offset, max_ts, batch_bytes.len());
+        let result = inner.active().append(partition, batch_bytes, entry);
         if let Err(e) = result {
             // A failed write may have left a partial frame: refuse further
             // writes rather than append after garbage. Restart recovery cuts it.
@@ -283,6 +322,13 @@ impl RangeLog {
             return Err(e);
         }
         inner.partitions[pi].next_offset = last_offset + 1;
+        if idempotent {
+            inner.producers[pi].record(
+                header.producer_id,
+                header.producer_epoch,
+                batch_metadata(&entry),
+            );
+        }
         let end_position = inner.written_position();
         inner.pending.push_back(Pending {
             end_position,
@@ -296,6 +342,7 @@ impl RangeLog {
             last_offset,
             end_position,
             rolled,
+            duplicate: false,
         })
     }
 
@@ -527,6 +574,16 @@ impl RangeLog {
 
     pub fn is_failed(&self) -> bool {
         self.failed.load(Ordering::Relaxed)
+    }
+}
+
+fn batch_metadata(e: &IndexEntry) -> BatchMetadata {
+    BatchMetadata {
+        first_seq: e.base_sequence,
+        last_seq: increment_sequence(e.base_sequence, (e.last_offset - e.base_offset) as i32),
+        first_offset: e.base_offset,
+        last_offset: e.last_offset,
+        timestamp: e.max_timestamp,
     }
 }
 

@@ -23,8 +23,8 @@ use crate::error::LogError;
 
 pub const FRAME_HEADER_LEN: u64 = 12;
 const INDEX_MAGIC: &[u8; 4] = b"TSIX";
-const INDEX_VERSION: u16 = 1;
-const INDEX_ENTRY_LEN: usize = 4 + 8 + 8 + 8 + 4 + 8;
+const INDEX_VERSION: u16 = 2;
+const INDEX_ENTRY_LEN: usize = 4 + 8 + 8 + 8 + 4 + 8 + 8 + 2 + 4;
 
 /// Where one stored batch lives and what it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -35,6 +35,32 @@ pub struct IndexEntry {
     pub position: u64,
     pub length: u32,
     pub max_timestamp: i64,
+    /// Idempotence fields of the batch, so producer state can be rebuilt
+    /// from the index without reading the log.
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub base_sequence: i32,
+}
+
+impl IndexEntry {
+    /// The index entry of a batch about to be stored (position filled in on append).
+    pub fn for_batch(
+        header: &batch::BatchHeader,
+        base_offset: i64,
+        max_timestamp: i64,
+        length: usize,
+    ) -> IndexEntry {
+        IndexEntry {
+            base_offset,
+            last_offset: base_offset + header.last_offset_delta as i64,
+            position: 0,
+            length: length as u32,
+            max_timestamp,
+            producer_id: header.producer_id,
+            producer_epoch: header.producer_epoch,
+            base_sequence: header.base_sequence,
+        }
+    }
 }
 
 /// Per-partition batch index of one segment.
@@ -149,8 +175,7 @@ impl Segment {
         &mut self,
         partition: u32,
         batch_bytes: &[u8],
-        entry_offsets: (i64, i64),
-        max_ts: i64,
+        mut entry: IndexEntry,
     ) -> Result<u64, LogError> {
         let mut frame = Vec::with_capacity(FRAME_HEADER_LEN as usize + batch_bytes.len());
         frame.extend_from_slice(&(batch_bytes.len() as u32).to_be_bytes());
@@ -162,16 +187,8 @@ impl Segment {
         (&*self.file).write_all(&frame)?;
         let position = self.size + FRAME_HEADER_LEN;
         self.size += frame.len() as u64;
-        self.index.push(
-            partition,
-            IndexEntry {
-                base_offset: entry_offsets.0,
-                last_offset: entry_offsets.1,
-                position,
-                length: batch_bytes.len() as u32,
-                max_timestamp: max_ts,
-            },
-        );
+        entry.position = position;
+        self.index.push(partition, entry);
         Ok(self.size)
     }
 
@@ -193,6 +210,9 @@ impl Segment {
                 buf.extend_from_slice(&e.position.to_be_bytes());
                 buf.extend_from_slice(&e.length.to_be_bytes());
                 buf.extend_from_slice(&e.max_timestamp.to_be_bytes());
+                buf.extend_from_slice(&e.producer_id.to_be_bytes());
+                buf.extend_from_slice(&e.producer_epoch.to_be_bytes());
+                buf.extend_from_slice(&e.base_sequence.to_be_bytes());
             }
         }
         let crc = crc32c::crc32c(&buf);
@@ -246,6 +266,9 @@ fn read_index(path: &Path, file_size: u64) -> Option<SegmentIndex> {
                 position: u64::from_be_bytes(e[20..28].try_into().unwrap()),
                 length: u32::from_be_bytes(e[28..32].try_into().unwrap()),
                 max_timestamp: i64::from_be_bytes(e[32..40].try_into().unwrap()),
+                producer_id: i64::from_be_bytes(e[40..48].try_into().unwrap()),
+                producer_epoch: i16::from_be_bytes(e[48..50].try_into().unwrap()),
+                base_sequence: i32::from_be_bytes(e[50..54].try_into().unwrap()),
             },
         );
     }
@@ -285,16 +308,9 @@ fn scan(file: &File) -> Result<(SegmentIndex, u64), LogError> {
         if h.total_len() != len {
             break;
         }
-        index.push(
-            partition,
-            IndexEntry {
-                base_offset: h.base_offset,
-                last_offset: h.last_offset(),
-                position: position + FRAME_HEADER_LEN,
-                length: len as u32,
-                max_timestamp: h.max_timestamp,
-            },
-        );
+        let mut entry = IndexEntry::for_batch(&h, h.base_offset, h.max_timestamp, len);
+        entry.position = position + FRAME_HEADER_LEN;
+        index.push(partition, entry);
         position += FRAME_HEADER_LEN + len as u64;
     }
     Ok((index, position))

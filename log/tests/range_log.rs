@@ -181,3 +181,37 @@ async fn log_append_time_and_timestamp_lookup() {
     assert!(h.is_log_append_time());
     assert_eq!(h.max_timestamp, 12345);
 }
+
+#[tokio::test]
+async fn idempotent_retries_are_deduplicated_across_restart() {
+    use tessera_log::batch::testing::make_idempotent_batch;
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let log = RangeLog::open(options(dir.path(), 1 << 20), hw()).unwrap();
+        let mut b = make_idempotent_batch(3, 1, 42, 0, 0);
+        let first = log.append(0, &mut b, None).unwrap();
+        log.wait_durable(first.end_position).await.unwrap();
+        let mut retry = make_idempotent_batch(3, 1, 42, 0, 0);
+        let again = log.append(0, &mut retry, None).unwrap();
+        assert!(again.duplicate);
+        assert_eq!(again.base_offset, first.base_offset);
+        let mut gap = make_idempotent_batch(1, 1, 42, 0, 7);
+        assert!(matches!(
+            log.append(0, &mut gap, None),
+            Err(LogError::Sequence(_))
+        ));
+        log.close();
+    }
+    let log = RangeLog::open(options(dir.path(), 1 << 20), hw()).unwrap();
+    let mut retry = make_idempotent_batch(3, 1, 42, 0, 0);
+    let again = log.append(0, &mut retry, None).unwrap();
+    assert!(again.duplicate, "producer state is rebuilt on restart");
+    let mut next = make_idempotent_batch(2, 1, 42, 0, 3);
+    let out = log.append(0, &mut next, None).unwrap();
+    assert_eq!((out.base_offset, out.duplicate), (3, false));
+    let mut stale = make_idempotent_batch(1, 1, 42, -1, 5);
+    assert!(matches!(
+        log.append(0, &mut stale, None),
+        Err(LogError::Sequence(_))
+    ));
+}
