@@ -5,6 +5,7 @@ reports gave."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 
@@ -30,10 +31,11 @@ def make_record(i: int):
     return key, value, headers, ts
 
 
-def check_roundtrip(sent: dict, delivered: list, consumed: dict):
+def check_roundtrip(sent: dict, delivered: list, consumed: dict, client_info: str = ""):
     """sent: i -> (key, value, headers, ts); delivered: list of (i, partition,
     offset) in send order; consumed: partition -> list of (offset, key, value,
-    headers, ts, ts_type_is_create)."""
+    headers, ts, ts_type_is_create). client_info is appended to ordering
+    failures (e.g. the producer's retry counters)."""
     assert len(delivered) == N_RECORDS, f"{len(delivered)} delivery reports, expected {N_RECORDS}"
     by_part: dict[int, list] = defaultdict(list)
     for i, p, o in delivered:
@@ -47,8 +49,13 @@ def check_roundtrip(sent: dict, delivered: list, consumed: dict):
         )
         assert offsets[0] == 0, f"partition {p}: first offset {offsets[0]} (fresh topic)"
         # in order: within a partition, offsets follow send order
-        idxs = [i for _, i in lst]
-        assert idxs == sorted(idxs), f"partition {p}: offsets do not follow send order"
+        inversions = [(lst[k], lst[k + 1]) for k in range(len(lst) - 1) if lst[k + 1][1] < lst[k][1]]
+        assert not inversions, (
+            f"partition {p}: offsets do not follow send order: {len(inversions)} inversions, first: "
+            + ", ".join(f"record {a[1]} at offset {a[0]} but record {b[1]} at offset {b[0]}"
+                        for a, b in inversions[:3])
+            + (f" [{client_info}]" if client_info else "")
+        )
 
         got = consumed.get(p, [])
         assert len(got) == len(lst), f"partition {p}: consumed {len(got)}, delivered {len(lst)}"
@@ -69,6 +76,7 @@ def check_roundtrip(sent: dict, delivered: list, consumed: dict):
 def confluent_produce(bootstrap: str, topic: str, codec: str):
     from confluent_kafka import Producer
 
+    stats: dict = {}
     p = Producer(
         {
             "bootstrap.servers": bootstrap,
@@ -77,6 +85,8 @@ def confluent_produce(bootstrap: str, topic: str, codec: str):
             "linger.ms": 20,
             "batch.num.messages": 5000,
             "queue.buffering.max.messages": 200_000,
+            "statistics.interval.ms": 500,
+            "stats_cb": lambda js: stats.update(json.loads(js)),
         }
     )
     sent, delivered, errors = {}, [], []
@@ -103,8 +113,14 @@ def confluent_produce(bootstrap: str, topic: str, codec: str):
             p.poll(0)
     remaining = p.flush(120)
     assert remaining == 0, f"{remaining} records not delivered after 120 s"
-    assert not errors, f"{len(errors)} delivery errors, first: {errors[:5]}"
-    return sent, sorted(delivered)
+    p.poll(0.6)  # one more statistics callback after the last delivery
+    brokers = [b for b in stats.get("brokers", {}).values() if b.get("nodeid", -1) >= 0]
+    info = "librdkafka producer stats: " + ", ".join(
+        f"{k}={sum(b.get(k, 0) for b in brokers)}"
+        for k in ("txretries", "txerrs", "req_timeouts", "connects", "disconnects")
+    )
+    assert not errors, f"{len(errors)} delivery errors, first: {errors[:5]}; {info}"
+    return sent, sorted(delivered), info
 
 
 def confluent_consume(bootstrap: str, topic: str, expected_per_part: dict[int, int]):
@@ -149,7 +165,7 @@ def test_confluent_kafka_roundtrip(broker, codec):
     topic = unique_topic(f"ck-{codec}")
     create_topic(broker, topic, partitions=PARTITIONS)
     t0 = time.monotonic()
-    sent, delivered = confluent_produce(broker.bootstrap, topic, codec)
+    sent, delivered, info = confluent_produce(broker.bootstrap, topic, codec)
     t1 = time.monotonic()
     per_part = defaultdict(int)
     for _, p, _ in delivered:
@@ -158,8 +174,8 @@ def test_confluent_kafka_roundtrip(broker, codec):
     consumed = confluent_consume(broker.bootstrap, topic, per_part)
     t2 = time.monotonic()
     print(f"confluent-kafka {codec}: produce {t1 - t0:.1f}s, consume {t2 - t1:.1f}s, "
-          f"per partition {dict(per_part)}")
-    check_roundtrip(sent, delivered, consumed)
+          f"per partition {dict(per_part)}; {info}")
+    check_roundtrip(sent, delivered, consumed, info)
 
 
 # --------------------------------------------------------------------------
