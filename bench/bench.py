@@ -31,6 +31,8 @@ from confluent_kafka.admin import AdminClient, NewTopic
 REPO = Path(__file__).resolve().parents[1]
 RECORD_SIZE = 1024
 MB = 1_000_000
+PACED_RATE = 5_000  # records/s for the latency-at-moderate-load phase
+PACED_SECONDS = 4
 
 
 def free_port() -> int:
@@ -117,7 +119,9 @@ def create_topic(bootstrap: str, topic: str, partitions: int):
     raise RuntimeError(f"topic {topic} not ready")
 
 
-def produce(bootstrap: str, topic: str, codec: str, n: int, pool: list[bytes], max_s: float):
+def produce(bootstrap: str, topic: str, codec: str, n: int, pool: list[bytes], max_s: float,
+            rate: float | None = None):
+    """Produce n records as fast as possible, or paced at `rate` records/s."""
     p = Producer({
         "bootstrap.servers": bootstrap,
         "acks": "all",
@@ -143,6 +147,11 @@ def produce(bootstrap: str, topic: str, codec: str, n: int, pool: list[bytes], m
     deadline = t0 + max_s
     i = 0
     while i < n and time.perf_counter() < deadline:
+        if rate:
+            ahead = t0 + i / rate - time.perf_counter()
+            if ahead > 0:
+                p.poll(min(ahead, 0.001))
+                continue
         v = i.to_bytes(8, "big") + pool[i % len(pool)]
         sent_at[i] = time.perf_counter()
         try:
@@ -199,46 +208,73 @@ def run_one(kind: str, binary: Path, codec: str, n: int, partitions: int, max_s:
         create_topic(b.bootstrap, topic, partitions)
         pr = produce(b.bootstrap, topic, codec, n, pool, max_s)
         co = consume(b.bootstrap, topic, partitions, pr["records"], max_s)
-        return {"broker": kind, "codec": codec, "produce": pr, "consume": co}
+        paced_topic = f"paced-{codec}"
+        create_topic(b.bootstrap, paced_topic, partitions)
+        pa = produce(b.bootstrap, paced_topic, codec, int(PACED_RATE * PACED_SECONDS), pool,
+                     PACED_SECONDS + 30, rate=PACED_RATE)
+        return {"broker": kind, "codec": codec, "produce": pr, "consume": co, "paced": pa}
     except Exception as e:  # noqa: BLE001 - a broken broker is a result too
         return {"broker": kind, "codec": codec, "error": f"{type(e).__name__}: {e}"}
     finally:
         b.stop()
 
 
+def median_of(runs: list[dict]) -> dict:
+    """Per-metric median over repeated runs (any failed run fails the cell)."""
+    bad = [r for r in runs if "error" in r]
+    if bad:
+        return bad[0]
+    out = {"broker": runs[0]["broker"], "codec": runs[0]["codec"], "runs": len(runs)}
+    for phase in ("produce", "consume", "paced"):
+        out[phase] = {}
+        for k, v in runs[0][phase].items():
+            vals = [r[phase][k] for r in runs]
+            if isinstance(v, bool):
+                out[phase][k] = all(vals)
+            elif isinstance(v, (int, float)):
+                out[phase][k] = statistics.median(vals)
+            else:
+                out[phase][k] = v
+    return out
+
+
 def fmt(x, spec=",.0f"):
     return "n/a" if x is None or (isinstance(x, float) and x != x) else format(x, spec)
 
 
-def markdown(results, n, partitions):
+def markdown(results, n, partitions, repeat):
     lines = [
         f"### Produce/consume, {n:,} x 1 KiB records, acks=all, {partitions} partitions, "
-        f"confluent-kafka (librdkafka), one client process",
+        f"confluent-kafka (librdkafka), one client process, median of {repeat} runs",
         "",
-        "| broker | codec | produce rec/s | produce MB/s | p50 ms | p99 ms | consume rec/s | consume MB/s | note |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+        "| broker | codec | produce rec/s | produce MB/s | p50 ms | p99 ms | "
+        f"paced p50 ms | paced p99 ms | consume rec/s | consume MB/s | note |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in results:
         if "error" in r:
-            lines.append(f"| {r['broker']} | {r['codec']} | | | | | | | FAILED: {r['error'][:80]} |")
+            lines.append(f"| {r['broker']} | {r['codec']} | | | | | | | | | FAILED: {r['error'][:80]} |")
             continue
-        p, c = r["produce"], r["consume"]
+        p, c, pa = r["produce"], r["consume"], r["paced"]
         note = []
         if not p["complete"]:
             note.append(f"produce incomplete ({p['records']:,}, {p['errors']} errors)")
+        if not pa["complete"]:
+            note.append(f"paced produce incomplete ({pa['records']:,})")
         if not c["complete"]:
             note.append(f"consume incomplete ({c['records']:,})")
         lines.append(
             f"| {r['broker']} | {r['codec']} | {fmt(p['rps'])} | {fmt(p['mbps'], '.1f')} | "
-            f"{fmt(p['p50_ms'], '.1f')} | {fmt(p['p99_ms'], '.1f')} | {fmt(c['rps'])} | "
+            f"{fmt(p['p50_ms'], '.1f')} | {fmt(p['p99_ms'], '.1f')} | "
+            f"{fmt(pa['p50_ms'], '.1f')} | {fmt(pa['p99_ms'], '.1f')} | {fmt(c['rps'])} | "
             f"{fmt(c['mbps'], '.1f')} | {'; '.join(note)} |"
         )
     by = {(r["broker"], r["codec"]): r for r in results if "error" not in r}
     codecs = sorted({r["codec"] for r in results}, key=["none", "lz4"].index)
     if any(("tessera", c) in by and ("tansu", c) in by for c in codecs):
         lines += ["", "tessera / tansu (throughput: >1 is tessera faster; latency: <1 is tessera faster)", "",
-                  "| codec | produce rec/s | p50 latency | p99 latency | consume rec/s |",
-                  "|---|---:|---:|---:|---:|"]
+                  "| codec | produce rec/s | p50 latency | p99 latency | paced p50 | paced p99 | consume rec/s |",
+                  "|---|---:|---:|---:|---:|---:|---:|"]
         for c in codecs:
             if ("tessera", c) in by and ("tansu", c) in by:
                 t, u = by[("tessera", c)], by[("tansu", c)]
@@ -249,10 +285,14 @@ def markdown(results, n, partitions):
                     f"| {c} | {ratio(t['produce']['rps'], u['produce']['rps'])} | "
                     f"{ratio(t['produce']['p50_ms'], u['produce']['p50_ms'])} | "
                     f"{ratio(t['produce']['p99_ms'], u['produce']['p99_ms'])} | "
+                    f"{ratio(t['paced']['p50_ms'], u['paced']['p50_ms'])} | "
+                    f"{ratio(t['paced']['p99_ms'], u['paced']['p99_ms'])} | "
                     f"{ratio(t['consume']['rps'], u['consume']['rps'])} |"
                 )
-    lines += ["", "tessera stores data on disk (acks=all waits for fsync); tansu uses memory:// storage. "
-              "2-core machine, client and broker on the same host."]
+    lines += ["", "p50/p99: send -> delivery callback while producing flat out (includes client-side "
+              f"queueing); paced: the same at {PACED_RATE:,} records/s for {PACED_SECONDS} s. "
+              "Producer: acks=all, linger.ms=5. tessera stores data on disk (acks=all waits for fsync); "
+              "tansu uses memory:// storage. 2-core machine, client and broker on the same host."]
     return "\n".join(lines)
 
 
@@ -261,6 +301,7 @@ def main():
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--partitions", type=int, default=3)
     ap.add_argument("--max-seconds", type=float, default=120, help="time cap per produce / consume phase")
+    ap.add_argument("--repeat", type=int, default=3, help="runs per cell; the table shows medians")
     ap.add_argument("--brokers", default="tessera,tansu")
     ap.add_argument("--codecs", default="none,lz4")
     ap.add_argument("--tessera-bin", default=os.environ.get("TESSERA_BIN", str(REPO / "target/release/tessera")))
@@ -285,13 +326,16 @@ def main():
             continue
         for codec in args.codecs.split(","):
             print(f"... {kind} {codec}", file=sys.stderr, flush=True)
-            r = run_one(kind, bins[kind], codec, args.records, args.partitions, args.max_seconds, pool)
-            print(f"    {json.dumps(r)}", file=sys.stderr, flush=True)
-            results.append(r)
+            runs = []
+            for rep in range(args.repeat):
+                r = run_one(kind, bins[kind], codec, args.records, args.partitions, args.max_seconds, pool)
+                print(f"    run {rep + 1}: {json.dumps(r)}", file=sys.stderr, flush=True)
+                runs.append(r)
+            results.append(median_of(runs))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(results, indent=2))
-    print(markdown(results, args.records, args.partitions))
+    print(markdown(results, args.records, args.partitions, args.repeat))
     return 0 if results and all("error" not in r for r in results) else 1
 
 
