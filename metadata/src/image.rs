@@ -102,6 +102,12 @@ pub struct MetadataImage {
     /// Index of `ranges` by topic, maintained by [`MetadataImage::apply`],
     /// so per-request routing does not scan every range of every topic.
     pub topic_ranges: BTreeSet<(TopicId, RangeId)>,
+    /// The first producer id not yet handed out: every id below it belongs
+    /// to an applied `AllocateProducerIds` block. 0 in an empty image.
+    pub next_producer_id: i64,
+    /// The broker that received the last applied producer id block; -1
+    /// while none was allocated (`next_producer_id == 0`).
+    pub last_producer_id_broker: i32,
 }
 
 /// The empty image: `offset` is -1 (nothing applied), not 0, because 0 is
@@ -117,6 +123,8 @@ impl Default for MetadataImage {
             segments: BTreeMap::new(),
             log_start_offsets: BTreeMap::new(),
             topic_ranges: BTreeSet::new(),
+            next_producer_id: 0,
+            last_producer_id_broker: -1,
         }
     }
 }
@@ -220,9 +228,15 @@ impl MetadataImage {
     /// [`crate::decode_committed_value`]: brokers, topics, then per topic
     /// its ranges with parents before children, each range's segments in
     /// seq order (each sealed right after it opens, so the range never has
-    /// two active segments), the range's own seal after its segments, and
-    /// log start offsets last. Replaying them with the image's offset gives
-    /// an equal image.
+    /// two active segments), the range's own seal after its segments, log
+    /// start offsets, and last the producer id allocation. Replaying them
+    /// with the image's offset gives an equal image.
+    ///
+    /// The producer id state is one `AllocateProducerIds` block `[0,
+    /// next_producer_id)` for the last allocating broker. A block holds at
+    /// most `i32::MAX` ids, so beyond that the range is emitted as
+    /// consecutive full blocks (never more blocks than the allocations the
+    /// log applied to get there).
     pub fn to_records(&self) -> Vec<MetadataRecord> {
         let mut out = Vec::new();
         for b in self.brokers.values() {
@@ -255,7 +269,23 @@ impl MetadataImage {
                 offset,
             });
         }
+        self.emit_producer_ids(&mut out);
         out
+    }
+
+    /// Consecutive blocks covering `[0, next_producer_id)`, all for the last
+    /// allocating broker; nothing while no id was allocated.
+    fn emit_producer_ids(&self, out: &mut Vec<MetadataRecord>) {
+        let mut first = 0i64;
+        while first < self.next_producer_id {
+            let count = (self.next_producer_id - first).min(i64::from(i32::MAX));
+            out.push(MetadataRecord::AllocateProducerIds {
+                broker_id: self.last_producer_id_broker.max(0),
+                first_producer_id: first,
+                count: count as i32,
+            });
+            first += count;
+        }
     }
 
     /// Emits `id` after its parents (iteratively: lineage chains can be long).

@@ -132,6 +132,17 @@ pub enum MetadataRecord {
         partition: u32,
         offset: i64,
     },
+    /// Hands the block of producer ids `[first_producer_id,
+    /// first_producer_id + count)` to `broker_id` (KRaft's
+    /// ProducerIdsRecord). Blocks are consecutive: replay skips a block
+    /// whose `first_producer_id` is not the image's `next_producer_id` (it
+    /// lost a race to another allocation), so no id is handed out twice,
+    /// across restarts included.
+    AllocateProducerIds {
+        broker_id: i32,
+        first_producer_id: i64,
+        count: i32,
+    },
 }
 
 /// Record type numbers. Never reuse or renumber: they are in the log.
@@ -149,6 +160,9 @@ pub mod record_type {
     pub const SEAL_SEGMENT: u16 = 10;
     pub const DELETE_SEGMENT: u16 = 11;
     pub const SET_LOG_START_OFFSET: u16 = 12;
+    pub const ALLOCATE_PRODUCER_IDS: u16 = 13;
+    /// The largest type number this build reads.
+    pub const MAX: u16 = ALLOCATE_PRODUCER_IDS;
 }
 
 impl MetadataRecord {
@@ -169,6 +183,7 @@ impl MetadataRecord {
             MetadataRecord::SealSegment(_) => SEAL_SEGMENT,
             MetadataRecord::DeleteSegment { .. } => DELETE_SEGMENT,
             MetadataRecord::SetLogStartOffset { .. } => SET_LOG_START_OFFSET,
+            MetadataRecord::AllocateProducerIds { .. } => ALLOCATE_PRODUCER_IDS,
         }
     }
 
@@ -264,6 +279,15 @@ impl MetadataRecord {
                 w.u32(*partition);
                 w.i64(*offset);
             }
+            MetadataRecord::AllocateProducerIds {
+                broker_id,
+                first_producer_id,
+                count,
+            } => {
+                w.i32(*broker_id);
+                w.i64(*first_producer_id);
+                w.i32(*count);
+            }
         }
         w.0
     }
@@ -276,7 +300,7 @@ impl MetadataRecord {
         let mut r = Reader { buf: bytes, pos: 0 };
         let ty = r.u16("record type")?;
         let version = r.u16("record version")?;
-        if ty > SET_LOG_START_OFFSET {
+        if ty > record_type::MAX {
             return Err(RecordDecodeError::UnknownType(ty));
         }
         if version != 0 {
@@ -417,6 +441,11 @@ impl MetadataRecord {
                 topic_id: r.uuid("topic_id")?,
                 partition: r.u32("partition")?,
                 offset: r.i64("offset")?,
+            },
+            ALLOCATE_PRODUCER_IDS => MetadataRecord::AllocateProducerIds {
+                broker_id: r.i32("broker_id")?,
+                first_producer_id: r.i64("first_producer_id")?,
+                count: r.i32("count")?,
             },
             _ => unreachable!("type checked above"),
         };
@@ -575,6 +604,29 @@ impl MetadataRecord {
                 check_partition("partition", *partition)?;
                 if *offset < 0 {
                     return Err(E::invalid("offset", offset.to_string()));
+                }
+                Ok(())
+            }
+            MetadataRecord::AllocateProducerIds {
+                broker_id,
+                first_producer_id,
+                count,
+            } => {
+                check_broker_id("broker_id", *broker_id)?;
+                if *first_producer_id < 0 {
+                    return Err(E::invalid(
+                        "first_producer_id",
+                        first_producer_id.to_string(),
+                    ));
+                }
+                if *count <= 0 {
+                    return Err(E::invalid("count", count.to_string()));
+                }
+                if first_producer_id.checked_add(i64::from(*count)).is_none() {
+                    return Err(E::invalid(
+                        "count",
+                        format!("block {first_producer_id} + {count} overflows i64"),
+                    ));
                 }
                 Ok(())
             }
@@ -930,6 +982,17 @@ pub(crate) mod tests {
                     offset,
                 }
             }),
+            (0i32.., prop_oneof![0i64..1 << 40, 0i64..i64::MAX], 1i32..).prop_map(
+                |(broker_id, first_producer_id, count)| {
+                    // Keep the block inside i64.
+                    let room = i64::MAX - first_producer_id;
+                    MetadataRecord::AllocateProducerIds {
+                        broker_id,
+                        first_producer_id,
+                        count: i64::from(count).min(room) as i32,
+                    }
+                }
+            ),
         ]
     }
 
@@ -951,7 +1014,7 @@ pub(crate) mod tests {
         /// Random bytes behind a valid type/version header reach the payload
         /// parsers, which plain random bytes rarely do.
         #[test]
-        fn random_payloads_never_panic(ty in 0u16..=13, bytes in proptest::collection::vec(any::<u8>(), 0..120)) {
+        fn random_payloads_never_panic(ty in 0u16..=record_type::MAX + 1, bytes in proptest::collection::vec(any::<u8>(), 0..120)) {
             let mut v = ty.to_be_bytes().to_vec();
             v.extend_from_slice(&[0, 0]);
             v.extend_from_slice(&bytes);
@@ -1153,5 +1216,50 @@ pub(crate) mod tests {
             key: String::new(),
             value: None,
         });
+    }
+
+    fn alloc(broker_id: i32, first_producer_id: i64, count: i32) -> MetadataRecord {
+        MetadataRecord::AllocateProducerIds {
+            broker_id,
+            first_producer_id,
+            count,
+        }
+    }
+
+    #[test]
+    fn allocate_producer_ids_codec() {
+        let rec = alloc(3, 1000, 1000);
+        let bytes = rec.encode();
+        assert_eq!(
+            bytes,
+            [
+                &[0u8, 13, 0, 0][..],
+                &3i32.to_be_bytes(),
+                &1000i64.to_be_bytes(),
+                &1000i32.to_be_bytes()
+            ]
+            .concat()
+        );
+        assert_eq!(MetadataRecord::decode(&bytes), Ok(rec));
+        // The largest block that ends exactly at i64::MAX is valid.
+        alloc(0, i64::MAX - 1, 1).validate().unwrap();
+        alloc(0, i64::MAX - 5, 5).validate().unwrap();
+        alloc(0, 0, i32::MAX).validate().unwrap();
+    }
+
+    #[test]
+    fn allocate_producer_ids_out_of_range_rejected() {
+        let field = |e: RecordDecodeError| match e {
+            RecordDecodeError::InvalidValue { field, .. } => field,
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!(field(rejects(alloc(1, -1, 10))), "first_producer_id");
+        assert_eq!(field(rejects(alloc(1, i64::MIN, 10))), "first_producer_id");
+        assert_eq!(field(rejects(alloc(1, 0, 0))), "count");
+        assert_eq!(field(rejects(alloc(1, 0, -5))), "count");
+        assert_eq!(field(rejects(alloc(-1, 0, 10))), "broker_id");
+        assert_eq!(field(rejects(alloc(1, i64::MAX, 1))), "count");
+        assert_eq!(field(rejects(alloc(1, i64::MAX - 4, 5))), "count");
+        assert_eq!(field(rejects(alloc(1, i64::MAX - 9, i32::MAX))), "count");
     }
 }

@@ -25,6 +25,10 @@ use crate::{RangeId, SegmentId};
 ///   lose a race to an earlier one still in flight; every replica decodes
 ///   the same bytes against the same image and skips the same record, so
 ///   they agree. Stopping instead would let a client race stop the quorum.
+/// - An `AllocateProducerIds` block whose `first_producer_id` is not the
+///   image's `next_producer_id` is `Ok(None)`: it lost a race to another
+///   allocation. The broker need not be registered (a snapshot may list
+///   the allocation before or without the broker).
 /// - Otherwise `Ok(Some(record))`, to be passed to [`MetadataImage::apply`].
 pub fn decode_committed_value(
     value: &[u8],
@@ -132,6 +136,12 @@ impl MetadataImage {
                     "log start offset would move back",
                 )
             }
+            R::AllocateProducerIds {
+                first_producer_id, ..
+            } => fail(
+                *first_producer_id != self.next_producer_id,
+                "producer id block does not start at next_producer_id",
+            ),
         }
     }
 
@@ -251,6 +261,16 @@ impl MetadataImage {
             } => {
                 self.log_start_offsets
                     .insert((*topic_id, *partition), *offset);
+            }
+            R::AllocateProducerIds {
+                broker_id,
+                first_producer_id,
+                count,
+            } => {
+                // Saturating: an unchecked record must not panic (checked
+                // ones never overflow, decode rejects that).
+                self.next_producer_id = first_producer_id.saturating_add(i64::from(*count));
+                self.last_producer_id_broker = *broker_id;
             }
         }
     }
@@ -384,6 +404,14 @@ mod tests {
     /// The outcome (applied or skipped) of the last record after the others.
     fn last_applies(records: &[MetadataRecord]) -> bool {
         *replay(records).1.last().unwrap()
+    }
+
+    fn alloc(broker_id: i32, first_producer_id: i64, count: i32) -> MetadataRecord {
+        MetadataRecord::AllocateProducerIds {
+            broker_id,
+            first_producer_id,
+            count,
+        }
     }
 
     fn base() -> Vec<MetadataRecord> {
@@ -702,6 +730,135 @@ mod tests {
     }
 
     #[test]
+    fn allocate_producer_ids_applies() {
+        let empty = MetadataImage::default();
+        assert_eq!(empty.next_producer_id, 0);
+        assert_eq!(empty.last_producer_id_broker, -1);
+        // No broker registration needed.
+        let (img, applied) = replay(&[alloc(1, 0, 1000)]);
+        assert_eq!(applied, vec![true]);
+        assert_eq!(img.next_producer_id, 1000);
+        assert_eq!(img.last_producer_id_broker, 1);
+        assert_eq!(img.offset, 1);
+        let (img, applied) = replay(&[alloc(1, 0, 1000), alloc(2, 1000, 10), alloc(0, 1010, 1)]);
+        assert_eq!(applied, vec![true, true, true]);
+        assert_eq!(img.next_producer_id, 1011);
+        assert_eq!(img.last_producer_id_broker, 0);
+        // Other records leave the producer id state alone.
+        let (img, _) = replay(&with(with(base(), alloc(1, 0, 5)), seal(1, 0, vec![])));
+        assert_eq!(img.next_producer_id, 5);
+    }
+
+    #[test]
+    fn allocate_producer_ids_skips_a_block_that_lost_the_race() {
+        // Two brokers asked the leader for the next block against the same
+        // image: both blocks start at 0; the second is skipped.
+        let (img, applied) = replay(&[alloc(1, 0, 1000), alloc(2, 0, 1000)]);
+        assert_eq!(applied, vec![true, false]);
+        assert_eq!(img.next_producer_id, 1000);
+        assert_eq!(img.last_producer_id_broker, 1);
+        // Behind, ahead (would leave a gap) and overlapping blocks all skip.
+        let v = vec![alloc(1, 0, 1000)];
+        assert!(!last_applies(&with(v.clone(), alloc(2, 999, 5))));
+        assert!(!last_applies(&with(v.clone(), alloc(2, 1001, 5))));
+        assert!(!last_applies(&with(v.clone(), alloc(2, 500, 1000))));
+        assert!(last_applies(&with(v, alloc(2, 1000, 5))));
+        assert!(!last_applies(&[alloc(1, 7, 1)]), "empty image starts at 0");
+        let (img, _) = replay(&[alloc(1, 7, 1)]);
+        assert_eq!(img, MetadataImage::default());
+        // A skip is Ok(None), not an error.
+        let (img, _) = replay(&[alloc(1, 0, 10)]);
+        assert_eq!(
+            decode_committed_value(&alloc(1, 3, 10).encode(), &img, 2),
+            Ok(None)
+        );
+    }
+
+    #[test]
+    fn allocate_producer_ids_out_of_range_is_undecodable() {
+        let (img, _) = replay(&[alloc(1, 0, 10)]);
+        for (rec, field) in [
+            (alloc(1, -1, 10), "first_producer_id"),
+            (alloc(1, 0, 0), "count"),
+            (alloc(1, 10, -1), "count"),
+            (alloc(-1, 10, 5), "broker_id"),
+            (alloc(1, i64::MAX, 1), "count"),
+            (alloc(1, i64::MAX - 1, 2), "count"),
+        ] {
+            for image in [&MetadataImage::default(), &img] {
+                let err = decode_committed_value(&rec.encode(), image, 4).unwrap_err();
+                assert!(
+                    matches!(
+                        &err,
+                        MetadataReplayError::UndecodableRecord {
+                            offset: 4,
+                            reason: RecordDecodeError::InvalidValue { field: f, .. }
+                        } if *f == field
+                    ),
+                    "{rec:?}: {err:?}"
+                );
+            }
+        }
+        // The last block may end exactly at i64::MAX.
+        let mut img = MetadataImage {
+            next_producer_id: i64::MAX - 3,
+            ..MetadataImage::default()
+        };
+        let rec = decode_committed_value(&alloc(1, i64::MAX - 3, 3).encode(), &img, 1)
+            .unwrap()
+            .unwrap();
+        img.apply(&rec, 1);
+        assert_eq!(img.next_producer_id, i64::MAX);
+    }
+
+    #[test]
+    fn allocate_producer_ids_snapshot_equals_log() {
+        // Nothing allocated: no record.
+        let (img, _) = replay(&base());
+        assert!(!img
+            .to_records()
+            .iter()
+            .any(|r| matches!(r, MetadataRecord::AllocateProducerIds { .. })));
+        assert_snapshot_round_trips(&img);
+
+        let v = with(
+            with(with(base(), alloc(3, 0, 1000)), alloc(1, 1000, 1000)),
+            alloc(2, 1000, 7),
+        );
+        let (img, applied) = replay(&v);
+        assert_eq!(applied, vec![true, true, true, true, true, true, false]);
+        assert_eq!(
+            (img.next_producer_id, img.last_producer_id_broker),
+            (2000, 1)
+        );
+        let allocs: Vec<_> = img
+            .to_records()
+            .into_iter()
+            .filter(|r| matches!(r, MetadataRecord::AllocateProducerIds { .. }))
+            .collect();
+        assert_eq!(allocs, vec![alloc(1, 0, 2000)]);
+        assert_snapshot_round_trips(&img);
+
+        // Beyond one block's worth of ids: consecutive full blocks.
+        let max = i32::MAX;
+        let (img, _) = replay(&[
+            alloc(4, 0, max),
+            alloc(5, max.into(), max),
+            alloc(6, 2 * i64::from(max), 3),
+        ]);
+        assert_eq!(img.next_producer_id, 2 * i64::from(max) + 3);
+        assert_eq!(
+            img.to_records(),
+            vec![
+                alloc(6, 0, max),
+                alloc(6, max.into(), max),
+                alloc(6, 2 * i64::from(max), 3)
+            ]
+        );
+        assert_snapshot_round_trips(&img);
+    }
+
+    #[test]
     fn to_records_round_trip_example() {
         let v = vec![
             broker(1, 1),
@@ -724,6 +881,8 @@ mod tests {
                 partition: 1,
                 offset: 2,
             },
+            alloc(2, 0, 1000),
+            alloc(1, 1000, 1000),
         ];
         let (img, applied) = replay(&v);
         assert!(applied.iter().all(|a| *a), "{applied:?}");
@@ -802,6 +961,7 @@ mod tests {
                     offset,
                 }
             }),
+            (0i32..3, 0i64..3, 1i32..3).prop_map(|(b, first, n)| alloc(b, first, n)),
         ]
     }
 
@@ -817,7 +977,7 @@ mod tests {
     fn arb_step() -> impl Strategy<Value = Step> {
         prop_oneof![
             1 => arb_small_record().prop_map(Step::Raw),
-            4 => (0u8..9, any::<u64>(), any::<u64>()).prop_map(|(k, a, b)| Step::Guided(k, a, b)),
+            4 => (0u8..10, any::<u64>(), any::<u64>()).prop_map(|(k, a, b)| Step::Guided(k, a, b)),
         ]
     }
 
@@ -934,6 +1094,23 @@ mod tests {
                     out.push(MetadataRecord::UnfenceBroker { broker_id: id });
                 }
             }
+            8 => {
+                // producer id block: usually the next one, sometimes a
+                // racing stale or gapped one; sometimes a full block so
+                // next_producer_id passes i32::MAX
+                let next = img.next_producer_id;
+                let first = match b % 8 {
+                    0 => (next - 1 - ((b >> 8) % 3) as i64).max(0),
+                    1 => next + 1,
+                    _ => next,
+                };
+                let count = if a.is_multiple_of(5) {
+                    i32::MAX
+                } else {
+                    ((a >> 8) % 1000) as i32 + 1
+                };
+                out.push(alloc((a % 4) as i32, first, count));
+            }
             _ => {
                 // deletes are rare, or histories stay shallow
                 if a.is_multiple_of(4) {
@@ -976,6 +1153,7 @@ mod tests {
         let mut runner = TestRunner::deterministic();
         let strat = proptest::collection::vec(arb_step(), 0..80);
         let (mut parents, mut sealed_segments) = (0, 0);
+        let (mut allocated, mut past_one_block) = (0, 0);
         for _ in 0..50 {
             let steps = strat.new_tree(&mut runner).unwrap().current();
             let (img, _) = replay(&history(&steps));
@@ -985,10 +1163,16 @@ mod tests {
                 .filter(|r| !r.parents.is_empty())
                 .count();
             sealed_segments += img.segments.values().filter(|s| s.is_sealed()).count();
+            allocated += usize::from(img.next_producer_id > 0);
+            past_one_block += usize::from(img.next_producer_id > i64::from(i32::MAX));
         }
         assert!(
             parents > 50 && sealed_segments > 50,
             "{parents} {sealed_segments}"
+        );
+        assert!(
+            allocated > 10 && past_one_block > 3,
+            "{allocated} {past_one_block}"
         );
     }
 
