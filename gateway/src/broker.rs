@@ -20,6 +20,7 @@ use tokio::sync::{mpsc, watch};
 use crate::config::BrokerConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::producer_ids::ProducerIdManager;
 use crate::topic_config::{validate_topic_name, EffectiveTopicConfig};
 
 /// Where a partition's data lives right now.
@@ -44,6 +45,7 @@ pub struct Broker {
     pub cluster_id: String,
     pub controller: Arc<Controller>,
     pub metrics: Metrics,
+    pub producer_ids: ProducerIdManager,
     logs: RwLock<HashMap<RangeId, Arc<RangeLog>>>,
     /// Bumped whenever any high watermark moves: long-polling fetches wait on it.
     pub hw_events: watch::Sender<u64>,
@@ -108,6 +110,7 @@ impl Broker {
             cluster_id,
             controller: Arc::new(controller),
             metrics: Metrics::default(),
+            producer_ids: ProducerIdManager::default(),
             logs: RwLock::new(HashMap::new()),
             hw_events: watch::channel(0).0,
             admin: tokio::sync::Mutex::new(()),

@@ -53,6 +53,10 @@ pub enum ApiError {
     UnknownLeaderEpoch,
     #[error("the client's leader epoch is older than the broker's")]
     FencedLeaderEpoch,
+    #[error("out of order sequence number: {0}")]
+    OutOfOrderSequence(String),
+    #[error("invalid producer epoch: {0}")]
+    InvalidProducerEpoch(String),
     #[error("request timed out")]
     RequestTimedOut,
     #[error("storage error: {0}")]
@@ -83,6 +87,8 @@ impl ApiError {
             ApiError::NotLeaderOrFollower => K::NotLeaderOrFollower,
             ApiError::UnknownLeaderEpoch => K::UnknownLeaderEpoch,
             ApiError::FencedLeaderEpoch => K::FencedLeaderEpoch,
+            ApiError::OutOfOrderSequence(_) => K::OutOfOrderSequenceNumber,
+            ApiError::InvalidProducerEpoch(_) => K::InvalidProducerEpoch,
             ApiError::RequestTimedOut => K::RequestTimedOut,
             ApiError::Storage(_) => K::KafkaStorageError,
             ApiError::Metadata(_) => K::UnknownServerError,
@@ -118,6 +124,10 @@ impl From<tessera_log::LogError> for ApiError {
             // A range that moved or closed under the request: the client refreshes metadata.
             L::PartitionNotInRange(_) | L::Closed => ApiError::NotLeaderOrFollower,
             L::Batch(b) => b.into(),
+            L::Sequence(
+                e @ tessera_log::producer_state::SequenceError::InvalidProducerEpoch { .. },
+            ) => ApiError::InvalidProducerEpoch(e.to_string()),
+            L::Sequence(e) => ApiError::OutOfOrderSequence(e.to_string()),
             L::Io(e) => ApiError::Storage(e.to_string()),
             L::StorageFailed => ApiError::Storage("log storage failed".into()),
         }

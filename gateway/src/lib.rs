@@ -7,6 +7,7 @@ pub mod broker;
 pub mod config;
 pub mod error;
 pub mod metrics;
+pub mod producer_ids;
 pub mod server;
 pub mod topic_config;
 

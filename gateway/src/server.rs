@@ -66,8 +66,9 @@ async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch:
                 break;
             }
         };
-        let broker = broker.clone();
-        let handle = tokio::spawn(async move { api::handle_frame(&broker, frame).await });
+        // In request order: decode, and a produce's appends; the rest runs concurrently.
+        let in_flight = api::start_frame(&broker, frame).await;
+        let handle = tokio::spawn(in_flight);
         if tx.send(handle).await.is_err() {
             break;
         }

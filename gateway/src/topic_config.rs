@@ -54,7 +54,11 @@ enum Kind {
 /// Every topic-level config key Kafka accepts, with its type.
 /// `(key, type, Kafka's default)`.
 const TOPIC_CONFIGS: &[(&str, Kind, &str)] = &[
-    ("cleanup.policy", Kind::List(&["delete", "compact"]), "delete"),
+    (
+        "cleanup.policy",
+        Kind::List(&["delete", "compact"]),
+        "delete",
+    ),
     (
         "compression.type",
         Kind::OneOf(&["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"]),
@@ -72,13 +76,29 @@ const TOPIC_CONFIGS: &[(&str, Kind, &str)] = &[
     ("leader.replication.throttled.replicas", Kind::Text, ""),
     ("local.retention.bytes", Kind::Long(-2), "-2"),
     ("local.retention.ms", Kind::Long(-2), "-2"),
-    ("max.compaction.lag.ms", Kind::Long(1), "9223372036854775807"),
+    (
+        "max.compaction.lag.ms",
+        Kind::Long(1),
+        "9223372036854775807",
+    ),
     ("max.message.bytes", Kind::Int(0), "1048588"),
     ("message.downconversion.enable", Kind::Bool, "true"),
     ("message.format.version", Kind::Text, "3.0-IV1"),
-    ("message.timestamp.after.max.ms", Kind::Long(0), "9223372036854775807"),
-    ("message.timestamp.before.max.ms", Kind::Long(0), "9223372036854775807"),
-    ("message.timestamp.difference.max.ms", Kind::Long(0), "9223372036854775807"),
+    (
+        "message.timestamp.after.max.ms",
+        Kind::Long(0),
+        "9223372036854775807",
+    ),
+    (
+        "message.timestamp.before.max.ms",
+        Kind::Long(0),
+        "9223372036854775807",
+    ),
+    (
+        "message.timestamp.difference.max.ms",
+        Kind::Long(0),
+        "9223372036854775807",
+    ),
     (
         "message.timestamp.type",
         Kind::OneOf(&["CreateTime", "LogAppendTime"]),
@@ -180,7 +200,10 @@ pub struct DescribedConfig {
 
 /// Every topic config with its value: the topic's own, else the broker's
 /// default where the broker has one, else Kafka's default.
-pub fn describe_topic_configs(topic: &BTreeMap<String, String>, broker: &BrokerConfig) -> Vec<DescribedConfig> {
+pub fn describe_topic_configs(
+    topic: &BTreeMap<String, String>,
+    broker: &BrokerConfig,
+) -> Vec<DescribedConfig> {
     let broker_default = |key: &str| -> Option<String> {
         Some(match key {
             "cleanup.policy" => broker.log_cleanup_policy.clone(),
@@ -198,7 +221,10 @@ pub fn describe_topic_configs(topic: &BTreeMap<String, String>, broker: &BrokerC
         .map(|(name, kind, default)| {
             let (value, source) = match topic.get(*name) {
                 Some(v) => (v.clone(), SOURCE_TOPIC),
-                None => (broker_default(name).unwrap_or_else(|| default.to_string()), SOURCE_DEFAULT),
+                None => (
+                    broker_default(name).unwrap_or_else(|| default.to_string()),
+                    SOURCE_DEFAULT,
+                ),
             };
             let config_type = match kind {
                 Kind::Bool => 1,
@@ -208,7 +234,12 @@ pub fn describe_topic_configs(topic: &BTreeMap<String, String>, broker: &BrokerC
                 Kind::Double => 6,
                 Kind::List(_) => 7,
             };
-            DescribedConfig { name, value, source, config_type }
+            DescribedConfig {
+                name,
+                value,
+                source,
+                config_type,
+            }
         })
         .collect()
 }

@@ -14,7 +14,6 @@ use crate::broker::{Broker, NewTopic};
 use crate::error::ApiError;
 use crate::topic_config::{describe_topic_configs, validate_topic_configs};
 
-
 pub async fn handle(
     broker: &Arc<Broker>,
     header: &RequestHeader,
@@ -142,7 +141,10 @@ async fn create_one(
 }
 
 /// The topic's configs as CreateTopics v5+ reports them.
-fn describe_configs(broker: &Broker, topic: &BTreeMap<String, String>) -> Vec<CreatableTopicConfigs> {
+fn describe_configs(
+    broker: &Broker,
+    topic: &BTreeMap<String, String>,
+) -> Vec<CreatableTopicConfigs> {
     describe_topic_configs(topic, &broker.config)
         .into_iter()
         .map(|c| {

@@ -3,7 +3,9 @@
 
 use std::sync::Arc;
 
-use kafka_protocol::messages::describe_configs_response::{DescribeConfigsResourceResult, DescribeConfigsResult};
+use kafka_protocol::messages::describe_configs_response::{
+    DescribeConfigsResourceResult, DescribeConfigsResult,
+};
 use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
@@ -15,7 +17,11 @@ use crate::topic_config::{describe_topic_configs, DescribedConfig, SOURCE_DEFAUL
 const RESOURCE_TOPIC: i8 = 2;
 const RESOURCE_BROKER: i8 = 4;
 
-pub async fn handle(broker: &Arc<Broker>, header: &RequestHeader, request: DescribeConfigsRequest) -> DescribeConfigsResponse {
+pub async fn handle(
+    broker: &Arc<Broker>,
+    header: &RequestHeader,
+    request: DescribeConfigsRequest,
+) -> DescribeConfigsResponse {
     let version = header.request_api_version;
     let image = broker.image();
     let results = request
@@ -28,9 +34,15 @@ pub async fn handle(broker: &Arc<Broker>, header: &RequestHeader, request: Descr
                     .topic_by_name(name)
                     .map(|t| describe_topic_configs(&t.configs, &broker.config))
                     .ok_or(ApiError::UnknownTopicOrPartition),
-                RESOURCE_BROKER if name.is_empty() || name == broker.config.node_id.to_string() => Ok(broker_configs(broker)),
-                RESOURCE_BROKER => Err(ApiError::InvalidRequest(format!("unexpected broker id {name:?}"))),
-                other => Err(ApiError::InvalidRequest(format!("unsupported resource type {other}"))),
+                RESOURCE_BROKER if name.is_empty() || name == broker.config.node_id.to_string() => {
+                    Ok(broker_configs(broker))
+                }
+                RESOURCE_BROKER => Err(ApiError::InvalidRequest(format!(
+                    "unexpected broker id {name:?}"
+                ))),
+                other => Err(ApiError::InvalidRequest(format!(
+                    "unsupported resource type {other}"
+                ))),
             };
             let result = DescribeConfigsResult::default()
                 .with_resource_type(resource.resource_type)
@@ -57,7 +69,9 @@ pub async fn handle(broker: &Arc<Broker>, header: &RequestHeader, request: Descr
                         })
                         .collect(),
                 ),
-                Err(e) => result.with_error_code(e.code()).with_error_message(e.message().map(StrBytes::from_string)),
+                Err(e) => result
+                    .with_error_code(e.code())
+                    .with_error_message(e.message().map(StrBytes::from_string)),
             }
         })
         .collect();
@@ -69,15 +83,32 @@ fn broker_configs(broker: &Broker) -> Vec<DescribedConfig> {
     let entries: [(&'static str, String, i8); 8] = [
         ("node.id", c.node_id.to_string(), 3),
         ("num.partitions", c.num_partitions.to_string(), 3),
-        ("default.replication.factor", c.default_replication_factor.to_string(), 3),
-        ("auto.create.topics.enable", c.auto_create_topics.to_string(), 1),
-        ("socket.request.max.bytes", c.socket_request_max_bytes.to_string(), 3),
+        (
+            "default.replication.factor",
+            c.default_replication_factor.to_string(),
+            3,
+        ),
+        (
+            "auto.create.topics.enable",
+            c.auto_create_topics.to_string(),
+            1,
+        ),
+        (
+            "socket.request.max.bytes",
+            c.socket_request_max_bytes.to_string(),
+            3,
+        ),
         ("message.max.bytes", c.message_max_bytes.to_string(), 3),
         ("log.segment.bytes", c.log_segment_bytes.to_string(), 3),
         ("log.retention.ms", c.log_retention_ms.to_string(), 5),
     ];
     entries
         .into_iter()
-        .map(|(name, value, config_type)| DescribedConfig { name, value, source: SOURCE_DEFAULT, config_type })
+        .map(|(name, value, config_type)| DescribedConfig {
+            name,
+            value,
+            source: SOURCE_DEFAULT,
+            config_type,
+        })
         .collect()
 }

@@ -34,7 +34,11 @@ pub async fn handle(
     let duplicates: std::collections::HashSet<(String, i32)> = request
         .topics
         .iter()
-        .flat_map(|t| t.partitions.iter().map(move |p| (t.name.0.to_string(), p.partition_index)))
+        .flat_map(|t| {
+            t.partitions
+                .iter()
+                .map(move |p| (t.name.0.to_string(), p.partition_index))
+        })
         .filter(|key| !seen.insert(key.clone()))
         .collect();
     let topics = request
@@ -46,9 +50,12 @@ pub async fn handle(
                 .partitions
                 .iter()
                 .map(|p| {
-                    let duplicate = duplicates.contains(&(topic.name.0.to_string(), p.partition_index));
+                    let duplicate =
+                        duplicates.contains(&(topic.name.0.to_string(), p.partition_index));
                     let result = match &resolved {
-                        _ if duplicate => Err(ApiError::InvalidRequest("partition listed more than once".into())),
+                        _ if duplicate => Err(ApiError::InvalidRequest(
+                            "partition listed more than once".into(),
+                        )),
                         None => Err(ApiError::UnknownTopicOrPartition),
                         Some(t) => broker
                             .route(&image, t, p.partition_index)

@@ -7,10 +7,13 @@ pub mod delete_topics;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod fetch;
+pub mod init_producer_id;
 pub mod list_offsets;
 pub mod metadata;
 pub mod produce;
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -41,6 +44,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::DescribeCluster, 0, 2),
     (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::InitProducerId, 0, 5),
 ];
 
 pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
@@ -98,10 +102,24 @@ fn decode<R: Decodable>(body: &mut Bytes, version: i16) -> Result<R, Reply> {
     R::decode(body, version).map_err(|e| Reply::Close(format!("malformed request body: {e}")))
 }
 
-/// Handles one request frame (without its size prefix).
-pub async fn handle_frame(broker: &Arc<Broker>, mut frame: Bytes) -> Reply {
+/// The rest of a request's handling, run concurrently with later requests.
+pub type InFlight = Pin<Box<dyn Future<Output = Reply> + Send>>;
+
+fn ready(reply: Reply) -> InFlight {
+    Box::pin(std::future::ready(reply))
+}
+
+/// Handles one request frame (without its size prefix) to completion.
+pub async fn handle_frame(broker: &Arc<Broker>, frame: Bytes) -> Reply {
+    start_frame(broker, frame).await.await
+}
+
+/// Starts one request frame. The part that must follow request order on a
+/// connection (decoding, and a produce's appends) runs before this returns;
+/// the returned future does the rest (waiting for durability, long polls).
+pub async fn start_frame(broker: &Arc<Broker>, mut frame: Bytes) -> InFlight {
     if frame.len() < 8 {
-        return Reply::Close("request shorter than a request header".into());
+        return ready(Reply::Close("request shorter than a request header".into()));
     }
     let api_key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
@@ -109,61 +127,69 @@ pub async fn handle_frame(broker: &Arc<Broker>, mut frame: Bytes) -> Reply {
     broker.metrics.count_request(api_key);
     let Ok(api) = ApiKey::try_from(api_key) else {
         broker.metrics.count_error(api_key);
-        return Reply::Close(format!("unknown API key {api_key}"));
+        return ready(Reply::Close(format!("unknown API key {api_key}")));
     };
     let Some((min, max)) = supported_range(api) else {
         broker.metrics.count_error(api_key);
-        return Reply::Close(format!("API {api:?} is not supported by this broker"));
+        return ready(Reply::Close(format!(
+            "API {api:?} is not supported by this broker"
+        )));
     };
     if api == ApiKey::ApiVersions && !(min..=max).contains(&version) {
         // KIP-511: answer in v0 with UNSUPPORTED_VERSION and our versions,
         // so the client can retry with one we support.
-        return Reply::Frame(api_versions::unsupported_version_response(correlation_id));
+        return ready(Reply::Frame(api_versions::unsupported_version_response(
+            correlation_id,
+        )));
     }
     if !(min..=max).contains(&version) {
         broker.metrics.count_error(api_key);
-        return Reply::Close(format!("unsupported version {version} of {api:?}"));
+        return ready(Reply::Close(format!(
+            "unsupported version {version} of {api:?}"
+        )));
     }
     let header_version = api.request_header_version(version);
     let header = match RequestHeader::decode(&mut frame, header_version) {
         Ok(h) => h,
-        Err(e) => return Reply::Close(format!("malformed request header: {e}")),
+        Err(e) => return ready(Reply::Close(format!("malformed request header: {e}"))),
     };
-    let result = dispatch(broker, api, &header, &mut frame).await;
-    if let Reply::Close(_) = &result {
-        broker.metrics.count_error(api_key);
-    }
-    result
+    dispatch(broker, api, header, frame).await
 }
 
 async fn dispatch(
     broker: &Arc<Broker>,
     api: ApiKey,
-    header: &RequestHeader,
-    body: &mut Bytes,
-) -> Reply {
+    header: RequestHeader,
+    mut body: Bytes,
+) -> InFlight {
     let v = header.request_api_version;
     let id = header.correlation_id;
+    let broker = broker.clone();
     macro_rules! call {
         ($module:ident) => {{
-            let request = match decode(body, v) {
+            let request = match decode(&mut body, v) {
                 Ok(r) => r,
-                Err(reply) => return reply,
+                Err(reply) => return ready(reply),
             };
-            let response = $module::handle(broker, header, request).await;
-            frame(api, v, id, &response)
+            Box::pin(async move {
+                let response = $module::handle(&broker, &header, request).await;
+                frame(api, v, id, &response)
+            })
         }};
     }
     match api {
         ApiKey::Produce => {
-            let request = match decode(body, v) {
+            let request = match decode(&mut body, v) {
                 Ok(r) => r,
-                Err(reply) => return reply,
+                Err(reply) => return ready(reply),
             };
-            match produce::handle(broker, header, request).await {
-                Some(response) => frame(api, v, id, &response),
-                None => Reply::Nothing,
-            }
+            let appended = produce::append(&broker, &header, request).await;
+            Box::pin(async move {
+                match produce::acknowledge(&broker, appended).await {
+                    Some(response) => frame(api, v, id, &response),
+                    None => Reply::Nothing,
+                }
+            })
         }
         ApiKey::Fetch => call!(fetch),
         ApiKey::ListOffsets => call!(list_offsets),
@@ -173,6 +199,7 @@ async fn dispatch(
         ApiKey::DeleteTopics => call!(delete_topics),
         ApiKey::DescribeCluster => call!(describe_cluster),
         ApiKey::DescribeConfigs => call!(describe_configs),
-        other => Reply::Close(format!("API {other:?} has no handler")),
+        ApiKey::InitProducerId => call!(init_producer_id),
+        other => ready(Reply::Close(format!("API {other:?} has no handler"))),
     }
 }

@@ -17,18 +17,29 @@ use crate::broker::{Broker, PartitionRoute};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
-struct Appended {
+struct AppendedBatch {
     base_offset: i64,
     log_append_time: i64,
     log_start_offset: i64,
 }
 
-/// Returns `None` for acks=0: Kafka sends no response at all.
-pub async fn handle(
+/// A produce request whose batches are appended, waiting to be acknowledged.
+pub struct Appended {
+    request: ProduceRequest,
+    waits: HashMap<RangeId, (Arc<RangeLog>, u64)>,
+    outcomes: Vec<(usize, i32, Result<AppendedBatch, ApiError>)>,
+    /// Set when the request is answered without appending (bad acks).
+    early: Option<ProduceResponse>,
+}
+
+/// Validates and appends. The connection runs this part in request order
+/// (so pipelined produce requests land in the order they were sent), and
+/// only the durability wait in [`acknowledge`] overlaps with later requests.
+pub async fn append(
     broker: &Arc<Broker>,
     _header: &RequestHeader,
     request: ProduceRequest,
-) -> Option<ProduceResponse> {
+) -> Appended {
     let acks = request.acks;
     if !matches!(acks, 0 | 1 | -1) {
         let responses = request
@@ -45,13 +56,19 @@ pub async fn handle(
                     )
             })
             .collect();
-        return Some(ProduceResponse::default().with_responses(responses));
+        let early = Some(ProduceResponse::default().with_responses(responses));
+        return Appended {
+            request,
+            waits: HashMap::new(),
+            outcomes: Vec::new(),
+            early,
+        };
     }
 
     // Append everything first, remembering the furthest position per range;
     // then wait once per range for durability.
     let mut waits: HashMap<RangeId, (Arc<RangeLog>, u64)> = HashMap::new();
-    let mut outcomes: Vec<(usize, i32, Result<Appended, ApiError>)> = Vec::new();
+    let mut outcomes: Vec<(usize, i32, Result<AppendedBatch, ApiError>)> = Vec::new();
     for (ti, topic) in request.topic_data.iter().enumerate() {
         let name = topic.name.0.as_str();
         let image = broker.image();
@@ -83,7 +100,27 @@ pub async fn handle(
         }
     }
 
-    if acks != 0 {
+    Appended {
+        request,
+        waits,
+        outcomes,
+        early: None,
+    }
+}
+
+/// Waits until the appends are durable (acks 1 and -1) and builds the
+/// response. Returns `None` for acks=0: Kafka sends no response at all.
+pub async fn acknowledge(broker: &Arc<Broker>, appended: Appended) -> Option<ProduceResponse> {
+    let Appended {
+        request,
+        waits,
+        mut outcomes,
+        early,
+    } = appended;
+    if early.is_some() {
+        return early;
+    }
+    if request.acks != 0 {
         let timeout = Duration::from_millis(request.timeout_ms.max(0) as u64);
         let mut failed: HashMap<RangeId, ApiError> = HashMap::new();
         for (range, (log, position)) in &waits {
@@ -155,7 +192,7 @@ fn append_partition(
     route: &PartitionRoute,
     partition: u32,
     records: Option<&[u8]>,
-) -> Result<(Appended, u64), ApiError> {
+) -> Result<(AppendedBatch, u64), ApiError> {
     let records = records.filter(|r| !r.is_empty()).ok_or_else(|| {
         ApiError::CorruptMessage("produce request carries no record batch for the partition".into())
     })?;
@@ -176,7 +213,7 @@ fn append_partition(
         }
     }
     let log_append_time = route.config.log_append_time.then(now_ms);
-    let mut first: Option<Appended> = None;
+    let mut first: Option<AppendedBatch> = None;
     let mut end = 0;
     for r in ranges {
         let mut bytes = records[r].to_vec();
@@ -184,11 +221,13 @@ fn append_partition(
         if let Some(sealed) = outcome.rolled {
             broker.notify_roll(route.range_id, sealed);
         }
-        Metrics::add(&broker.metrics.produced_batches, 1);
-        Metrics::add(&broker.metrics.produced_bytes, bytes.len() as u64);
+        if !outcome.duplicate {
+            Metrics::add(&broker.metrics.produced_batches, 1);
+            Metrics::add(&broker.metrics.produced_bytes, bytes.len() as u64);
+        }
         end = outcome.end_position;
         if first.is_none() {
-            first = Some(Appended {
+            first = Some(AppendedBatch {
                 base_offset: outcome.base_offset,
                 log_append_time: log_append_time.unwrap_or(-1),
                 log_start_offset: route

@@ -1,0 +1,45 @@
+//! Producer ids, handed out from blocks recorded in the metadata log (as
+//! KRaft's ProducerIdsRecord), so no id is ever reused, also across restarts.
+
+use tessera_metadata::{Controller, MetadataRecord};
+
+use crate::error::ApiError;
+
+/// Kafka's producer id block size.
+pub const BLOCK_SIZE: i32 = 1000;
+
+#[derive(Default)]
+pub struct ProducerIdManager {
+    /// `[next, end)` of the block this broker owns.
+    block: tokio::sync::Mutex<(i64, i64)>,
+}
+
+impl ProducerIdManager {
+    pub async fn next_id(&self, controller: &Controller, broker_id: i32) -> Result<i64, ApiError> {
+        let mut block = self.block.lock().await;
+        let mut attempts = 0;
+        while block.0 >= block.1 {
+            attempts += 1;
+            if attempts > 5 {
+                return Err(ApiError::Metadata(
+                    "could not allocate a producer id block".into(),
+                ));
+            }
+            let first = controller.image().next_producer_id;
+            let outcome = controller
+                .write_detailed(vec![MetadataRecord::AllocateProducerIds {
+                    broker_id,
+                    first_producer_id: first,
+                    count: BLOCK_SIZE,
+                }])
+                .await?;
+            // Skipped means another allocation won the race: try the next block.
+            if outcome.skipped.is_empty() {
+                *block = (first, first + BLOCK_SIZE as i64);
+            }
+        }
+        let id = block.0;
+        block.0 += 1;
+        Ok(id)
+    }
+}
