@@ -1,0 +1,181 @@
+//! Internal topics (`__consumer_offsets`, later `__transaction_state`):
+//! created on demand like Kafka does, written and read through the same range
+//! logs as any topic. Coordinators use these three primitives only.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use bytes::{Bytes, BytesMut};
+use indexmap::IndexMap;
+use kafka_protocol::records::{
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
+};
+use tessera_log::{batch, now_ms};
+use tessera_metadata::TopicImage;
+
+use crate::broker::{Broker, NewTopic};
+use crate::error::ApiError;
+
+/// Kafka's group offsets topic and its defaults.
+pub const CONSUMER_OFFSETS: &str = "__consumer_offsets";
+/// `offsets.topic.num.partitions`
+pub const OFFSETS_TOPIC_PARTITIONS: u32 = 50;
+/// `offsets.topic.segment.bytes`
+pub const OFFSETS_TOPIC_SEGMENT_BYTES: u64 = 104_857_600;
+
+/// Java's `String.hashCode` over UTF-16 code units, as Kafka hashes group ids.
+pub fn java_string_hash(s: &str) -> i32 {
+    s.encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(c as i32))
+}
+
+/// Kafka's `Utils.abs(key.hashCode()) % partitions` (abs as `& 0x7fffffff`).
+pub fn partition_for(key: &str, partitions: u32) -> i32 {
+    ((java_string_hash(key) & 0x7fff_ffff) as u32 % partitions) as i32
+}
+
+impl Broker {
+    /// Returns the internal topic, creating it (compacted) if it does not exist.
+    pub async fn ensure_internal_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+    ) -> Result<Arc<TopicImage>, ApiError> {
+        if let Some(t) = self.image().topic_by_name(name) {
+            return Ok(t.clone());
+        }
+        let mut configs = BTreeMap::new();
+        configs.insert("cleanup.policy".to_string(), "compact".to_string());
+        configs.insert(
+            "segment.bytes".to_string(),
+            OFFSETS_TOPIC_SEGMENT_BYTES.to_string(),
+        );
+        let topic = NewTopic {
+            name: name.to_string(),
+            partitions,
+            replication_factor: self.config.default_replication_factor.max(1),
+            configs,
+        };
+        match self.create_topic(topic, false).await {
+            Err(ApiError::TopicAlreadyExists(_)) => self
+                .image()
+                .topic_by_name(name)
+                .cloned()
+                .ok_or(ApiError::UnknownTopicOrPartition),
+            other => other,
+        }
+    }
+
+    /// Appends key/value records to one partition of a topic as one batch
+    /// and waits until it is durable. Returns the batch's base offset.
+    pub async fn append_records(
+        &self,
+        topic: &TopicImage,
+        partition: i32,
+        records: &[(Option<Bytes>, Option<Bytes>)],
+    ) -> Result<i64, ApiError> {
+        if records.is_empty() {
+            return Err(ApiError::InvalidRequest("no records to append".into()));
+        }
+        let now = now_ms();
+        let records: Vec<Record> = records
+            .iter()
+            .enumerate()
+            .map(|(i, (key, value))| Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: -1,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: i as i64,
+                sequence: -1,
+                timestamp: now,
+                key: key.clone(),
+                value: value.clone(),
+                headers: IndexMap::new(),
+            })
+            .collect();
+        let mut buf = BytesMut::new();
+        RecordBatchEncoder::encode(
+            &mut buf,
+            &records,
+            &RecordEncodeOptions {
+                version: 2,
+                compression: Compression::None,
+            },
+        )
+        .map_err(|e| ApiError::Storage(format!("encoding internal records: {e}")))?;
+        let mut bytes = buf.to_vec();
+        batch::validate(&bytes)?;
+        let image = self.image();
+        let route = self.route(&image, topic, partition)?;
+        let outcome = route.log.append(partition as u32, &mut bytes, None)?;
+        if let Some(sealed) = outcome.rolled {
+            self.notify_roll(route.range_id, sealed);
+        }
+        route.log.wait_durable(outcome.end_position).await?;
+        Ok(outcome.base_offset)
+    }
+
+    /// Reads every record of one partition from its log start to its high
+    /// watermark, decoded, with their offsets (for coordinator replay).
+    pub fn read_records(
+        &self,
+        topic: &TopicImage,
+        partition: i32,
+    ) -> Result<Vec<Record>, ApiError> {
+        let image = self.image();
+        let route = self.route(&image, topic, partition)?;
+        let p = partition as u32;
+        let mut offset = route.log.offsets(p)?.log_start;
+        let mut out = Vec::new();
+        loop {
+            let read = route.log.read(p, offset, 1 << 20)?;
+            if read.records.is_empty() {
+                return Ok(out);
+            }
+            let mut buf: Bytes = read.records;
+            let sets = RecordBatchDecoder::decode_all(&mut buf).map_err(|e| {
+                ApiError::CorruptMessage(format!("stored batch does not decode: {e}"))
+            })?;
+            let mut next = offset;
+            for set in sets {
+                for r in set.records {
+                    next = next.max(r.offset + 1);
+                    if r.offset >= offset {
+                        out.push(r);
+                    }
+                }
+            }
+            if next <= offset {
+                return Ok(out);
+            }
+            offset = next;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn java_hash_matches_java() {
+        // Values from java.lang.String#hashCode.
+        assert_eq!(java_string_hash(""), 0);
+        assert_eq!(java_string_hash("test"), 3556498);
+        assert_eq!(java_string_hash("hello"), 99162322);
+        assert_eq!(java_string_hash("polygenelubricants"), i32::MIN);
+    }
+
+    #[test]
+    fn coordinator_partition_is_non_negative() {
+        assert_eq!(partition_for("polygenelubricants", 50), 0);
+        for g in ["a", "group-1", "consumer-group-ü", "x".repeat(100).as_str()] {
+            let p = partition_for(g, 50);
+            assert!((0..50).contains(&p));
+        }
+    }
+}
