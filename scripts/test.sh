@@ -60,24 +60,41 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
 fi
 
 # ---- Rust ------------------------------------------------------------------
+# Every stage runs even if an earlier one failed (so one run shows every
+# problem), except that nothing is tested without a successful build. The exit
+# code is non-zero if any stage failed; pytest's summary line stays the last
+# line of the output.
+failed=()
+run_stage() {
+    local name=$1; shift
+    step "$name"
+    if ! "$@"; then
+        failed+=("$name")
+        echo "!!! stage failed: $name" >&2
+        return 1
+    fi
+}
+
 if [ "${SKIP_RUST:-0}" != "1" ]; then
-    step "cargo fmt --all --check"
-    cargo fmt --all --check
-
-    step "cargo clippy --workspace --all-targets --release -- -D warnings"
-    cargo clippy --workspace --all-targets --release -- -D warnings
-
-    step "cargo build --release --workspace"
-    cargo build --release --workspace
-
-    step "cargo test --release --workspace"
-    cargo test --release --workspace
+    run_stage "cargo fmt --all --check" cargo fmt --all --check || true
+    run_stage "cargo clippy" cargo clippy --workspace --all-targets --release -- -D warnings || true
+    if ! run_stage "cargo build --release --workspace" cargo build --release --workspace; then
+        echo "build failed; not running tests. Failed stages: ${failed[*]}" >&2
+        exit 1
+    fi
+    run_stage "cargo test --release --workspace" cargo test --release --workspace || true
 fi
 
 # ---- real-client compatibility tests ----------------------------------------
-step "compat tests (pytest compat-tests/python)"
 export TESSERA_BIN="${TESSERA_BIN:-$ROOT/target/release/tessera}"
 [ -x "$TESSERA_BIN" ] || { echo "tessera binary missing: $TESSERA_BIN" >&2; exit 1; }
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "!!! failed so far: ${failed[*]} (the run will exit non-zero)" >&2
+fi
+step "compat tests (pytest compat-tests/python)"
 cd "$ROOT/compat-tests/python"
+rc=0
 # shellcheck disable=SC2086
-exec "$VENV/bin/python" -m pytest -v ${PYTEST_ARGS:-} .
+"$VENV/bin/python" -m pytest -v ${PYTEST_ARGS:-} . || rc=$?
+if [ $rc -ne 0 ]; then exit $rc; fi
+[ ${#failed[@]} -eq 0 ] || exit 1
