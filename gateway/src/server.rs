@@ -82,8 +82,28 @@ async fn write_responses(
     writer: tokio::net::tcp::OwnedWriteHalf,
     mut rx: mpsc::Receiver<JoinHandle<Reply>>,
 ) {
+    use tokio::sync::mpsc::error::TryRecvError;
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
-    while let Some(handle) = rx.recv().await {
+    loop {
+        // Responses that are already done share one write; before waiting on
+        // anything (the next request, or a handler still running) flush what
+        // is buffered, so no response waits behind a slower later one.
+        let handle = match rx.try_recv() {
+            Ok(handle) => handle,
+            Err(TryRecvError::Disconnected) => break,
+            Err(TryRecvError::Empty) => {
+                if writer.flush().await.is_err() {
+                    return;
+                }
+                match rx.recv().await {
+                    Some(handle) => handle,
+                    None => break,
+                }
+            }
+        };
+        if !handle.is_finished() && writer.flush().await.is_err() {
+            return;
+        }
         let reply = match handle.await {
             Ok(reply) => reply,
             Err(e) => Reply::Close(format!("request handler failed: {e}")),
@@ -101,10 +121,6 @@ async fn write_responses(
                 let _ = writer.shutdown().await;
                 return;
             }
-        }
-        // Flush when nothing else is ready, so bursts share one write.
-        if rx.is_empty() && writer.flush().await.is_err() {
-            return;
         }
     }
     let _ = writer.flush().await;
