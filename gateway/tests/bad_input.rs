@@ -24,8 +24,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use kafka_protocol::records::{
-    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions,
-    TimestampType,
+    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
 use tempfile::TempDir;
 use tessera_gateway::{BrokerConfig, Running};
@@ -67,7 +66,10 @@ fn watch_for_broker_panics() {
             let thread = std::thread::current();
             // Test bodies run on the test's own thread; broker tasks on the
             // runtime's workers.
-            if thread.name().is_some_and(|n| n.starts_with("tokio-runtime")) {
+            if thread
+                .name()
+                .is_some_and(|n| n.starts_with("tokio-runtime"))
+            {
                 BROKER_PANICS.lock().unwrap().push(info.to_string());
             }
             default(info);
@@ -196,10 +198,7 @@ impl Client {
             .expect("connect timed out")
             .expect("connect");
         stream.set_nodelay(true).unwrap();
-        Client {
-            stream,
-            next_id: 1,
-        }
+        Client { stream, next_id: 1 }
     }
 
     async fn call<R: Request>(&mut self, version: i16, body: &R) -> R::Response {
@@ -209,9 +208,12 @@ impl Client {
             .write_all(&request_frame(version, id, body))
             .await
             .expect("write request");
-        let frame = read_frame(&mut self.stream)
-            .await
-            .unwrap_or_else(|| panic!("the broker closed the connection instead of answering api {}", R::KEY));
+        let frame = read_frame(&mut self.stream).await.unwrap_or_else(|| {
+            panic!(
+                "the broker closed the connection instead of answering api {}",
+                R::KEY
+            )
+        });
         let (correlation_id, response) = decode_response::<R>(version, frame);
         assert_eq!(correlation_id, id, "correlation id of the response");
         response
@@ -422,73 +424,79 @@ struct PartitionState {
     records: Vec<(i64, Bytes, Bytes, i64)>,
 }
 
-struct Fixture {
-    running: Option<Running>,
-    addr: SocketAddr,
-    baseline: Vec<PartitionState>,
-    _dir: TempDir,
+/// Where the broker under test runs.
+enum Backend {
+    /// `tessera_gateway::start` in this test process.
+    InProcess(Running),
+    /// The `tessera` binary as a child process: for inputs that might take
+    /// the whole process down (an abort would kill the test binary too).
+    Child(Child),
 }
 
-async fn start_broker(extra: &[(&str, &str)]) -> (Running, TempDir) {
-    let dir = tempfile::tempdir().expect("tempdir");
+struct Fixture {
+    backend: Option<Backend>,
+    addr: SocketAddr,
+    baseline: Vec<PartitionState>,
+    _dir: Option<TempDir>,
+}
+
+fn broker_map(data_dir: &std::path::Path, extra: &[(&str, &str)]) -> BTreeMap<String, String> {
     let mut map = BTreeMap::new();
     map.insert("listeners".to_string(), "127.0.0.1:0".to_string());
     map.insert("admin.listener".to_string(), "127.0.0.1:0".to_string());
-    map.insert("log.dirs".to_string(), dir.path().display().to_string());
+    map.insert("log.dirs".to_string(), data_dir.display().to_string());
     map.insert("auto.create.topics.enable".to_string(), "false".to_string());
     for (k, v) in extra {
         map.insert(k.to_string(), v.to_string());
     }
-    let config = BrokerConfig::from_map(&map).expect("config");
-    let running = tessera_gateway::start(config).await.expect("broker starts");
-    (running, dir)
+    map
 }
 
 impl Fixture {
-    /// Starts a broker with `extra` config, creates the data topic and
-    /// produces the fixture batches on a good connection.
+    /// Starts an in-process broker with `extra` config, creates the data
+    /// topic and produces the fixture batches on a good connection.
     async fn new(extra: &[(&str, &str)]) -> Fixture {
         watch_for_broker_panics();
-        let (running, dir) = start_broker(extra).await;
+        let dir = tempfile::tempdir().expect("tempdir");
+        let config = BrokerConfig::from_map(&broker_map(dir.path(), extra)).expect("config");
+        let running = tessera_gateway::start(config).await.expect("broker starts");
         let addr = running.kafka_addr;
-        let mut client = Client::connect(addr).await;
-        client.api_versions().await;
-        client.create_topic(TOPIC, PARTITIONS, &[]).await;
-        for partition in 0..PARTITIONS {
-            for batch in 0..BATCHES_PER_PARTITION {
-                let (error, base) = client
-                    .produce_raw(TOPIC, partition, encode_batch(&fixture_batch(partition, batch)))
-                    .await;
-                assert_eq!(error, NONE, "fixture produce to partition {partition}");
-                assert_eq!(base, batch * RECORDS_PER_BATCH, "fixture base offset");
-            }
-        }
-        let mut baseline = Vec::new();
-        for partition in 0..PARTITIONS {
-            let state = snapshot(&mut client, TOPIC, partition).await;
-            let expected: Vec<(i64, Bytes, Bytes, i64)> = (0..BATCHES_PER_PARTITION)
-                .flat_map(|b| fixture_batch(partition, b))
-                .enumerate()
-                .map(|(i, r)| (i as i64, r.key.unwrap(), r.value.unwrap(), r.timestamp))
-                .collect();
-            assert_eq!(state.records, expected, "fixture data reads back");
-            assert_eq!(
-                state.high_watermark,
-                BATCHES_PER_PARTITION * RECORDS_PER_BATCH
-            );
-            assert_eq!(state.log_start, 0);
-            baseline.push(state);
-        }
         Fixture {
-            running: Some(running),
+            backend: Some(Backend::InProcess(running)),
             addr,
-            baseline,
-            _dir: dir,
+            baseline: populate(addr).await,
+            _dir: Some(dir),
         }
     }
 
-    /// A fresh client is served and the data topic reads back identical.
-    async fn verify_unchanged(&self) {
+    /// The same with the broker as a child process.
+    async fn new_child(extra: &[(&str, &str)]) -> Fixture {
+        let child = Child::start(extra).await;
+        let addr = child.addr;
+        let baseline = populate(addr).await;
+        Fixture {
+            backend: Some(Backend::Child(child)),
+            addr,
+            baseline,
+            _dir: None,
+        }
+    }
+
+    /// For a child broker: `Err` with its exit status and last log lines
+    /// once it has exited.
+    fn child_alive(&mut self) -> Result<(), String> {
+        match &mut self.backend {
+            Some(Backend::Child(child)) => child.alive(),
+            _ => Ok(()),
+        }
+    }
+
+    /// The broker is up, a fresh client is served, and the data topic reads
+    /// back identical.
+    async fn verify_unchanged(&mut self) {
+        if let Err(died) = self.child_alive() {
+            panic!("{died}");
+        }
         let mut client = Client::connect(self.addr).await;
         client.api_versions().await;
         let metadata = client.metadata(None).await;
@@ -506,16 +514,64 @@ impl Fixture {
                 "partition {partition} changed"
             );
         }
-        assert_no_broker_panics();
+        match &self.backend {
+            Some(Backend::Child(child)) => {
+                let panics = child.panics();
+                assert!(panics.is_empty(), "the broker panicked: {panics:#?}");
+            }
+            _ => assert_no_broker_panics(),
+        }
     }
 
     async fn shutdown(mut self) {
-        if let Some(running) = self.running.take() {
-            tokio::time::timeout(Duration::from_secs(30), running.shutdown())
-                .await
-                .expect("broker shuts down");
+        match self.backend.take() {
+            Some(Backend::InProcess(running)) => {
+                tokio::time::timeout(Duration::from_secs(30), running.shutdown())
+                    .await
+                    .expect("broker shuts down");
+            }
+            Some(Backend::Child(child)) => child.stop().await,
+            None => {}
         }
     }
+}
+
+/// Creates the data topic, produces the fixture batches on a good
+/// connection and returns what each partition reads back.
+async fn populate(addr: SocketAddr) -> Vec<PartitionState> {
+    let mut client = Client::connect(addr).await;
+    client.api_versions().await;
+    client.create_topic(TOPIC, PARTITIONS, &[]).await;
+    for partition in 0..PARTITIONS {
+        for batch in 0..BATCHES_PER_PARTITION {
+            let (error, base) = client
+                .produce_raw(
+                    TOPIC,
+                    partition,
+                    encode_batch(&fixture_batch(partition, batch)),
+                )
+                .await;
+            assert_eq!(error, NONE, "fixture produce to partition {partition}");
+            assert_eq!(base, batch * RECORDS_PER_BATCH, "fixture base offset");
+        }
+    }
+    let mut baseline = Vec::new();
+    for partition in 0..PARTITIONS {
+        let state = snapshot(&mut client, TOPIC, partition).await;
+        let expected: Vec<(i64, Bytes, Bytes, i64)> = (0..BATCHES_PER_PARTITION)
+            .flat_map(|b| fixture_batch(partition, b))
+            .enumerate()
+            .map(|(i, r)| (i as i64, r.key.unwrap(), r.value.unwrap(), r.timestamp))
+            .collect();
+        assert_eq!(state.records, expected, "fixture data reads back");
+        assert_eq!(
+            state.high_watermark,
+            BATCHES_PER_PARTITION * RECORDS_PER_BATCH
+        );
+        assert_eq!(state.log_start, 0);
+        baseline.push(state);
+    }
+    baseline
 }
 
 /// Reads a whole partition from offset 0 up to its high watermark.
@@ -534,7 +590,10 @@ async fn snapshot(client: &mut Client, topic: &str, partition: i32) -> Partition
                 records,
             };
         }
-        assert!(!bytes.is_empty(), "fetch below the high watermark returned nothing");
+        assert!(
+            !bytes.is_empty(),
+            "fetch below the high watermark returned nothing"
+        );
         raw.extend_from_slice(&bytes);
         let mut buf = bytes.clone();
         for set in RecordBatchDecoder::decode_all(&mut buf).expect("stored batches decode") {
@@ -559,7 +618,7 @@ async fn snapshot(client: &mut Client, topic: &str, partition: i32) -> Partition
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn truncated_frame_then_close() {
-    let fixture = Fixture::new(&[]).await;
+    let mut fixture = Fixture::new(&[]).await;
     let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
     let mut bytes = 100i32.to_be_bytes().to_vec();
     bytes.extend_from_slice(&raw_frame(ApiKey::Metadata as i16, 12, 7, &[])[4..10]);
@@ -581,7 +640,7 @@ async fn truncated_frame_then_close() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn length_prefix_over_socket_request_max_bytes() {
     const MAX: usize = 1024;
-    let fixture = Fixture::new(&[("socket.request.max.bytes", "1024")]).await;
+    let mut fixture = Fixture::new(&[("socket.request.max.bytes", "1024")]).await;
 
     for claimed in [MAX as i32 + 1, 2048, i32::MAX] {
         let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
@@ -641,11 +700,16 @@ async fn length_prefix_over_socket_request_max_bytes() {
     fixture.shutdown().await;
 }
 
-/// The `tessera` binary in a child process, so its memory can be read
-/// from /proc without other tests' allocations in the picture.
+/// The `tessera` binary in a child process: its memory can be read from
+/// /proc without other tests' allocations in the picture, and an abort
+/// takes down only the child.
 struct Child {
     child: tokio::process::Child,
     addr: SocketAddr,
+    /// The last lines of its log (stderr).
+    log: std::sync::Arc<Mutex<std::collections::VecDeque<String>>>,
+    /// Every "panicked" line it logged.
+    panics: std::sync::Arc<Mutex<Vec<String>>>,
     _dir: TempDir,
 }
 
@@ -654,19 +718,16 @@ impl Child {
         use tokio::io::AsyncBufReadExt;
         let dir = tempfile::tempdir().unwrap();
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_tessera"));
-        cmd.arg("--listeners")
-            .arg("127.0.0.1:0")
-            .arg("--admin-listener")
-            .arg("127.0.0.1:0")
-            .arg("--data-dir")
-            .arg(dir.path());
-        for (k, v) in overrides {
+        // Only command-line settings: no config file, no TESSERA_* variables.
+        cmd.env_clear()
+            .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+            .env("RUST_LOG", "info")
+            .env("RUST_BACKTRACE", "0")
+            .env("NO_COLOR", "1");
+        for (k, v) in broker_map(dir.path(), overrides) {
             cmd.arg("-o").arg(format!("{k}={v}"));
         }
-        cmd.env("RUST_LOG", "info")
-            .env("NO_COLOR", "1")
-            .env_remove("TESSERA_CONFIG")
-            .stdin(std::process::Stdio::null())
+        cmd.stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
@@ -687,12 +748,49 @@ impl Child {
         .await
         .expect("tessera starts serving");
         // Keep draining stderr so the child never blocks on a full pipe.
-        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        let log = std::sync::Arc::new(Mutex::new(std::collections::VecDeque::new()));
+        let panics = std::sync::Arc::new(Mutex::new(Vec::new()));
+        let (log_w, panics_w) = (log.clone(), panics.clone());
+        tokio::spawn(async move {
+            while let Ok(Some(line)) = lines.next_line().await {
+                let line = strip_ansi(&line);
+                if line.contains("panicked") {
+                    panics_w.lock().unwrap().push(line.clone());
+                }
+                let mut log = log_w.lock().unwrap();
+                log.push_back(line);
+                if log.len() > 20 {
+                    log.pop_front();
+                }
+            }
+        });
         Child {
             child,
             addr,
+            log,
+            panics,
             _dir: dir,
         }
+    }
+
+    /// `Err` describing how the child ended, once it has.
+    fn alive(&mut self) -> Result<(), String> {
+        match self.child.try_wait().expect("try_wait") {
+            None => Ok(()),
+            Some(status) => {
+                // Let the stderr reader catch the last lines.
+                std::thread::sleep(Duration::from_millis(200));
+                let log = self.log.lock().unwrap();
+                Err(format!(
+                    "the tessera process died ({status}); its last log lines:\n{}",
+                    log.iter().cloned().collect::<Vec<_>>().join("\n")
+                ))
+            }
+        }
+    }
+
+    fn panics(&self) -> Vec<String> {
+        self.panics.lock().unwrap().clone()
     }
 
     /// `(VmSize, VmPeak)` in bytes.
@@ -716,10 +814,10 @@ impl Child {
     }
 
     async fn stop(mut self) {
-        assert!(
-            self.child.try_wait().unwrap().is_none(),
-            "tessera exited on its own"
-        );
+        if let Err(died) = self.alive() {
+            panic!("{died}");
+        }
+        // Our own child, by its handle.
         let _ = self.child.kill().await;
     }
 }
@@ -797,7 +895,7 @@ async fn oversized_length_prefix_is_refused_before_allocating() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn negative_length_prefix_closes_the_connection() {
-    let fixture = Fixture::new(&[]).await;
+    let mut fixture = Fixture::new(&[]).await;
     for claimed in [-1i32, -100, i32::MIN] {
         let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
         stream.write_all(&claimed.to_be_bytes()).await.unwrap();
@@ -813,7 +911,7 @@ async fn negative_length_prefix_closes_the_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn produce_with_bad_crc_is_corrupt_message() {
-    let fixture = Fixture::new(&[]).await;
+    let mut fixture = Fixture::new(&[]).await;
     let mut client = Client::connect(fixture.addr).await;
     let good = encode_batch(&fixture_batch(0, 99));
     // Flip one byte in the records region, one in the CRC-covered header
@@ -854,7 +952,7 @@ async fn produce_with_bad_crc_is_corrupt_message() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn produce_to_missing_topic_without_auto_create() {
-    let fixture = Fixture::new(&[]).await;
+    let mut fixture = Fixture::new(&[]).await;
     let mut client = Client::connect(fixture.addr).await;
     let (error, base) = client
         .produce_raw("no-such-topic", 0, encode_batch(&fixture_batch(0, 0)))
@@ -876,7 +974,7 @@ async fn produce_to_missing_topic_without_auto_create() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batch_over_max_message_bytes_is_message_too_large() {
-    let fixture = Fixture::new(&[]).await;
+    let mut fixture = Fixture::new(&[]).await;
     let mut client = Client::connect(fixture.addr).await;
     client
         .create_topic("small", 1, &[("max.message.bytes", "1024")])
@@ -913,13 +1011,16 @@ async fn batch_over_max_message_bytes_is_message_too_large() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fetch_outside_the_offset_range() {
-    let fixture = Fixture::new(&[]).await;
+    let mut fixture = Fixture::new(&[]).await;
     let mut client = Client::connect(fixture.addr).await;
     let hw = BATCHES_PER_PARTITION * RECORDS_PER_BATCH;
     for offset in [hw + 1, hw + 1000, i64::MAX, -5] {
         let (error, high_watermark, _, records) = client.fetch_once(TOPIC, 0, offset).await;
         assert_eq!(error, OFFSET_OUT_OF_RANGE, "fetch at {offset}");
-        assert_eq!(high_watermark, hw, "high watermark with OFFSET_OUT_OF_RANGE at {offset}");
+        assert_eq!(
+            high_watermark, hw,
+            "high watermark with OFFSET_OUT_OF_RANGE at {offset}"
+        );
         assert!(records.is_empty());
     }
     // At the high watermark itself: in range, nothing to return.
@@ -937,7 +1038,7 @@ async fn fetch_outside_the_offset_range() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unknown_api_key_closes_after_earlier_pipelined_requests() {
-    let fixture = Fixture::new(&[]).await;
+    let mut fixture = Fixture::new(&[]).await;
     let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
     let mut bytes = Vec::new();
     bytes.extend(request_frame(
@@ -974,10 +1075,7 @@ async fn unknown_api_key_closes_after_earlier_pipelined_requests() {
 
     // An unknown key as the very first request.
     let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
-    stream
-        .write_all(&raw_frame(-1, 0, 5, &[]))
-        .await
-        .unwrap();
+    stream.write_all(&raw_frame(-1, 0, 5, &[])).await.unwrap();
     expect_closed(&mut stream, "API key -1").await;
 
     fixture.verify_unchanged().await;
@@ -986,7 +1084,7 @@ async fn unknown_api_key_closes_after_earlier_pipelined_requests() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unsupported_api_versions_version_gets_a_v0_answer() {
-    let fixture = Fixture::new(&[]).await;
+    let mut fixture = Fixture::new(&[]).await;
     let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
     // A newer client's ApiVersions: header v2 (tagged fields), unknown body.
     let mut body = vec![0u8]; // empty tagged fields of the header
@@ -1047,7 +1145,7 @@ async fn unsupported_api_versions_version_gets_a_v0_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_pipelined_requests_answered_in_order() {
-    let fixture = Fixture::new(&[]).await;
+    let mut fixture = Fixture::new(&[]).await;
     let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
     // Correlation ids that are not sorted, so order can only come from the
     // order of the requests.
@@ -1055,14 +1153,18 @@ async fn fifty_pipelined_requests_answered_in_order() {
     let mut bytes = Vec::new();
     for (i, id) in ids.iter().enumerate() {
         if i % 2 == 0 {
-            bytes.extend(request_frame(API_VERSIONS_V, *id, &ApiVersionsRequest::default()));
+            bytes.extend(request_frame(
+                API_VERSIONS_V,
+                *id,
+                &ApiVersionsRequest::default(),
+            ));
         } else {
             bytes.extend(request_frame(
                 METADATA_V,
                 *id,
-                &MetadataRequest::default().with_topics(Some(vec![
-                    MetadataRequestTopic::default().with_name(Some(topic_name(TOPIC))),
-                ])),
+                &MetadataRequest::default().with_topics(Some(vec![MetadataRequestTopic::default(
+                )
+                .with_name(Some(topic_name(TOPIC)))])),
             ));
         }
     }
@@ -1186,9 +1288,12 @@ fn random_input(rng: &mut Rng) -> Vec<u8> {
     }
 }
 
+/// Random input, 50 cases, each on its own connection, against the broker
+/// as a child process: a crash (an abort cannot be caught in-process) shows
+/// up as the child's exit, with the input that caused it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn random_bytes_never_take_the_broker_down() {
-    let fixture = Fixture::new(&[]).await;
+    let mut fixture = Fixture::new_child(&[]).await;
     let mut rng = Rng(0x7e55_e7a0_bad1_0001);
     let mut answered = 0usize;
     let mut closed = 0usize;
@@ -1219,6 +1324,14 @@ async fn random_bytes_never_take_the_broker_down() {
             Err(_) => {}
         }
         drop(stream);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Err(died) = fixture.child_alive() {
+            panic!(
+                "random case {case} ({} bytes: {}) killed the broker: {died}",
+                input.len(),
+                hex(&input)
+            );
+        }
         if case % 10 == 9 {
             let mut client = Client::connect(fixture.addr).await;
             client.api_versions().await;
@@ -1227,4 +1340,65 @@ async fn random_bytes_never_take_the_broker_down() {
     eprintln!("random inputs: {answered} answered, {closed} closed without an answer");
     fixture.verify_unchanged().await;
     fixture.shutdown().await;
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// A request whose body starts with an array count far beyond the bytes
+/// that follow. Kafka checks a count against the remaining bytes before it
+/// allocates ("Tried to allocate a collection of size N, but there are only
+/// M bytes remaining") and closes the connection; the broker must neither
+/// allocate for the claimed count nor die.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn huge_array_count_in_a_request_body_is_refused() {
+    let cases: [(&str, Vec<u8>); 3] = [
+        (
+            "Metadata v1, topics INT32 count 2147483647",
+            raw_frame(ApiKey::Metadata as i16, 1, 11, &i32::MAX.to_be_bytes()),
+        ),
+        (
+            "Metadata v12, topics compact count varint 4294967295",
+            // Header v2: the header's empty tagged fields, then the body.
+            raw_frame(
+                ApiKey::Metadata as i16,
+                12,
+                12,
+                &[0x00, 0xff, 0xff, 0xff, 0xff, 0x0f],
+            ),
+        ),
+        (
+            "Produce v3, topic_data INT32 count 2147483647",
+            raw_frame(ApiKey::Produce as i16, 3, 13, &{
+                let mut body = Vec::new();
+                body.extend_from_slice(&(-1i16).to_be_bytes()); // transactional id: null
+                body.extend_from_slice(&(-1i16).to_be_bytes()); // acks
+                body.extend_from_slice(&30_000i32.to_be_bytes()); // timeout
+                body.extend_from_slice(&i32::MAX.to_be_bytes()); // topic_data count
+                body
+            }),
+        ),
+    ];
+    let mut failures = Vec::new();
+    for (what, frame) in cases {
+        // A broker of its own per case: a case that kills it must not hide the next.
+        let mut fixture = Fixture::new_child(&[]).await;
+        let mut stream = TcpStream::connect(fixture.addr).await.unwrap();
+        stream.write_all(&frame).await.unwrap();
+        expect_closed(&mut stream, what).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        match fixture.child_alive() {
+            Ok(()) => {
+                fixture.verify_unchanged().await;
+                fixture.shutdown().await;
+            }
+            Err(died) => failures.push(format!("{what} ({}): {died}", hex(&frame))),
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "requests with a huge array count took the broker down:\n{}",
+        failures.join("\n\n")
+    );
 }
