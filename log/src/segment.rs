@@ -291,7 +291,7 @@ fn scan(file: &File) -> Result<(SegmentIndex, u64), LogError> {
         let len = u32::from_be_bytes(header[0..4].try_into().unwrap()) as usize;
         let partition = u32::from_be_bytes(header[4..8].try_into().unwrap());
         let crc = u32::from_be_bytes(header[8..12].try_into().unwrap());
-        if len < batch::BATCH_HEADER_LEN || len > 1 << 30 {
+        if !(batch::BATCH_HEADER_LEN..=1 << 30).contains(&len) {
             break;
         }
         batch_buf.resize(len, 0);
