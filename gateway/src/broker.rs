@@ -19,6 +19,7 @@ use tokio::sync::{mpsc, watch};
 
 use crate::config::BrokerConfig;
 use crate::error::ApiError;
+use crate::groups::GroupCoordinator;
 use crate::metrics::Metrics;
 use crate::producer_ids::ProducerIdManager;
 use crate::topic_config::{validate_topic_name, EffectiveTopicConfig};
@@ -46,6 +47,8 @@ pub struct Broker {
     pub controller: Arc<Controller>,
     pub metrics: Metrics,
     pub producer_ids: ProducerIdManager,
+    /// Consumer groups and committed offsets (`__consumer_offsets`).
+    pub groups: GroupCoordinator,
     logs: RwLock<HashMap<RangeId, Arc<RangeLog>>>,
     /// Bumped whenever any high watermark moves: long-polling fetches wait on it.
     pub hw_events: watch::Sender<u64>,
@@ -111,6 +114,7 @@ impl Broker {
             controller: Arc::new(controller),
             metrics: Metrics::default(),
             producer_ids: ProducerIdManager::default(),
+            groups: GroupCoordinator::new(&config),
             logs: RwLock::new(HashMap::new()),
             hw_events: watch::channel(0).0,
             admin: tokio::sync::Mutex::new(()),
@@ -124,6 +128,9 @@ impl Broker {
             broker.reconcile().await?;
         }
         tokio::spawn(record_rolls(broker.clone(), roll_rx));
+        // Rebuild groups and offsets before serving (Kafka's coordinator load).
+        broker.groups.load(&broker).await?;
+        GroupCoordinator::start_timers(&broker);
         broker.ready.store(true, Ordering::Release);
         Ok(broker)
     }

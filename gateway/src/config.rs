@@ -51,6 +51,16 @@ pub struct BrokerConfig {
     pub log_message_timestamp_type: String,
     /// `metadata.snapshot.interval.entries`: raft entries between metadata snapshots.
     pub metadata_snapshot_interval_entries: u64,
+    /// `group.initial.rebalance.delay.ms`: how long the first rebalance of an
+    /// empty classic group waits for more members.
+    pub group_initial_rebalance_delay_ms: i64,
+    /// `group.min.session.timeout.ms` / `group.max.session.timeout.ms`
+    pub group_min_session_timeout_ms: i32,
+    pub group_max_session_timeout_ms: i32,
+    /// `group.max.size`
+    pub group_max_size: usize,
+    /// `offset.metadata.max.bytes`
+    pub offset_metadata_max_bytes: usize,
 }
 
 /// Every broker key this build understands, with its default.
@@ -73,6 +83,11 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("log.cleanup.policy", "delete"),
     ("log.message.timestamp.type", "CreateTime"),
     ("metadata.snapshot.interval.entries", "1000"),
+    ("group.initial.rebalance.delay.ms", "3000"),
+    ("group.min.session.timeout.ms", "6000"),
+    ("group.max.session.timeout.ms", "1800000"),
+    ("group.max.size", "2147483647"),
+    ("offset.metadata.max.bytes", "4096"),
 ];
 
 impl Default for BrokerConfig {
@@ -235,6 +250,11 @@ impl BrokerConfig {
             log_cleanup_policy: get("log.cleanup.policy"),
             log_message_timestamp_type: get("log.message.timestamp.type"),
             metadata_snapshot_interval_entries: parse(map, "metadata.snapshot.interval.entries")?,
+            group_initial_rebalance_delay_ms: parse(map, "group.initial.rebalance.delay.ms")?,
+            group_min_session_timeout_ms: parse(map, "group.min.session.timeout.ms")?,
+            group_max_session_timeout_ms: parse(map, "group.max.session.timeout.ms")?,
+            group_max_size: parse(map, "group.max.size")?,
+            offset_metadata_max_bytes: parse(map, "offset.metadata.max.bytes")?,
         };
         if config.num_partitions == 0 {
             return Err(ConfigError::InvalidValue {

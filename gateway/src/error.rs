@@ -63,6 +63,38 @@ pub enum ApiError {
     Storage(String),
     #[error("metadata: {0}")]
     Metadata(String),
+    #[error("unknown server error: {0}")]
+    UnknownServerError(String),
+    #[error("the coordinator is not available")]
+    CoordinatorNotAvailable,
+    #[error("this is not the correct coordinator")]
+    NotCoordinator,
+    #[error("invalid group id")]
+    InvalidGroupId,
+    #[error("the coordinator is not aware of this member")]
+    UnknownMemberId,
+    #[error("illegal generation")]
+    IllegalGeneration,
+    #[error("the group is rebalancing, so a rejoin is needed")]
+    RebalanceInProgress,
+    #[error("the member's protocols are incompatible with the group's")]
+    InconsistentGroupProtocol,
+    #[error("the session timeout is not within the range the broker allows")]
+    InvalidSessionTimeout,
+    #[error("the member needs a member id: join again with the one given")]
+    MemberIdRequired,
+    #[error("another consumer with the same group.instance.id has registered with a different member.id")]
+    FencedInstanceId,
+    #[error("the group id does not exist")]
+    GroupIdNotFound,
+    #[error("the group is not empty")]
+    NonEmptyGroup,
+    #[error("the group is subscribed to the topic")]
+    GroupSubscribedToTopic,
+    #[error("the offset metadata is too large")]
+    OffsetMetadataTooLarge,
+    #[error("the group has reached its max size")]
+    GroupMaxSizeReached,
 }
 
 impl ApiError {
@@ -92,6 +124,22 @@ impl ApiError {
             ApiError::RequestTimedOut => K::RequestTimedOut,
             ApiError::Storage(_) => K::KafkaStorageError,
             ApiError::Metadata(_) => K::UnknownServerError,
+            ApiError::UnknownServerError(_) => K::UnknownServerError,
+            ApiError::CoordinatorNotAvailable => K::CoordinatorNotAvailable,
+            ApiError::NotCoordinator => K::NotCoordinator,
+            ApiError::InvalidGroupId => K::InvalidGroupId,
+            ApiError::UnknownMemberId => K::UnknownMemberId,
+            ApiError::IllegalGeneration => K::IllegalGeneration,
+            ApiError::RebalanceInProgress => K::RebalanceInProgress,
+            ApiError::InconsistentGroupProtocol => K::InconsistentGroupProtocol,
+            ApiError::InvalidSessionTimeout => K::InvalidSessionTimeout,
+            ApiError::MemberIdRequired => K::MemberIdRequired,
+            ApiError::FencedInstanceId => K::FencedInstanceId,
+            ApiError::GroupIdNotFound => K::GroupIdNotFound,
+            ApiError::NonEmptyGroup => K::NonEmptyGroup,
+            ApiError::GroupSubscribedToTopic => K::GroupSubscribedToTopic,
+            ApiError::OffsetMetadataTooLarge => K::OffsetMetadataTooLarge,
+            ApiError::GroupMaxSizeReached => K::GroupMaxSizeReached,
         }
     }
 
@@ -158,5 +206,15 @@ mod tests {
         assert_eq!(ApiError::InvalidConfig(String::new()).code(), 40);
         assert_eq!(ApiError::OffsetOutOfRange.code(), 1);
         assert_eq!(ApiError::UnknownTopicId.code(), 100);
+        assert_eq!(ApiError::CoordinatorNotAvailable.code(), 15);
+        assert_eq!(ApiError::NotCoordinator.code(), 16);
+        assert_eq!(ApiError::IllegalGeneration.code(), 22);
+        assert_eq!(ApiError::UnknownMemberId.code(), 25);
+        assert_eq!(ApiError::RebalanceInProgress.code(), 27);
+        assert_eq!(ApiError::NonEmptyGroup.code(), 68);
+        assert_eq!(ApiError::GroupIdNotFound.code(), 69);
+        assert_eq!(ApiError::MemberIdRequired.code(), 79);
+        assert_eq!(ApiError::FencedInstanceId.code(), 82);
+        assert_eq!(ApiError::GroupSubscribedToTopic.code(), 86);
     }
 }

@@ -6,6 +6,7 @@ pub mod api;
 pub mod broker;
 pub mod config;
 pub mod error;
+pub mod groups;
 pub mod internal_topics;
 pub mod metrics;
 pub mod producer_ids;

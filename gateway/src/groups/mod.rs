@@ -1,0 +1,898 @@
+//! The group coordinator: every group whose `__consumer_offsets` partition
+//! this broker leads, their committed offsets, and the timers that drive
+//! them.
+//!
+//! Groups of every protocol share one group-id namespace and one offsets
+//! store ([`GroupState`]: a [`Group`] plus its [`GroupOffsets`]). A group's
+//! protocol lives behind the [`Group`] enum (today only the classic protocol,
+//! [`classic::ClassicGroup`]); what offsets and admin requests need from any
+//! kind of group is the [`GroupKind`] trait (commit fencing, fetch checks,
+//! delete rules, subscriptions, state names).
+//!
+//! Each group has an async lock. A request takes it, runs the pure
+//! transition on a copy of the state, appends the records the transition
+//! asks for (GroupMetadata, OffsetCommit, tombstones) to the group's
+//! `__consumer_offsets` partition and waits until they are durable, and only
+//! then keeps the new state and answers. Parked JoinGroup / SyncGroup
+//! requests wait on oneshot channels outside the lock. One timer task runs
+//! each group's `tick` when its earliest deadline passes.
+//!
+//! At start, [`GroupCoordinator::load`] replays every partition of
+//! `__consumer_offsets` to rebuild groups and offsets, as Kafka does when a
+//! broker becomes a coordinator.
+
+pub mod classic;
+pub mod offsets;
+pub mod records;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use tessera_metadata::TopicImage;
+use tokio::sync::{oneshot, Notify, OwnedMutexGuard};
+
+use crate::broker::Broker;
+use crate::config::BrokerConfig;
+use crate::error::ApiError;
+use crate::internal_topics::{partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS};
+
+use classic::{
+    ClassicConfig, ClassicGroup, DescribedMember, JoinRequest, JoinResult, Reply, SyncRequest,
+    SyncResult, WaiterId,
+};
+pub use offsets::{CommittedOffset, GroupOffsets};
+use records::CoordinatorRecord;
+
+/// A group of one of the group protocols.
+#[derive(Clone, Debug)]
+pub enum Group {
+    /// JoinGroup / SyncGroup / Heartbeat (and simple groups that only commit offsets).
+    Classic(ClassicGroup),
+}
+
+/// What offsets and group administration need from a group, whatever its
+/// protocol.
+pub trait GroupKind {
+    /// ListGroups' group type: "classic" or "consumer".
+    fn group_type(&self) -> &'static str;
+    /// The state name DescribeGroups and ListGroups report.
+    fn state_name(&self) -> &'static str;
+    fn protocol_type(&self) -> String;
+    /// May this member commit offsets? (generation for classic members, member epoch for KIP-848 ones)
+    fn validate_offset_commit(
+        &self,
+        member_id: &str,
+        instance_id: Option<&str>,
+        generation_or_epoch: i32,
+    ) -> Result<(), ApiError>;
+    /// May offsets be fetched? `GroupIdNotFound` means "as if no group".
+    fn validate_offset_fetch(
+        &self,
+        member_id: Option<&str>,
+        member_epoch: i32,
+    ) -> Result<(), ApiError>;
+    fn validate_offset_delete(&self) -> Result<(), ApiError>;
+    fn validate_delete(&self) -> Result<(), ApiError>;
+    fn is_subscribed_to_topic(&self, topic: &str) -> bool;
+    /// When the group's timers next need a tick.
+    fn next_deadline(&self) -> Option<i64>;
+    fn describe(&self) -> GroupDescription;
+}
+
+/// A group as DescribeGroups shows it.
+#[derive(Clone, Debug)]
+pub struct GroupDescription {
+    pub state: &'static str,
+    pub protocol_type: String,
+    /// The selected protocol (empty unless Stable, as Kafka reports it).
+    pub protocol: String,
+    pub members: Vec<DescribedMember>,
+}
+
+/// A group as ListGroups shows it.
+#[derive(Clone, Debug)]
+pub struct ListedGroup {
+    pub group_id: String,
+    pub protocol_type: String,
+    pub state: &'static str,
+    pub group_type: &'static str,
+}
+
+impl GroupKind for ClassicGroup {
+    fn group_type(&self) -> &'static str {
+        "classic"
+    }
+
+    fn state_name(&self) -> &'static str {
+        self.state().name()
+    }
+
+    fn protocol_type(&self) -> String {
+        ClassicGroup::protocol_type(self)
+            .unwrap_or_default()
+            .to_string()
+    }
+
+    fn validate_offset_commit(
+        &self,
+        member_id: &str,
+        instance_id: Option<&str>,
+        generation_or_epoch: i32,
+    ) -> Result<(), ApiError> {
+        ClassicGroup::validate_offset_commit(self, member_id, instance_id, generation_or_epoch)
+    }
+
+    fn validate_offset_fetch(&self, _: Option<&str>, _: i32) -> Result<(), ApiError> {
+        match self.state() {
+            classic::ClassicState::Dead => Err(ApiError::GroupIdNotFound),
+            _ => Ok(()),
+        }
+    }
+
+    fn validate_offset_delete(&self) -> Result<(), ApiError> {
+        ClassicGroup::validate_offset_delete(self)
+    }
+
+    fn validate_delete(&self) -> Result<(), ApiError> {
+        ClassicGroup::validate_delete(self)
+    }
+
+    fn is_subscribed_to_topic(&self, topic: &str) -> bool {
+        ClassicGroup::is_subscribed_to_topic(self, topic)
+    }
+
+    fn next_deadline(&self) -> Option<i64> {
+        ClassicGroup::next_deadline(self)
+    }
+
+    fn describe(&self) -> GroupDescription {
+        let (protocol, members) = ClassicGroup::describe(self);
+        GroupDescription {
+            state: self.state().name(),
+            protocol_type: GroupKind::protocol_type(self),
+            protocol: protocol.unwrap_or_default(),
+            members,
+        }
+    }
+}
+
+impl Group {
+    pub fn kind(&self) -> &dyn GroupKind {
+        match self {
+            Group::Classic(g) => g,
+        }
+    }
+
+    /// Runs the group's due timers.
+    fn tick(&mut self, group_id: &str, now: i64) -> Outcome {
+        match self {
+            Group::Classic(g) => {
+                let fx = g.tick(now);
+                Outcome::classic(group_id, g, fx)
+            }
+        }
+    }
+
+    /// The records that delete the group (offsets are tombstoned separately).
+    fn tombstones(&self, group_id: &str) -> Vec<CoordinatorRecord> {
+        match self {
+            Group::Classic(_) => vec![CoordinatorRecord::GroupMetadata {
+                group: group_id.to_string(),
+                value: None,
+            }],
+        }
+    }
+
+    /// The records that make a new group durable.
+    fn creation_records(&self, group_id: &str) -> Vec<CoordinatorRecord> {
+        match self {
+            Group::Classic(g) => vec![CoordinatorRecord::GroupMetadata {
+                group: group_id.to_string(),
+                value: Some(g.to_record()),
+            }],
+        }
+    }
+}
+
+/// A group and its committed offsets: what a transition works on (a copy).
+#[derive(Clone, Debug)]
+pub struct GroupState {
+    pub group: Group,
+    pub offsets: GroupOffsets,
+}
+
+/// What a transition produced: answers for parked requests, and the records
+/// to make durable before the new state is kept.
+#[derive(Debug, Default)]
+pub struct Outcome {
+    pub replies: Vec<Reply>,
+    pub records: Vec<CoordinatorRecord>,
+}
+
+impl Outcome {
+    /// A classic transition: `store` persists the group's state after it.
+    pub fn classic(group_id: &str, group: &ClassicGroup, fx: classic::Effects) -> Self {
+        let records = if fx.store {
+            vec![CoordinatorRecord::GroupMetadata {
+                group: group_id.to_string(),
+                value: Some(group.to_record()),
+            }]
+        } else {
+            vec![]
+        };
+        Outcome {
+            replies: fx.replies,
+            records,
+        }
+    }
+}
+
+enum Waiter {
+    Join(oneshot::Sender<JoinResult>),
+    Sync(oneshot::Sender<SyncResult>),
+}
+
+/// One group id's slot: its lock-protected state, and its next timer deadline.
+pub struct GroupSlot {
+    pub group_id: String,
+    entry: Arc<tokio::sync::Mutex<GroupEntry>>,
+    /// `i64::MAX` when no timer is due.
+    next_deadline: AtomicI64,
+    ticking: AtomicBool,
+}
+
+pub struct GroupEntry {
+    pub state: GroupState,
+    /// Deleted: whoever still holds the slot must look the group up again.
+    removed: bool,
+    /// Whether the group's existence is durable (a new group writes its
+    /// empty metadata with its first transition).
+    persisted: bool,
+    waiters: HashMap<WaiterId, Waiter>,
+}
+
+/// How [`GroupCoordinator::lock`] treats a missing group.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Create {
+    No,
+    /// A JoinGroup: a new classic group, persisted with its first transition.
+    Joining,
+    /// An offset commit from outside group management: a simple group that
+    /// its offsets make durable.
+    Simple,
+}
+
+pub struct GroupCoordinator {
+    classic: ClassicConfig,
+    offset_metadata_max_bytes: usize,
+    groups: parking_lot::Mutex<HashMap<String, Arc<GroupSlot>>>,
+    next_waiter: AtomicU64,
+    wake: Notify,
+    started: Instant,
+    started_wall: i64,
+}
+
+/// Maps an append failure to what a group request reports (Kafka's
+/// `appendGroupMetadataErrorToResponseError`).
+pub(crate) fn store_error(e: ApiError) -> ApiError {
+    match e {
+        ApiError::UnknownTopicOrPartition | ApiError::RequestTimedOut => {
+            ApiError::CoordinatorNotAvailable
+        }
+        ApiError::NotLeaderOrFollower | ApiError::Storage(_) => ApiError::NotCoordinator,
+        ApiError::MessageTooLarge(m) => ApiError::UnknownServerError(m),
+        other => other,
+    }
+}
+
+impl GroupCoordinator {
+    pub fn new(config: &BrokerConfig) -> Self {
+        GroupCoordinator {
+            classic: ClassicConfig {
+                initial_rebalance_delay_ms: config.group_initial_rebalance_delay_ms,
+                new_member_join_timeout_ms: 300_000,
+                max_size: config.group_max_size,
+                min_session_timeout_ms: config.group_min_session_timeout_ms,
+                max_session_timeout_ms: config.group_max_session_timeout_ms,
+            },
+            offset_metadata_max_bytes: config.offset_metadata_max_bytes,
+            groups: parking_lot::Mutex::new(HashMap::new()),
+            next_waiter: AtomicU64::new(1),
+            wake: Notify::new(),
+            started: Instant::now(),
+            started_wall: tessera_log::now_ms(),
+        }
+    }
+
+    /// Milliseconds: wall-clock at start plus a monotonic clock since.
+    pub fn now(&self) -> i64 {
+        self.started_wall + self.started.elapsed().as_millis() as i64
+    }
+
+    fn wall_now(&self) -> i64 {
+        self.now()
+    }
+
+    fn waiter(&self) -> WaiterId {
+        self.next_waiter.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// The `__consumer_offsets` partition of a group, if this broker leads it.
+    pub fn coordinator_partition(
+        &self,
+        broker: &Broker,
+        group_id: &str,
+    ) -> Result<(Arc<TopicImage>, i32), ApiError> {
+        let image = broker.image();
+        let topic = image
+            .topic_by_name(CONSUMER_OFFSETS)
+            .cloned()
+            .ok_or(ApiError::CoordinatorNotAvailable)?;
+        let partition = partition_for(group_id, topic.partitions);
+        broker
+            .route(&image, &topic, partition)
+            .map_err(|_| ApiError::NotCoordinator)?;
+        Ok((topic, partition))
+    }
+
+    /// Appends records to the group's partition and waits until they are durable.
+    async fn append(
+        &self,
+        broker: &Broker,
+        group_id: &str,
+        records: Vec<CoordinatorRecord>,
+    ) -> Result<(), ApiError> {
+        let (topic, partition) = self.coordinator_partition(broker, group_id)?;
+        let kv: Vec<(Option<Bytes>, Option<Bytes>)> = records.iter().map(|r| r.encode()).collect();
+        broker.append_records(&topic, partition, &kv).await?;
+        Ok(())
+    }
+
+    fn new_slot(&self, group_id: &str, state: GroupState, persisted: bool) -> Arc<GroupSlot> {
+        let deadline = state.group.kind().next_deadline().unwrap_or(i64::MAX);
+        Arc::new(GroupSlot {
+            group_id: group_id.to_string(),
+            entry: Arc::new(tokio::sync::Mutex::new(GroupEntry {
+                state,
+                removed: false,
+                persisted,
+                waiters: HashMap::new(),
+            })),
+            next_deadline: AtomicI64::new(deadline),
+            ticking: AtomicBool::new(false),
+        })
+    }
+
+    fn new_classic(&self, group_id: &str) -> GroupState {
+        GroupState {
+            group: Group::Classic(ClassicGroup::new(
+                group_id,
+                self.classic.clone(),
+                self.now(),
+            )),
+            offsets: GroupOffsets::default(),
+        }
+    }
+
+    /// Locks a group, creating it as `create` says when it does not exist.
+    pub(crate) async fn lock(
+        &self,
+        group_id: &str,
+        create: Create,
+    ) -> Option<(Arc<GroupSlot>, OwnedMutexGuard<GroupEntry>)> {
+        loop {
+            let slot = {
+                let mut groups = self.groups.lock();
+                match groups.get(group_id) {
+                    Some(s) => s.clone(),
+                    None if create == Create::No => return None,
+                    None => {
+                        let slot = self.new_slot(
+                            group_id,
+                            self.new_classic(group_id),
+                            create == Create::Simple,
+                        );
+                        groups.insert(group_id.to_string(), slot.clone());
+                        slot
+                    }
+                }
+            };
+            let entry = slot.entry.clone().lock_owned().await;
+            if !entry.removed {
+                return Some((slot, entry));
+            }
+        }
+    }
+
+    /// Removes a group's slot (its entry is marked so holders look again).
+    fn remove_slot(&self, slot: &Arc<GroupSlot>, entry: &mut GroupEntry) {
+        entry.removed = true;
+        let mut groups = self.groups.lock();
+        if groups
+            .get(&slot.group_id)
+            .is_some_and(|s| Arc::ptr_eq(s, slot))
+        {
+            groups.remove(&slot.group_id);
+        }
+    }
+
+    /// Runs a transition on a copy of the group's state; appends what it
+    /// asks to persist (plus the group's creation record if it is new) and
+    /// keeps the copy only once that is durable. Replies go out after.
+    async fn transact<F>(
+        &self,
+        broker: &Broker,
+        slot: &Arc<GroupSlot>,
+        entry: &mut GroupEntry,
+        transition: F,
+    ) -> Result<(), ApiError>
+    where
+        F: FnOnce(&mut GroupState, i64) -> Outcome,
+    {
+        let now = self.now();
+        let mut next = entry.state.clone();
+        let mut outcome = transition(&mut next, now);
+        if !entry.persisted && outcome.records.is_empty() {
+            outcome.records = next.group.creation_records(&slot.group_id);
+        }
+        if !outcome.records.is_empty() {
+            if let Err(e) = self.append(broker, &slot.group_id, outcome.records).await {
+                tracing::warn!(group = %slot.group_id, error = %e, "could not persist group state");
+                if !entry.persisted {
+                    self.remove_slot(slot, entry);
+                }
+                return Err(store_error(e));
+            }
+            entry.persisted = true;
+        }
+        entry.state = next;
+        for reply in outcome.replies {
+            match reply {
+                Reply::Join(w, result) => {
+                    if let Some(Waiter::Join(tx)) = entry.waiters.remove(&w) {
+                        let _ = tx.send(result);
+                    }
+                }
+                Reply::Sync(w, result) => {
+                    if let Some(Waiter::Sync(tx)) = entry.waiters.remove(&w) {
+                        let _ = tx.send(result);
+                    }
+                }
+            }
+        }
+        self.rearm(slot, entry);
+        Ok(())
+    }
+
+    fn rearm(&self, slot: &GroupSlot, entry: &GroupEntry) {
+        let deadline = entry.state.group.kind().next_deadline().unwrap_or(i64::MAX);
+        let old = slot.next_deadline.swap(deadline, Ordering::AcqRel);
+        if deadline < old {
+            self.wake.notify_one();
+        }
+    }
+
+    // ---- classic protocol ------------------------------------------------
+
+    /// JoinGroup: answers when the join phase completes (or at once).
+    pub async fn join_group(
+        &self,
+        broker: &Broker,
+        group_id: &str,
+        mut req: JoinRequest,
+    ) -> JoinResult {
+        let member_id = req.member_id.clone();
+        if group_id.is_empty() {
+            return JoinResult::error(member_id, ApiError::InvalidGroupId);
+        }
+        if let Err(e) = self.coordinator_partition(broker, group_id) {
+            return JoinResult::error(member_id, e);
+        }
+        let create = if member_id.is_empty() {
+            Create::Joining
+        } else {
+            Create::No
+        };
+        let Some((slot, mut entry)) = self.lock(group_id, create).await else {
+            return JoinResult::error(member_id, ApiError::UnknownMemberId);
+        };
+        req.new_member_id = format!(
+            "{}-{}",
+            req.group_instance_id.as_deref().unwrap_or(&req.client_id),
+            uuid::Uuid::new_v4()
+        );
+        let waiter = self.waiter();
+        let (tx, rx) = oneshot::channel();
+        entry.waiters.insert(waiter, Waiter::Join(tx));
+        let group_name = slot.group_id.clone();
+        let result = self
+            .transact(broker, &slot, &mut entry, |s, now| match &mut s.group {
+                Group::Classic(g) => {
+                    let fx = g.join(req, waiter, now);
+                    Outcome::classic(&group_name, g, fx)
+                }
+            })
+            .await;
+        if let Err(e) = result {
+            entry.waiters.remove(&waiter);
+            return JoinResult::error(member_id, e);
+        }
+        drop(entry);
+        rx.await
+            .unwrap_or_else(|_| JoinResult::error(member_id, ApiError::RebalanceInProgress))
+    }
+
+    /// SyncGroup: answers when the leader's assignment is persisted (or at once).
+    pub async fn sync_group(
+        &self,
+        broker: &Broker,
+        group_id: &str,
+        req: SyncRequest,
+    ) -> SyncResult {
+        if group_id.is_empty() {
+            return SyncResult::error(ApiError::InvalidGroupId);
+        }
+        if let Err(e) = self.coordinator_partition(broker, group_id) {
+            return SyncResult::error(e);
+        }
+        let Some((slot, mut entry)) = self.lock(group_id, Create::No).await else {
+            return SyncResult::error(ApiError::UnknownMemberId);
+        };
+        let waiter = self.waiter();
+        let (tx, rx) = oneshot::channel();
+        entry.waiters.insert(waiter, Waiter::Sync(tx));
+        let generation = req.generation_id;
+        let group_name = slot.group_id.clone();
+        let result = self
+            .transact(broker, &slot, &mut entry, |s, now| match &mut s.group {
+                Group::Classic(g) => {
+                    let fx = g.sync(req, waiter, now);
+                    Outcome::classic(&group_name, g, fx)
+                }
+            })
+            .await;
+        if let Err(e) = result {
+            entry.waiters.remove(&waiter);
+            // Only the leader's assignment is persisted here: the members
+            // waiting for it get the error and the group rebalances.
+            let error = e.clone();
+            let _ = self
+                .transact(broker, &slot, &mut entry, |s, now| match &mut s.group {
+                    Group::Classic(g) => {
+                        let fx = g.assignment_store_failed(generation, error, now);
+                        Outcome::classic(&group_name, g, fx)
+                    }
+                })
+                .await;
+            return SyncResult::error(e);
+        }
+        drop(entry);
+        rx.await
+            .unwrap_or_else(|_| SyncResult::error(ApiError::RebalanceInProgress))
+    }
+
+    pub async fn heartbeat(
+        &self,
+        broker: &Broker,
+        group_id: &str,
+        member_id: &str,
+        instance_id: Option<&str>,
+        generation_id: i32,
+    ) -> Result<(), ApiError> {
+        if group_id.is_empty() {
+            return Err(ApiError::InvalidGroupId);
+        }
+        self.coordinator_partition(broker, group_id)?;
+        let (slot, mut entry) = self
+            .lock(group_id, Create::No)
+            .await
+            .ok_or(ApiError::UnknownMemberId)?;
+        let mut result = Ok(());
+        self.transact(broker, &slot, &mut entry, |s, now| {
+            match &mut s.group {
+                Group::Classic(g) => {
+                    result = g.heartbeat(member_id, instance_id, generation_id, now)
+                }
+            }
+            Outcome::default()
+        })
+        .await?;
+        result
+    }
+
+    /// LeaveGroup: `(member id, group instance id)` pairs; `Err` is the
+    /// group-level error, otherwise one result per member.
+    pub async fn leave_group(
+        &self,
+        broker: &Broker,
+        group_id: &str,
+        members: Vec<(String, Option<String>)>,
+    ) -> Result<Vec<Result<(), ApiError>>, ApiError> {
+        if group_id.is_empty() {
+            return Err(ApiError::InvalidGroupId);
+        }
+        self.coordinator_partition(broker, group_id)?;
+        let Some((slot, mut entry)) = self.lock(group_id, Create::No).await else {
+            return Ok(members
+                .iter()
+                .map(|_| Err(ApiError::UnknownMemberId))
+                .collect());
+        };
+        let mut results = Err(ApiError::UnknownMemberId);
+        let group_name = slot.group_id.clone();
+        self.transact(broker, &slot, &mut entry, |s, now| match &mut s.group {
+            Group::Classic(g) => {
+                let (r, fx) = g.leave(&members, now);
+                results = r;
+                Outcome::classic(&group_name, g, fx)
+            }
+        })
+        .await?;
+        results
+    }
+
+    // ---- administration ----------------------------------------------------
+
+    pub async fn list_groups(&self) -> Vec<ListedGroup> {
+        let slots: Vec<Arc<GroupSlot>> = self.groups.lock().values().cloned().collect();
+        let mut out = Vec::with_capacity(slots.len());
+        for slot in slots {
+            let entry = slot.entry.lock().await;
+            if entry.removed {
+                continue;
+            }
+            let kind = entry.state.group.kind();
+            out.push(ListedGroup {
+                group_id: slot.group_id.clone(),
+                protocol_type: kind.protocol_type(),
+                state: kind.state_name(),
+                group_type: kind.group_type(),
+            });
+        }
+        out.sort_by(|a, b| a.group_id.cmp(&b.group_id));
+        out
+    }
+
+    /// `Ok(None)`: no such group.
+    pub async fn describe_group(
+        &self,
+        broker: &Broker,
+        group_id: &str,
+    ) -> Result<Option<GroupDescription>, ApiError> {
+        self.coordinator_partition(broker, group_id)?;
+        Ok(match self.lock(group_id, Create::No).await {
+            Some((_slot, entry)) => Some(entry.state.group.kind().describe()),
+            None => None,
+        })
+    }
+
+    /// DeleteGroups for one group: tombstones for its offsets and its
+    /// metadata, then it is gone.
+    pub async fn delete_group(&self, broker: &Broker, group_id: &str) -> Result<(), ApiError> {
+        if group_id.is_empty() {
+            return Err(ApiError::InvalidGroupId);
+        }
+        self.coordinator_partition(broker, group_id)?;
+        let (slot, mut entry) = self
+            .lock(group_id, Create::No)
+            .await
+            .ok_or(ApiError::GroupIdNotFound)?;
+        entry.state.group.kind().validate_delete()?;
+        let mut records: Vec<CoordinatorRecord> = entry
+            .state
+            .offsets
+            .iter()
+            .map(|(t, p, _)| CoordinatorRecord::OffsetCommit {
+                group: group_id.to_string(),
+                topic: t.to_string(),
+                partition: p,
+                value: None,
+            })
+            .collect();
+        records.extend(entry.state.group.tombstones(group_id));
+        self.append(broker, group_id, records)
+            .await
+            .map_err(store_error)?;
+        let now = self.now();
+        match &mut entry.state.group {
+            Group::Classic(g) => {
+                let _ = g.mark_dead(now);
+            }
+        }
+        self.remove_slot(&slot, &mut entry);
+        Ok(())
+    }
+
+    /// Reads a group's committed offsets (tests, metrics).
+    pub async fn committed(&self, group_id: &str) -> Option<GroupOffsets> {
+        let (_slot, entry) = self.lock(group_id, Create::No).await?;
+        Some(entry.state.offsets.clone())
+    }
+
+    pub fn group_count(&self) -> usize {
+        self.groups.lock().len()
+    }
+
+    // ---- load and timers ---------------------------------------------------
+
+    /// Replays `__consumer_offsets` (every partition this broker leads) to
+    /// rebuild groups and committed offsets.
+    pub async fn load(&self, broker: &Broker) -> anyhow::Result<()> {
+        let started = Instant::now();
+        let image = broker.image();
+        let Some(topic) = image.topic_by_name(CONSUMER_OFFSETS).cloned() else {
+            return Ok(());
+        };
+        let now = self.now();
+        let mut states: HashMap<String, GroupState> = HashMap::new();
+        let (mut records, mut skipped) = (0usize, 0usize);
+        for partition in 0..topic.partitions as i32 {
+            let stored = match broker.read_records(&topic, partition) {
+                Ok(r) => r,
+                Err(ApiError::NotLeaderOrFollower) => continue,
+                Err(e) => {
+                    return Err(anyhow::anyhow!(
+                        "reading {CONSUMER_OFFSETS}-{partition}: {e}"
+                    ))
+                }
+            };
+            for r in stored {
+                if r.control {
+                    continue;
+                }
+                records += 1;
+                match CoordinatorRecord::decode(r.key.as_deref(), r.value.as_deref()) {
+                    Ok(rec) => self.replay(&mut states, rec, now),
+                    Err(e) => {
+                        skipped += 1;
+                        tracing::warn!(partition, offset = r.offset, error = %e, "skipping undecodable {CONSUMER_OFFSETS} record");
+                    }
+                }
+            }
+        }
+        let offsets: usize = states.values().map(|s| s.offsets.len()).sum();
+        let mut groups = self.groups.lock();
+        groups.clear();
+        for (id, state) in states {
+            groups.insert(id.clone(), self.new_slot(&id, state, true));
+        }
+        tracing::info!(
+            groups = groups.len(),
+            offsets,
+            records,
+            skipped,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "loaded consumer groups from {CONSUMER_OFFSETS}"
+        );
+        drop(groups);
+        self.wake.notify_one();
+        Ok(())
+    }
+
+    fn replay(&self, states: &mut HashMap<String, GroupState>, rec: CoordinatorRecord, now: i64) {
+        match rec {
+            CoordinatorRecord::OffsetCommit {
+                group,
+                topic,
+                partition,
+                value,
+            } => match value {
+                Some(v) => {
+                    let state = states
+                        .entry(group.clone())
+                        .or_insert_with(|| self.new_classic(&group));
+                    state
+                        .offsets
+                        .insert(topic, partition, CommittedOffset::from_value(&v));
+                }
+                None => {
+                    if let Some(state) = states.get_mut(&group) {
+                        state.offsets.remove(&topic, partition);
+                    }
+                }
+            },
+            CoordinatorRecord::GroupMetadata { group, value } => match value {
+                Some(v) => {
+                    let loaded = Group::Classic(ClassicGroup::from_record(
+                        &group,
+                        self.classic.clone(),
+                        &v,
+                        now,
+                    ));
+                    match states.get_mut(&group) {
+                        Some(state) => state.group = loaded,
+                        None => {
+                            states.insert(
+                                group,
+                                GroupState {
+                                    group: loaded,
+                                    offsets: GroupOffsets::default(),
+                                },
+                            );
+                        }
+                    }
+                }
+                None => {
+                    let keep = states.get(&group).is_some_and(|s| !s.offsets.is_empty());
+                    if keep {
+                        let fresh = self.new_classic(&group).group;
+                        states.get_mut(&group).expect("present").group = fresh;
+                    } else {
+                        states.remove(&group);
+                    }
+                }
+            },
+            CoordinatorRecord::Other { .. } => {}
+        }
+    }
+
+    /// Starts the task that runs each group's timers when they are due.
+    pub fn start_timers(broker: &Arc<Broker>) {
+        let weak = Arc::downgrade(broker);
+        tokio::spawn(run_timers(weak));
+    }
+
+    /// Makes sure `__consumer_offsets` exists (FindCoordinator does this).
+    pub async fn ensure_offsets_topic(broker: &Broker) -> Result<Arc<TopicImage>, ApiError> {
+        broker
+            .ensure_internal_topic(CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS)
+            .await
+    }
+}
+
+async fn run_timers(broker: Weak<Broker>) {
+    loop {
+        let (next, due) = {
+            let Some(b) = broker.upgrade() else { return };
+            let coordinator = &b.groups;
+            let now = coordinator.now();
+            let mut next = now + 1000;
+            let mut due = Vec::new();
+            for slot in coordinator.groups.lock().values() {
+                let d = slot.next_deadline.load(Ordering::Acquire);
+                if d <= now {
+                    if !slot.ticking.swap(true, Ordering::AcqRel) {
+                        due.push(slot.clone());
+                    }
+                } else {
+                    next = next.min(d);
+                }
+            }
+            (next - now, due)
+        };
+        for slot in due {
+            let broker = broker.clone();
+            tokio::spawn(async move {
+                if let Some(b) = broker.upgrade() {
+                    tick_group(&b, &slot).await;
+                }
+                slot.ticking.store(false, Ordering::Release);
+            });
+        }
+        let Some(b) = broker.upgrade() else { return };
+        let wake = b.groups.wake.notified();
+        let _ = tokio::time::timeout(Duration::from_millis(next.max(1) as u64), wake).await;
+    }
+}
+
+async fn tick_group(broker: &Broker, slot: &Arc<GroupSlot>) {
+    let coordinator = &broker.groups;
+    let mut entry = slot.entry.clone().lock_owned().await;
+    if entry.removed {
+        return;
+    }
+    let group_name = slot.group_id.clone();
+    let result = coordinator
+        .transact(broker, slot, &mut entry, |s, now| {
+            s.group.tick(&group_name, now)
+        })
+        .await;
+    if result.is_err() {
+        // State unchanged: try again in a second.
+        slot.next_deadline
+            .store(coordinator.now() + 1000, Ordering::Release);
+    }
+}
