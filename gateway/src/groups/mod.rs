@@ -21,7 +21,9 @@
 //! `__consumer_offsets` to rebuild groups and offsets, as Kafka does when a
 //! broker becomes a coordinator.
 
+pub mod assignors;
 pub mod classic;
+pub mod consumer_protocol;
 pub mod offsets;
 pub mod records;
 
