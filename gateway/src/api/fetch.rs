@@ -82,7 +82,7 @@ fn gather(broker: &Broker, version: i16, request: &FetchRequest) -> (FetchRespon
         let mut partitions = Vec::with_capacity(topic.partitions.len());
         for p in &topic.partitions {
             let data = match &resolved {
-                Err(e) => Err((e.clone(), None)),
+                Err(e) => Err(e.clone()),
                 Ok(t) => read_partition(broker, &image, t, p, &mut remaining, total == 0),
             };
             let data = match data {
@@ -90,15 +90,16 @@ fn gather(broker: &Broker, version: i16, request: &FetchRequest) -> (FetchRespon
                     total += d.records.as_ref().map_or(0, Bytes::len);
                     d
                 }
-                Err((e, offsets)) => {
+                Err(e) => {
                     has_error = true;
-                    let (log_start, hw) = offsets.unwrap_or((-1, -1));
+                    // Kafka answers an errored partition with -1 for the high
+                    // watermark, last stable offset and log start offset.
                     PartitionData::default()
                         .with_partition_index(p.partition)
                         .with_error_code(e.code())
-                        .with_high_watermark(hw)
-                        .with_last_stable_offset(hw)
-                        .with_log_start_offset(log_start)
+                        .with_high_watermark(-1)
+                        .with_last_stable_offset(-1)
+                        .with_log_start_offset(-1)
                         .with_preferred_read_replica(BrokerId(-1))
                         .with_records(Some(Bytes::new()))
                 }
@@ -125,8 +126,6 @@ fn gather(broker: &Broker, version: i16, request: &FetchRequest) -> (FetchRespon
     )
 }
 
-type PartitionError = (ApiError, Option<(i64, i64)>);
-
 fn read_partition(
     broker: &Broker,
     image: &tessera_metadata::MetadataImage,
@@ -134,33 +133,27 @@ fn read_partition(
     p: &FetchPartition,
     remaining: &mut usize,
     first_in_response: bool,
-) -> Result<PartitionData, PartitionError> {
-    let route = broker
-        .route(image, topic, p.partition)
-        .map_err(|e| (e, None))?;
+) -> Result<PartitionData, ApiError> {
+    let route = broker.route(image, topic, p.partition)?;
     if p.current_leader_epoch >= 0 && p.current_leader_epoch != route.leader_epoch {
         let e = if p.current_leader_epoch > route.leader_epoch {
             ApiError::UnknownLeaderEpoch
         } else {
             ApiError::FencedLeaderEpoch
         };
-        return Err((e, None));
+        return Err(e);
     }
     let partition = p.partition as u32;
     let limit = (p.partition_max_bytes.max(0) as usize).min(*remaining);
-    let offsets = route.log.offsets(partition).map_err(|e| (e.into(), None))?;
-    let bounds = Some((offsets.log_start, offsets.high_watermark));
+    let offsets = route.log.offsets(partition)?;
     if p.fetch_offset < offsets.log_start || p.fetch_offset > offsets.log_end {
-        return Err((ApiError::OffsetOutOfRange, bounds));
+        return Err(ApiError::OffsetOutOfRange);
     }
     let mut records = Bytes::new();
     let mut hw = offsets.high_watermark;
     let mut log_start = offsets.log_start;
     if p.fetch_offset < offsets.high_watermark && (limit > 0 || first_in_response) {
-        let read = route
-            .log
-            .read(partition, p.fetch_offset, limit)
-            .map_err(|e| (e.into(), bounds))?;
+        let read = route.log.read(partition, p.fetch_offset, limit)?;
         hw = read.offsets.high_watermark;
         log_start = read.offsets.log_start;
         // Only the response's first batch may exceed the limit (KIP-74).
