@@ -255,6 +255,8 @@ impl Broker {
                     log_start_offsets: (range.lo..range.hi)
                         .map(|p| image.log_start_offset(topic.id, p))
                         .collect(),
+                    seed: None,
+                    sealed: false,
                 },
                 self.hw_events.clone(),
             )?;

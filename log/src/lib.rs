@@ -9,5 +9,6 @@ pub mod segment;
 
 pub use error::{BatchError, LogError};
 pub use range_log::{
-    now_ms, AppendOutcome, PartitionOffsets, RangeLog, RangeLogOptions, ReadOutcome, SealedSegment,
+    now_ms, AppendOutcome, PartitionOffsets, RangeLog, RangeLogOptions, RangeSeed, ReadOutcome,
+    SealedSegment,
 };

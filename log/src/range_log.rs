@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -35,6 +35,19 @@ pub struct RangeLogOptions {
     pub leader_epoch: i32,
     /// Log start offset per partition (index `p - lo`); empty means all 0.
     pub log_start_offsets: Vec<i64>,
+    /// What a range created by a split or merge inherits from its parents.
+    pub seed: Option<RangeSeed>,
+    /// Open a sealed range read-only: every segment sealed, appends refused.
+    pub sealed: bool,
+}
+
+/// The state a child range takes over from its parents, per partition
+/// (index `p - lo`): where its offsets continue, and the idempotent
+/// producer state, so retries across a split or merge are still caught.
+#[derive(Clone, Debug, Default)]
+pub struct RangeSeed {
+    pub next_offsets: Vec<i64>,
+    pub producers: Vec<ProducerStates>,
 }
 
 /// A segment that was sealed by a roll: what the metadata log must record.
@@ -78,6 +91,9 @@ pub struct ReadOutcome {
 
 #[derive(Clone, Copy, Debug, Default)]
 struct PartitionState {
+    /// The first offset of this partition that lives in this range (the
+    /// seed inherited at a split or merge; 0 for a topic's first range).
+    base_offset: i64,
     log_start: i64,
     next_offset: i64,
     high_watermark: i64,
@@ -135,6 +151,8 @@ pub struct RangeLog {
     durable: watch::Sender<u64>,
     failed: AtomicBool,
     closed: AtomicBool,
+    /// Batch bytes appended since open, for the load-driven range policy.
+    bytes_appended: AtomicU64,
     /// Bumped whenever a high watermark moves, to wake long-polling fetches.
     hw_listener: watch::Sender<u64>,
 }
@@ -179,7 +197,7 @@ impl RangeLog {
         let seqs = list_segments(&options.dir)?;
         let mut segments = Vec::with_capacity(seqs.len().max(1));
         for (i, &seq) in seqs.iter().enumerate() {
-            let sealed = i + 1 < seqs.len();
+            let sealed = options.sealed || i + 1 < seqs.len();
             segments.push(Segment::open(&options.dir, seq, sealed, now)?);
         }
         if segments.is_empty() {
@@ -193,8 +211,13 @@ impl RangeLog {
         let mut partitions = vec![PartitionState::default(); width];
         for (i, state) in partitions.iter_mut().enumerate() {
             let start = options.log_start_offsets.get(i).copied().unwrap_or(0);
+            let seeded = options
+                .seed
+                .as_ref()
+                .and_then(|s| s.next_offsets.get(i).copied());
             state.log_start = start;
-            state.next_offset = start;
+            state.base_offset = seeded.unwrap_or(start).max(start);
+            state.next_offset = state.base_offset;
         }
         for seg in &segments {
             for (p, entries) in &seg.index.partitions {
@@ -208,8 +231,14 @@ impl RangeLog {
         for state in &mut partitions {
             state.high_watermark = state.next_offset;
         }
-        // Producer state comes back from the indexes, oldest segment first.
-        let mut producers = vec![ProducerStates::default(); width];
+        // Producer state: what the parents handed over, then this range's
+        // own batches from its indexes, oldest segment first.
+        let mut producers = options
+            .seed
+            .as_ref()
+            .map(|s| s.producers.clone())
+            .filter(|p| p.len() == width)
+            .unwrap_or_else(|| vec![ProducerStates::default(); width]);
         for seg in &segments {
             for (p, entries) in &seg.index.partitions {
                 let Some(states) = p
@@ -232,17 +261,22 @@ impl RangeLog {
             pending: VecDeque::new(),
         };
         let written = inner.written_position();
+        let sealed = options.sealed;
         let log = Arc::new(RangeLog {
             options,
             inner: Mutex::new(inner),
             flush_wanted: Notify::new(),
             durable: watch::channel(written).0,
             failed: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
+            closed: AtomicBool::new(sealed),
+            bytes_appended: AtomicU64::new(0),
             hw_listener,
         });
-        // The flusher owns a reference until `close()`: a range log lives until it is closed.
-        tokio::spawn(flusher(log.clone()));
+        // The flusher owns a reference until `close()`: a range log lives
+        // until it is closed. A sealed range takes no writes and needs none.
+        if !log.options.sealed {
+            tokio::spawn(flusher(log.clone()));
+        }
         Ok(log)
     }
 
@@ -322,6 +356,8 @@ impl RangeLog {
             return Err(e);
         }
         inner.partitions[pi].next_offset = last_offset + 1;
+        self.bytes_appended
+            .fetch_add(batch_bytes.len() as u64, Ordering::Relaxed);
         if idempotent {
             inner.producers[pi].record(
                 header.producer_id,
@@ -442,7 +478,7 @@ impl RangeLog {
                 high_watermark: state.high_watermark,
                 log_end: state.next_offset,
             };
-            if offset < state.log_start || offset > state.next_offset {
+            if offset < state.log_start.max(state.base_offset) || offset > state.next_offset {
                 return Err(LogError::OffsetOutOfRange {
                     offset,
                     log_start: state.log_start,
@@ -555,6 +591,70 @@ impl RangeLog {
             })
             .collect();
         (sealed, active_seq)
+    }
+
+    /// Batch bytes appended since this log was opened.
+    pub fn bytes_appended(&self) -> u64 {
+        self.bytes_appended.load(Ordering::Relaxed)
+    }
+
+    /// The first offset of `partition` stored in this range (below it, the
+    /// partition's history lives in an ancestor range).
+    pub fn base_offset(&self, partition: u32) -> Result<i64, LogError> {
+        let pi = self.index_of(partition)?;
+        Ok(self.inner.lock().partitions[pi].base_offset)
+    }
+
+    pub fn is_sealed(&self) -> bool {
+        self.options.sealed || self.closed.load(Ordering::Relaxed)
+    }
+
+    /// Seals the whole range for a split or merge: appends stop (they get
+    /// `Closed`, which clients see as NOT_LEADER_OR_FOLLOWER), the active
+    /// segment is fsynced and indexed, and the flusher stops. Returns the
+    /// final segment as the metadata log must record it.
+    pub fn seal(&self) -> Result<SealedSegment, LogError> {
+        let mut inner = self.inner.lock();
+        self.closed.store(true, Ordering::Relaxed);
+        let dir = self.options.dir.clone();
+        let active = inner.active();
+        active.file.sync_data()?;
+        active.write_index(&dir)?;
+        active.sealed = true;
+        let sealed = SealedSegment {
+            seq: active.seq,
+            size_bytes: active.size,
+            spans: active.index.spans(),
+            next_seq: active.seq + 1,
+        };
+        let position = inner.written_position();
+        if inner.advance_durable(position) {
+            self.hw_listener.send_modify(|v| *v += 1);
+        }
+        self.durable.send_if_modified(|d| {
+            let moved = *d < position;
+            *d = (*d).max(position);
+            moved
+        });
+        drop(inner);
+        self.flush_wanted.notify_one();
+        Ok(sealed)
+    }
+
+    /// What a child covering `[lo, hi)` (inside this range) inherits: each
+    /// partition's next offset and producer state. Index `p - lo`.
+    pub fn seed_for(&self, lo: u32, hi: u32) -> Result<RangeSeed, LogError> {
+        let first = self.index_of(lo)?;
+        self.index_of(hi.saturating_sub(1).max(lo))?;
+        let inner = self.inner.lock();
+        let n = (hi - lo) as usize;
+        Ok(RangeSeed {
+            next_offsets: inner.partitions[first..first + n]
+                .iter()
+                .map(|s| s.next_offset)
+                .collect(),
+            producers: inner.producers[first..first + n].to_vec(),
+        })
     }
 
     /// Stops the flusher; further appends fail with `Closed`.

@@ -12,6 +12,8 @@ fn options(dir: &std::path::Path, segment_bytes: u64) -> RangeLogOptions {
         segment_ms: i64::MAX / 2,
         leader_epoch: 0,
         log_start_offsets: vec![],
+        seed: None,
+        sealed: false,
     }
 }
 
@@ -214,4 +216,67 @@ async fn idempotent_retries_are_deduplicated_across_restart() {
         log.append(0, &mut stale, None),
         Err(LogError::Sequence(_))
     ));
+}
+
+#[tokio::test]
+async fn a_child_range_continues_offsets_and_producer_state_after_a_seal() {
+    use tessera_log::batch::testing::make_idempotent_batch;
+    let parent_dir = tempfile::tempdir().unwrap();
+    let parent = RangeLog::open(options(parent_dir.path(), 1 << 20), hw()).unwrap();
+    append(&parent, 1, 3).await;
+    append(&parent, 2, 2).await;
+    let mut b = make_idempotent_batch(2, 1, 7, 0, 0);
+    let out = parent.append(2, &mut b, None).unwrap();
+    parent.wait_durable(out.end_position).await.unwrap();
+    let sealed = parent.seal().unwrap();
+    assert_eq!(sealed.spans, vec![(1, 0, 3), (2, 0, 4)]);
+    let mut late = make_batch(1, 1);
+    assert!(matches!(
+        parent.append(1, &mut late, None),
+        Err(LogError::Closed)
+    ));
+
+    // Child [2, 4) takes over partitions 2 and 3.
+    let seed = parent.seed_for(2, 4).unwrap();
+    assert_eq!(seed.next_offsets, vec![4, 0]);
+    let child_dir = tempfile::tempdir().unwrap();
+    let child_options = RangeLogOptions {
+        lo: 2,
+        hi: 4,
+        seed: Some(seed.clone()),
+        ..options(child_dir.path(), 1 << 20)
+    };
+    let child = RangeLog::open(child_options.clone(), hw()).unwrap();
+    assert_eq!(child.base_offset(2).unwrap(), 4);
+    assert_eq!(append(&child, 2, 1).await.0, 4);
+    // A retry of the batch stored in the parent is still a duplicate.
+    let mut retry = make_idempotent_batch(2, 1, 7, 0, 0);
+    let again = child.append(2, &mut retry, None).unwrap();
+    assert!(again.duplicate);
+    assert_eq!(again.base_offset, 2);
+    // Reads below the child's base belong to the parent.
+    assert!(matches!(
+        child.read(2, 3, 100),
+        Err(LogError::OffsetOutOfRange { .. })
+    ));
+    assert_eq!(
+        batches(&parent.read(2, 0, 1 << 20).unwrap().records).len(),
+        2
+    );
+    child.close();
+
+    // Reopened (a restart) with the same seed: same state.
+    let child = RangeLog::open(child_options, hw()).unwrap();
+    assert_eq!(child.offsets(2).unwrap().log_end, 5);
+    // The parent reopens read-only.
+    let parent = RangeLog::open(
+        RangeLogOptions {
+            sealed: true,
+            ..options(parent_dir.path(), 1 << 20)
+        },
+        hw(),
+    )
+    .unwrap();
+    assert_eq!(parent.offsets(2).unwrap().log_end, 4);
+    assert!(parent.is_sealed());
 }
