@@ -12,6 +12,7 @@
 #   PYTEST_ARGS="..."     extra pytest args (e.g. "-k admin -x")
 #   TESSERA_BIN=path      binary for the compat tests (default target/release/tessera)
 set -euo pipefail
+export DEBIAN_FRONTEND=noninteractive
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
@@ -25,7 +26,7 @@ as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
 if ! command -v kcat >/dev/null 2>&1; then
     step "installing kcat (apt)"
     as_root apt-get update
-    DEBIAN_FRONTEND=noninteractive as_root apt-get install -y kcat
+    as_root apt-get install -y kcat
 fi
 
 PY=${PYTHON:-}
@@ -43,8 +44,8 @@ if [ ! -x "$VENV/bin/python" ]; then
         rm -rf "$VENV"
         ver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
         as_root apt-get update
-        DEBIAN_FRONTEND=noninteractive as_root apt-get install -y "python${ver}-venv" || \
-            DEBIAN_FRONTEND=noninteractive as_root apt-get install -y python3-venv
+        as_root apt-get install -y "python${ver}-venv" || \
+            as_root apt-get install -y python3-venv
         "$PY" -m venv "$VENV"
     fi
 fi
