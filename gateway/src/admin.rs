@@ -21,6 +21,35 @@ pub async fn serve(listener: TcpListener, broker: Arc<Broker>) {
     }
 }
 
+fn error_json(message: &str) -> String {
+    serde_json::json!({ "error": message }).to_string()
+}
+
+fn render_metrics(broker: &Broker) -> String {
+    broker.metrics.render(&[
+        (
+            "tessera_range_logs",
+            "Range logs open on this broker (active and sealed).",
+            broker.range_log_count() as u64,
+        ),
+        (
+            "tessera_segments",
+            "Segments (sealed and active) of the open range logs.",
+            broker.segment_count() as u64,
+        ),
+        (
+            "tessera_topics",
+            "Topics in the metadata image.",
+            broker.image().topics.len() as u64,
+        ),
+        (
+            "tessera_metadata_offset",
+            "Offset of the last applied metadata record.",
+            broker.image().offset.max(0) as u64,
+        ),
+    ])
+}
+
 async fn handle(mut stream: TcpStream, broker: &Broker) -> std::io::Result<()> {
     let mut buf = vec![0u8; 4096];
     let mut len = 0;
@@ -37,7 +66,16 @@ async fn handle(mut stream: TcpStream, broker: &Broker) -> std::io::Result<()> {
     }
     let head = String::from_utf8_lossy(&buf[..len]);
     let mut parts = head.split_whitespace();
-    let (method, path) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (method, target) = (parts.next().unwrap_or(""), parts.next().unwrap_or(""));
+    let (path, query) = target.split_once('?').unwrap_or((target, ""));
+    let param = |name: &str| -> Option<u64> {
+        query
+            .split('&')
+            .filter_map(|kv| kv.split_once('='))
+            .find(|(k, _)| *k == name)
+            .and_then(|(_, v)| v.parse().ok())
+    };
+    let json = "application/json";
     let (status, content_type, body) = match (method, path) {
         ("GET", "/health") => ("200 OK", "text/plain", "ok\n".to_string()),
         ("GET", "/ready") if broker.is_ready() => ("200 OK", "text/plain", "ready\n".to_string()),
@@ -49,30 +87,35 @@ async fn handle(mut stream: TcpStream, broker: &Broker) -> std::io::Result<()> {
         ("GET", "/metrics") => (
             "200 OK",
             "text/plain; version=0.0.4",
-            broker.metrics.render(&[
-                (
-                    "tessera_range_logs",
-                    "Range logs open on this broker.",
-                    broker.range_log_count() as u64,
-                ),
-                (
-                    "tessera_segments",
-                    "Segments (sealed and active) of the open range logs.",
-                    broker.segment_count() as u64,
-                ),
-                (
-                    "tessera_topics",
-                    "Topics in the metadata image.",
-                    broker.image().topics.len() as u64,
-                ),
-                (
-                    "tessera_metadata_offset",
-                    "Offset of the last applied metadata record.",
-                    broker.image().offset.max(0) as u64,
-                ),
-            ]),
+            render_metrics(broker),
         ),
-        ("GET", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
+        ("GET", "/ranges") => (
+            "200 OK",
+            json,
+            serde_json::to_string(&broker.list_ranges()).unwrap_or_default(),
+        ),
+        ("POST", "/ranges/split") => match param("range") {
+            None => ("400 Bad Request", json, error_json("missing ?range=ID")),
+            Some(range) => match broker
+                .split_range(range, param("at").map(|a| a as u32))
+                .await
+            {
+                Ok((left, right)) => ("200 OK", json, format!("{{\"children\":[{left},{right}]}}")),
+                Err(e) => ("409 Conflict", json, error_json(&e.to_string())),
+            },
+        },
+        ("POST", "/ranges/merge") => match (param("left"), param("right")) {
+            (Some(left), Some(right)) => match broker.merge_ranges(left, right).await {
+                Ok(child) => ("200 OK", json, format!("{{\"child\":{child}}}")),
+                Err(e) => ("409 Conflict", json, error_json(&e.to_string())),
+            },
+            _ => (
+                "400 Bad Request",
+                json,
+                error_json("missing ?left=ID&right=ID"),
+            ),
+        },
+        ("GET", _) | ("POST", _) => ("404 Not Found", "text/plain", "not found\n".to_string()),
         _ => (
             "405 Method Not Allowed",
             "text/plain",

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use parking_lot::RwLock;
-use tessera_log::{RangeLog, RangeLogOptions, SealedSegment};
+use tessera_log::{RangeLog, RangeLogOptions, RangeSeed, SealedSegment};
 use tessera_metadata::{
     BrokerRegistration, Controller, ControllerConfig, MetadataImage, MetadataRecord, PartitionSpan,
     RangeId, RangeImage, RangeRecord, SegmentId, SegmentOpenRecord, SegmentSealRecord, TopicId,
@@ -53,7 +53,7 @@ pub struct Broker {
     /// Bumped whenever any high watermark moves: long-polling fetches wait on it.
     pub hw_events: watch::Sender<u64>,
     /// Serializes topic administration and reconciliation.
-    admin: tokio::sync::Mutex<()>,
+    pub(crate) admin: tokio::sync::Mutex<()>,
     rolls: mpsc::UnboundedSender<(RangeId, SealedSegment)>,
     ready: AtomicBool,
 }
@@ -195,55 +195,44 @@ impl Broker {
     /// deletes logs of ranges that are gone, and records in metadata any
     /// segment roll the log made that the image does not show yet (a crash
     /// between a local roll and its metadata write).
-    async fn reconcile(&self) -> anyhow::Result<()> {
+    pub(crate) async fn reconcile(&self) -> anyhow::Result<()> {
         let image = self.image();
         let mut missing_records = Vec::new();
-        let mut gone = Vec::new();
-        {
-            let logs = self.logs.read();
-            for id in logs.keys() {
-                if !image.ranges.get(id).is_some_and(|r| r.active) {
-                    gone.push(*id);
-                }
-            }
-        }
+        let gone: Vec<RangeId> = self.logs.read().keys().filter(|id| !image.ranges.contains_key(id)).copied().collect();
         for id in gone {
             if let Some(log) = self.logs.write().remove(&id) {
-                if image.ranges.contains_key(&id) {
-                    log.close();
-                } else {
-                    log.delete()?;
-                }
+                log.delete()?;
             }
         }
         // Topic directories no longer in the image (deleted while we were down).
         if let Ok(entries) = std::fs::read_dir(self.topics_dir()) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().to_string();
-                let known = image
-                    .topics
-                    .values()
-                    .any(|t| name == format!("{}-{}", t.name, t.id.simple()));
+                let known = image.topics.values().any(|t| name == format!("{}-{}", t.name, t.id.simple()));
                 if !known {
                     tracing::info!(dir = %entry.path().display(), "removing data of deleted topic");
                     std::fs::remove_dir_all(entry.path())?;
                 }
             }
         }
-        for range in image.ranges.values().filter(|r| r.active) {
-            if self.logs.read().contains_key(&range.id) {
+        // Ranges in id order: a split or merge child always has a larger id
+        // than its parents, so parents are open before their children seed
+        // from them. Sealed ranges stay open read-only: they hold history.
+        for range in image.ranges.values() {
+            if let Some(log) = self.logs.read().get(&range.id) {
+                if !range.active && !log.is_sealed() {
+                    log.seal()?;
+                }
                 continue;
             }
-            let Some(topic) = image.topics.get(&range.topic_id) else {
-                continue;
-            };
-            let Some(segment) = image.active_segment(range.id) else {
-                continue;
-            };
-            if segment.primary() != Some(self.config.node_id) {
+            let Some(topic) = image.topics.get(&range.topic_id) else { continue };
+            let segments = image.segments_of(range.id);
+            let Some(last) = segments.last() else { continue };
+            if last.primary() != Some(self.config.node_id) {
                 continue;
             }
             let effective = EffectiveTopicConfig::resolve(&topic.configs, &self.config);
+            let seed = if range.parents.is_empty() { None } else { Some(self.seed_from_parents(&image, range)?) };
             let log = RangeLog::open(
                 RangeLogOptions {
                     dir: self.range_dir(topic, range.id),
@@ -251,21 +240,16 @@ impl Broker {
                     hi: range.hi,
                     segment_bytes: effective.segment_bytes,
                     segment_ms: effective.segment_ms,
-                    leader_epoch: segment.leader_epoch,
-                    log_start_offsets: (range.lo..range.hi)
-                        .map(|p| image.log_start_offset(topic.id, p))
-                        .collect(),
-                    seed: None,
-                    sealed: false,
+                    leader_epoch: last.leader_epoch,
+                    log_start_offsets: (range.lo..range.hi).map(|p| image.log_start_offset(topic.id, p)).collect(),
+                    seed,
+                    sealed: !range.active,
                 },
                 self.hw_events.clone(),
             )?;
-            missing_records.extend(self.unrecorded_rolls(
-                &image,
-                range,
-                &log,
-                segment.leader_epoch,
-            ));
+            if range.active {
+                missing_records.extend(self.unrecorded_rolls(&image, range, &log, last.leader_epoch));
+            }
             self.logs.write().insert(range.id, log);
         }
         if !missing_records.is_empty() {
@@ -274,7 +258,42 @@ impl Broker {
         Ok(())
     }
 
-    fn unrecorded_rolls(
+    /// What a split or merge child inherits: for each of its partitions, the
+    /// next offset and producer state of the parent that held it.
+    fn seed_from_parents(&self, image: &MetadataImage, range: &RangeImage) -> anyhow::Result<RangeSeed> {
+        let width = (range.hi - range.lo) as usize;
+        let mut seed = RangeSeed {
+            next_offsets: vec![0; width],
+            producers: vec![Default::default(); width],
+        };
+        for parent_id in &range.parents {
+            let Some(parent) = image.ranges.get(parent_id) else { continue };
+            let (lo, hi) = (parent.lo.max(range.lo), parent.hi.min(range.hi));
+            if lo >= hi {
+                continue;
+            }
+            let log = self
+                .logs
+                .read()
+                .get(parent_id)
+                .cloned()
+                .ok_or_else(|| anyhow::anyhow!("parent range {parent_id} of range {} is not open", range.id))?;
+            let part = log.seed_for(lo, hi)?;
+            let at = (lo - range.lo) as usize;
+            seed.next_offsets[at..at + part.next_offsets.len()].copy_from_slice(&part.next_offsets);
+            for (i, p) in part.producers.into_iter().enumerate() {
+                seed.producers[at + i] = p;
+            }
+        }
+        Ok(seed)
+    }
+
+    /// The open log of a range, if this broker holds it.
+    pub fn log_of(&self, range: RangeId) -> Option<Arc<RangeLog>> {
+        self.logs.read().get(&range).cloned()
+    }
+
+    pub(crate) fn unrecorded_rolls(
         &self,
         image: &MetadataImage,
         range: &RangeImage,
@@ -305,10 +324,13 @@ impl Broker {
             }
             records.push(seal_record(range.id, &s));
         }
-        if !image.segments.contains_key(&SegmentId {
-            range: range.id,
-            seq: active_seq,
-        }) {
+        let active_is_sealed = log.is_sealed();
+        if !active_is_sealed
+            && !image.segments.contains_key(&SegmentId {
+                range: range.id,
+                seq: active_seq,
+            })
+        {
             records.push(open(active_seq));
         }
         records
@@ -504,7 +526,7 @@ fn colliding_name(image: &MetadataImage, name: &str) -> bool {
         .any(|n| n != name && n.replace('.', "_") == normal)
 }
 
-fn seal_record(range: RangeId, s: &SealedSegment) -> MetadataRecord {
+pub(crate) fn seal_record(range: RangeId, s: &SealedSegment) -> MetadataRecord {
     MetadataRecord::SealSegment(SegmentSealRecord {
         segment: SegmentId { range, seq: s.seq },
         size_bytes: s.size_bytes,

@@ -10,6 +10,7 @@ pub mod groups;
 pub mod internal_topics;
 pub mod metrics;
 pub mod producer_ids;
+pub mod ranges;
 pub mod server;
 pub mod topic_config;
 

@@ -31,6 +31,93 @@ struct Cli {
     /// Any config key: `-o key=value`, repeatable; wins over file and environment.
     #[arg(short = 'o', long = "override", value_name = "KEY=VALUE")]
     overrides: Vec<String>,
+    #[command(subcommand)]
+    command: Option<Command>,
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum Command {
+    /// Serve (the default when no subcommand is given).
+    Serve,
+    /// List, split and merge ranges of a running broker (through its admin port).
+    Ranges {
+        /// The broker's admin listener.
+        #[arg(long, default_value = "127.0.0.1:9644")]
+        admin: String,
+        #[command(subcommand)]
+        action: RangesAction,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum RangesAction {
+    /// Every range: topic, partitions [lo, hi), active or sealed, lineage.
+    List,
+    /// Split an active range into two at a partition boundary (default: the middle).
+    Split {
+        range: u64,
+        #[arg(long)]
+        at: Option<u32>,
+    },
+    /// Merge two adjacent active ranges of one topic.
+    Merge { left: u64, right: u64 },
+}
+
+/// One request to the admin port; returns the status line and the body.
+fn admin_request(admin: &str, method: &str, target: &str) -> anyhow::Result<(String, String)> {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(admin)?;
+    write!(stream, "{method} {target} HTTP/1.1\r\nHost: {admin}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response)?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    Ok((
+        head.lines().next().unwrap_or("").to_string(),
+        body.to_string(),
+    ))
+}
+
+fn ranges_command(admin: &str, action: &RangesAction) -> anyhow::Result<()> {
+    let (status, body) = match action {
+        RangesAction::List => admin_request(admin, "GET", "/ranges")?,
+        RangesAction::Split { range, at } => {
+            let at = at.map(|a| format!("&at={a}")).unwrap_or_default();
+            admin_request(admin, "POST", &format!("/ranges/split?range={range}{at}"))?
+        }
+        RangesAction::Merge { left, right } => admin_request(
+            admin,
+            "POST",
+            &format!("/ranges/merge?left={left}&right={right}"),
+        )?,
+    };
+    if !status.contains(" 200 ") {
+        anyhow::bail!("{status}: {body}");
+    }
+    if let RangesAction::List = action {
+        let ranges: Vec<tessera_gateway::ranges::RangeInfo> = serde_json::from_str(&body)?;
+        println!(
+            "{:>6}  {:<30} {:>8} {:>8}  {:<7} {:>5} {:>8} {:>14}  parents",
+            "range", "topic", "lo", "hi", "state", "epoch", "segments", "bytes"
+        );
+        for r in ranges {
+            let state = if r.active { "active" } else { "sealed" };
+            println!(
+                "{:>6}  {:<30} {:>8} {:>8}  {:<7} {:>5} {:>8} {:>14}  {:?}",
+                r.id,
+                r.topic,
+                r.lo,
+                r.hi,
+                state,
+                r.leader_epoch,
+                r.segments,
+                r.bytes_appended,
+                r.parents
+            );
+        }
+    } else {
+        println!("{body}");
+    }
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -42,6 +129,13 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Some(Command::Ranges { admin, action }) = &cli.command {
+        if let Err(e) = ranges_command(admin, action) {
+            eprintln!("error: {e}");
+            std::process::exit(1);
+        }
+        return Ok(());
+    }
     let mut overrides = Vec::new();
     for o in &cli.overrides {
         let (k, v) = o

@@ -153,9 +153,17 @@ fn read_partition(
     let mut hw = offsets.high_watermark;
     let mut log_start = offsets.log_start;
     if p.fetch_offset < offsets.high_watermark && (limit > 0 || first_in_response) {
-        let read = route.log.read(partition, p.fetch_offset, limit)?;
-        hw = read.offsets.high_watermark;
-        log_start = read.offsets.log_start;
+        // Offsets below the active range's base live in an ancestor range.
+        let log = if p.fetch_offset >= route.log.base_offset(partition)? {
+            route.log.clone()
+        } else {
+            broker.read_route(image, topic, partition, p.fetch_offset)?
+        };
+        let read = log.read(partition, p.fetch_offset, limit)?;
+        if Arc::ptr_eq(&log, &route.log) {
+            hw = read.offsets.high_watermark;
+            log_start = read.offsets.log_start;
+        }
         // Only the response's first batch may exceed the limit (KIP-74).
         if read.records.len() <= limit || first_in_response {
             records = read.records;

@@ -60,8 +60,15 @@ pub async fn handle(
                         Some(t) => broker
                             .route(&image, t, p.partition_index)
                             .and_then(|route| {
-                                lookup(&route.log, p.partition_index as u32, p.timestamp)
-                                    .map(|(offset, ts)| (offset, ts, route.leader_epoch))
+                                lookup(
+                                    broker,
+                                    &image,
+                                    t,
+                                    &route.log,
+                                    p.partition_index as u32,
+                                    p.timestamp,
+                                )
+                                .map(|(offset, ts)| (offset, ts, route.leader_epoch))
                             }),
                     };
                     match result {
@@ -87,24 +94,40 @@ pub async fn handle(
     ListOffsetsResponse::default().with_topics(topics)
 }
 
-/// `(offset, timestamp)` for one partition; `(-1, -1)` when no record qualifies.
+/// `(offset, timestamp)` for one partition; `(-1, -1)` when no record
+/// qualifies. Timestamp searches walk the partition's lineage oldest first.
 fn lookup(
-    log: &tessera_log::RangeLog,
+    broker: &Broker,
+    image: &tessera_metadata::MetadataImage,
+    topic: &tessera_metadata::TopicImage,
+    active: &tessera_log::RangeLog,
     partition: u32,
     timestamp: i64,
 ) -> Result<(i64, i64), ApiError> {
-    let offsets = log.offsets(partition)?;
+    let offsets = active.offsets(partition)?;
     match timestamp {
         LATEST | LATEST_TIERED => Ok((offsets.high_watermark, -1)),
         EARLIEST | EARLIEST_LOCAL => Ok((offsets.log_start, -1)),
-        MAX_TIMESTAMP => match log.batch_with_max_timestamp(partition)? {
-            None => Ok((-1, -1)),
-            Some(bytes) => record_at(bytes, |ts, max| ts == max),
-        },
-        ts if ts >= 0 => match log.batch_at_timestamp(partition, ts)? {
-            None => Ok((-1, -1)),
-            Some(bytes) => record_at(bytes, |record_ts, _| record_ts >= ts),
-        },
+        MAX_TIMESTAMP => {
+            let mut best: Option<(i64, i64)> = None;
+            for log in broker.lineage(image, topic, partition) {
+                if let Some(bytes) = log.batch_with_max_timestamp(partition)? {
+                    let found = record_at(bytes, |ts, max| ts == max)?;
+                    if best.is_none_or(|(_, ts)| found.1 > ts) {
+                        best = Some(found);
+                    }
+                }
+            }
+            Ok(best.unwrap_or((-1, -1)))
+        }
+        ts if ts >= 0 => {
+            for log in broker.lineage(image, topic, partition) {
+                if let Some(bytes) = log.batch_at_timestamp(partition, ts)? {
+                    return record_at(bytes, |record_ts, _| record_ts >= ts);
+                }
+            }
+            Ok((-1, -1))
+        }
         _ => Err(ApiError::InvalidRequest(format!(
             "invalid ListOffsets timestamp {timestamp}"
         ))),

@@ -1,0 +1,242 @@
+//! Elastic ranges: split and merge as metadata operations, and reads that
+//! follow a partition's lineage back through sealed ancestor ranges.
+//!
+//! A split seals the parent's log (appends from then on get
+//! NOT_LEADER_OR_FOLLOWER, clients refresh metadata), then commits one
+//! metadata entry: the parent's last segment sealed, the parent range sealed,
+//! the children created with the parent as lineage and their first segments
+//! opened with a higher leader epoch. The children seed each partition's next
+//! offset and producer state from the parent, so offsets continue with no gap
+//! and no reuse. No data is copied.
+
+use std::sync::Arc;
+
+use serde::Serialize;
+use tessera_log::RangeLog;
+use tessera_metadata::{
+    MetadataImage, MetadataRecord, RangeId, RangeRecord, SegmentId, SegmentOpenRecord, TopicImage,
+};
+
+use crate::broker::Broker;
+use crate::error::ApiError;
+
+/// One range as `tessera ranges list` and `GET /ranges` show it.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct RangeInfo {
+    pub id: RangeId,
+    pub topic: String,
+    pub lo: u32,
+    pub hi: u32,
+    pub active: bool,
+    pub parents: Vec<RangeId>,
+    pub segments: usize,
+    pub leader_epoch: i32,
+    pub bytes_appended: u64,
+}
+
+impl Broker {
+    /// Every range of every topic, by id.
+    pub fn list_ranges(&self) -> Vec<RangeInfo> {
+        let image = self.image();
+        image
+            .ranges
+            .values()
+            .filter_map(|r| {
+                let topic = image.topics.get(&r.topic_id)?;
+                let segments = image.segments_of(r.id);
+                Some(RangeInfo {
+                    id: r.id,
+                    topic: topic.name.clone(),
+                    lo: r.lo,
+                    hi: r.hi,
+                    active: r.active,
+                    parents: r.parents.clone(),
+                    segments: segments.len(),
+                    leader_epoch: segments.last().map_or(-1, |s| s.leader_epoch),
+                    bytes_appended: self.log_of(r.id).map_or(0, |l| l.bytes_appended()),
+                })
+            })
+            .collect()
+    }
+
+    /// Splits an active range at partition `at` (default: the middle) into
+    /// `[lo, at)` and `[at, hi)`. Returns the children's ids.
+    pub async fn split_range(
+        &self,
+        range_id: RangeId,
+        at: Option<u32>,
+    ) -> Result<(RangeId, RangeId), ApiError> {
+        let _guard = self.admin.lock().await;
+        let image = self.image();
+        let range = active_range(&image, range_id)?;
+        let mid = at.unwrap_or(range.lo + (range.hi - range.lo) / 2);
+        if mid <= range.lo || mid >= range.hi {
+            return Err(ApiError::InvalidRequest(format!(
+                "cannot split range {range_id} [{}, {}) at {mid}: both children need at least one partition",
+                range.lo, range.hi
+            )));
+        }
+        let (left, right) = (image.next_range_id(), image.next_range_id() + 1);
+        let mut records = self.seal_for_move(&image, &range)?;
+        let epoch = self.next_epoch(&image, &[range_id]);
+        let replicas = vec![self.config.node_id];
+        records.push(MetadataRecord::SealRange { range_id });
+        for (id, lo, hi) in [(left, range.lo, mid), (right, mid, range.hi)] {
+            records.push(MetadataRecord::CreateRange(RangeRecord {
+                range_id: id,
+                topic_id: range.topic_id,
+                lo,
+                hi,
+                parents: vec![range_id],
+            }));
+            records.push(open_segment(id, replicas.clone(), epoch));
+        }
+        self.commit_move(records).await?;
+        tracing::info!(range_id, at = mid, left, right, "split range");
+        Ok((left, right))
+    }
+
+    /// Merges two adjacent active ranges of one topic into one. Returns its id.
+    pub async fn merge_ranges(
+        &self,
+        left_id: RangeId,
+        right_id: RangeId,
+    ) -> Result<RangeId, ApiError> {
+        let _guard = self.admin.lock().await;
+        let image = self.image();
+        let left = active_range(&image, left_id)?;
+        let right = active_range(&image, right_id)?;
+        if left.topic_id != right.topic_id || left.hi != right.lo {
+            return Err(ApiError::InvalidRequest(format!(
+                "ranges {left_id} [{}, {}) and {right_id} [{}, {}) are not adjacent ranges of one topic",
+                left.lo, left.hi, right.lo, right.hi
+            )));
+        }
+        let child = image.next_range_id();
+        let mut records = self.seal_for_move(&image, &left)?;
+        records.extend(self.seal_for_move(&image, &right)?);
+        let epoch = self.next_epoch(&image, &[left_id, right_id]);
+        records.push(MetadataRecord::SealRange { range_id: left_id });
+        records.push(MetadataRecord::SealRange { range_id: right_id });
+        records.push(MetadataRecord::CreateRange(RangeRecord {
+            range_id: child,
+            topic_id: left.topic_id,
+            lo: left.lo,
+            hi: right.hi,
+            parents: vec![left_id, right_id],
+        }));
+        records.push(open_segment(child, vec![self.config.node_id], epoch));
+        self.commit_move(records).await?;
+        tracing::info!(left_id, right_id, child, "merged ranges");
+        Ok(child)
+    }
+
+    /// Seals a range's log locally and returns the records that bring the
+    /// metadata log up to date with its segments (including the last one).
+    fn seal_for_move(
+        &self,
+        image: &MetadataImage,
+        range: &tessera_metadata::RangeImage,
+    ) -> Result<Vec<MetadataRecord>, ApiError> {
+        let log = self.log_of(range.id).ok_or(ApiError::NotLeaderOrFollower)?;
+        let epoch = image.active_segment(range.id).map_or(0, |s| s.leader_epoch);
+        log.seal()?;
+        Ok(self.unrecorded_rolls(image, range, &log, epoch))
+    }
+
+    /// A partition's leader epoch grows with every move.
+    fn next_epoch(&self, image: &MetadataImage, parents: &[RangeId]) -> i32 {
+        parents
+            .iter()
+            .filter_map(|id| image.segments_of(*id).last().map(|s| s.leader_epoch))
+            .max()
+            .unwrap_or(0)
+            + 1
+    }
+
+    async fn commit_move(&self, records: Vec<MetadataRecord>) -> Result<(), ApiError> {
+        let outcome = self.controller.write_detailed(records).await?;
+        if !outcome.skipped.is_empty() {
+            // Only possible if the image changed under the admin lock.
+            tracing::error!(skipped = ?outcome.skipped, "range move records were skipped");
+        }
+        self.reconcile()
+            .await
+            .map_err(|e| ApiError::Storage(e.to_string()))
+    }
+
+    /// The log holding `offset` of `partition`: the active range's, or the
+    /// newest ancestor whose data starts at or below the offset.
+    pub fn read_route(
+        &self,
+        image: &MetadataImage,
+        topic: &TopicImage,
+        partition: u32,
+        offset: i64,
+    ) -> Result<Arc<RangeLog>, ApiError> {
+        let mut range = image
+            .active_range_for(topic.id, partition)
+            .ok_or(ApiError::NotLeaderOrFollower)?;
+        loop {
+            let log = self.log_of(range.id).ok_or(ApiError::NotLeaderOrFollower)?;
+            if offset >= log.base_offset(partition)? {
+                return Ok(log);
+            }
+            match parent_covering(image, &range, partition) {
+                Some(parent) => range = parent,
+                None => return Ok(log),
+            }
+        }
+    }
+
+    /// Every log that holds history of `partition`, oldest first.
+    pub fn lineage(
+        &self,
+        image: &MetadataImage,
+        topic: &TopicImage,
+        partition: u32,
+    ) -> Vec<Arc<RangeLog>> {
+        let mut out = Vec::new();
+        let mut next = image.active_range_for(topic.id, partition);
+        while let Some(range) = next {
+            if let Some(log) = self.log_of(range.id) {
+                out.push(log);
+            }
+            next = parent_covering(image, &range, partition);
+        }
+        out.reverse();
+        out
+    }
+}
+
+fn active_range(
+    image: &MetadataImage,
+    id: RangeId,
+) -> Result<Arc<tessera_metadata::RangeImage>, ApiError> {
+    match image.ranges.get(&id) {
+        Some(r) if r.active => Ok(r.clone()),
+        Some(_) => Err(ApiError::InvalidRequest(format!("range {id} is sealed"))),
+        None => Err(ApiError::InvalidRequest(format!("no range {id}"))),
+    }
+}
+
+fn parent_covering(
+    image: &MetadataImage,
+    range: &tessera_metadata::RangeImage,
+    partition: u32,
+) -> Option<Arc<tessera_metadata::RangeImage>> {
+    range
+        .parents
+        .iter()
+        .filter_map(|id| image.ranges.get(id))
+        .find(|r| r.lo <= partition && partition < r.hi)
+        .cloned()
+}
+
+fn open_segment(range: RangeId, replicas: Vec<i32>, leader_epoch: i32) -> MetadataRecord {
+    MetadataRecord::OpenSegment(SegmentOpenRecord {
+        segment: SegmentId { range, seq: 0 },
+        replicas,
+        leader_epoch,
+    })
+}
