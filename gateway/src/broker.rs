@@ -198,7 +198,13 @@ impl Broker {
     pub(crate) async fn reconcile(&self) -> anyhow::Result<()> {
         let image = self.image();
         let mut missing_records = Vec::new();
-        let gone: Vec<RangeId> = self.logs.read().keys().filter(|id| !image.ranges.contains_key(id)).copied().collect();
+        let gone: Vec<RangeId> = self
+            .logs
+            .read()
+            .keys()
+            .filter(|id| !image.ranges.contains_key(id))
+            .copied()
+            .collect();
         for id in gone {
             if let Some(log) = self.logs.write().remove(&id) {
                 log.delete()?;
@@ -208,7 +214,10 @@ impl Broker {
         if let Ok(entries) = std::fs::read_dir(self.topics_dir()) {
             for entry in entries.flatten() {
                 let name = entry.file_name().to_string_lossy().to_string();
-                let known = image.topics.values().any(|t| name == format!("{}-{}", t.name, t.id.simple()));
+                let known = image
+                    .topics
+                    .values()
+                    .any(|t| name == format!("{}-{}", t.name, t.id.simple()));
                 if !known {
                     tracing::info!(dir = %entry.path().display(), "removing data of deleted topic");
                     std::fs::remove_dir_all(entry.path())?;
@@ -225,14 +234,22 @@ impl Broker {
                 }
                 continue;
             }
-            let Some(topic) = image.topics.get(&range.topic_id) else { continue };
+            let Some(topic) = image.topics.get(&range.topic_id) else {
+                continue;
+            };
             let segments = image.segments_of(range.id);
-            let Some(last) = segments.last() else { continue };
+            let Some(last) = segments.last() else {
+                continue;
+            };
             if last.primary() != Some(self.config.node_id) {
                 continue;
             }
             let effective = EffectiveTopicConfig::resolve(&topic.configs, &self.config);
-            let seed = if range.parents.is_empty() { None } else { Some(self.seed_from_parents(&image, range)?) };
+            let seed = if range.parents.is_empty() {
+                None
+            } else {
+                Some(self.seed_from_parents(&image, range)?)
+            };
             let log = RangeLog::open(
                 RangeLogOptions {
                     dir: self.range_dir(topic, range.id),
@@ -241,14 +258,21 @@ impl Broker {
                     segment_bytes: effective.segment_bytes,
                     segment_ms: effective.segment_ms,
                     leader_epoch: last.leader_epoch,
-                    log_start_offsets: (range.lo..range.hi).map(|p| image.log_start_offset(topic.id, p)).collect(),
+                    log_start_offsets: (range.lo..range.hi)
+                        .map(|p| image.log_start_offset(topic.id, p))
+                        .collect(),
                     seed,
                     sealed: !range.active,
                 },
                 self.hw_events.clone(),
             )?;
             if range.active {
-                missing_records.extend(self.unrecorded_rolls(&image, range, &log, last.leader_epoch));
+                missing_records.extend(self.unrecorded_rolls(
+                    &image,
+                    range,
+                    &log,
+                    last.leader_epoch,
+                ));
             }
             self.logs.write().insert(range.id, log);
         }
@@ -260,24 +284,27 @@ impl Broker {
 
     /// What a split or merge child inherits: for each of its partitions, the
     /// next offset and producer state of the parent that held it.
-    fn seed_from_parents(&self, image: &MetadataImage, range: &RangeImage) -> anyhow::Result<RangeSeed> {
+    fn seed_from_parents(
+        &self,
+        image: &MetadataImage,
+        range: &RangeImage,
+    ) -> anyhow::Result<RangeSeed> {
         let width = (range.hi - range.lo) as usize;
         let mut seed = RangeSeed {
             next_offsets: vec![0; width],
             producers: vec![Default::default(); width],
         };
         for parent_id in &range.parents {
-            let Some(parent) = image.ranges.get(parent_id) else { continue };
+            let Some(parent) = image.ranges.get(parent_id) else {
+                continue;
+            };
             let (lo, hi) = (parent.lo.max(range.lo), parent.hi.min(range.hi));
             if lo >= hi {
                 continue;
             }
-            let log = self
-                .logs
-                .read()
-                .get(parent_id)
-                .cloned()
-                .ok_or_else(|| anyhow::anyhow!("parent range {parent_id} of range {} is not open", range.id))?;
+            let log = self.logs.read().get(parent_id).cloned().ok_or_else(|| {
+                anyhow::anyhow!("parent range {parent_id} of range {} is not open", range.id)
+            })?;
             let part = log.seed_for(lo, hi)?;
             let at = (lo - range.lo) as usize;
             seed.next_offsets[at..at + part.next_offsets.len()].copy_from_slice(&part.next_offsets);
