@@ -90,7 +90,10 @@ impl Broker {
                 producer_epoch: -1,
                 timestamp_type: TimestampType::Creation,
                 offset: i as i64,
-                sequence: -1,
+                // The encoder starts a new batch whenever `offset - sequence`
+                // changes; this keeps every record in one batch whose base
+                // sequence is -1 (no idempotent producer).
+                sequence: i as i32 - 1,
                 timestamp: now,
                 key: key.clone(),
                 value: value.clone(),

@@ -67,7 +67,12 @@ async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch:
             }
         };
         // In request order: decode, and a produce's appends; the rest runs concurrently.
-        let in_flight = api::start_frame(&broker, frame).await;
+        let in_flight = api::PEER
+            .scope(
+                peer.unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
+                api::start_frame(&broker, frame),
+            )
+            .await;
         let handle = tokio::spawn(in_flight);
         if tx.send(handle).await.is_err() {
             break;

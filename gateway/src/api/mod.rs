@@ -3,14 +3,25 @@
 
 pub mod api_versions;
 pub mod create_topics;
+pub mod delete_groups;
 pub mod delete_topics;
 pub mod describe_cluster;
 pub mod describe_configs;
+pub mod describe_groups;
 pub mod fetch;
+pub mod find_coordinator;
+pub mod heartbeat;
 pub mod init_producer_id;
+pub mod join_group;
+pub mod leave_group;
+pub mod list_groups;
 pub mod list_offsets;
 pub mod metadata;
+pub mod offset_commit;
+pub mod offset_delete;
+pub mod offset_fetch;
 pub mod produce;
+pub mod sync_group;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -45,6 +56,17 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeCluster, 0, 2),
     (ApiKey::DescribeConfigs, 1, 4),
     (ApiKey::InitProducerId, 0, 5),
+    (ApiKey::FindCoordinator, 0, 6),
+    (ApiKey::JoinGroup, 0, 9),
+    (ApiKey::SyncGroup, 0, 5),
+    (ApiKey::Heartbeat, 0, 4),
+    (ApiKey::LeaveGroup, 0, 5),
+    (ApiKey::OffsetCommit, 2, 9),
+    (ApiKey::OffsetFetch, 1, 9),
+    (ApiKey::OffsetDelete, 0, 0),
+    (ApiKey::DescribeGroups, 0, 6),
+    (ApiKey::ListGroups, 0, 5),
+    (ApiKey::DeleteGroups, 0, 2),
 ];
 
 pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
@@ -100,6 +122,18 @@ fn frame<R: Encodable>(api: ApiKey, version: i16, correlation_id: i32, body: &R)
 
 fn decode<R: Decodable>(body: &mut Bytes, version: i16) -> Result<R, Reply> {
     R::decode(body, version).map_err(|e| Reply::Close(format!("malformed request body: {e}")))
+}
+
+tokio::task_local! {
+    /// The peer of the connection whose request is being started (set by
+    /// the connection around [`start_frame`]).
+    pub static PEER: std::net::SocketAddr;
+}
+
+/// Kafka's form of a client's address (`/127.0.0.1`), for group members.
+fn client_host() -> String {
+    PEER.try_with(|p| format!("/{}", p.ip()))
+        .unwrap_or_else(|_| "/0.0.0.0".to_string())
 }
 
 /// The rest of a request's handling, run concurrently with later requests.
@@ -176,6 +210,17 @@ async fn dispatch(
                 frame(api, v, id, &response)
             })
         }};
+        ($module:ident, $extra:expr) => {{
+            let request = match decode(&mut body, v) {
+                Ok(r) => r,
+                Err(reply) => return ready(reply),
+            };
+            let extra = $extra;
+            Box::pin(async move {
+                let response = $module::handle(&broker, &header, request, extra).await;
+                frame(api, v, id, &response)
+            })
+        }};
     }
     match api {
         ApiKey::Produce => {
@@ -200,6 +245,17 @@ async fn dispatch(
         ApiKey::DescribeCluster => call!(describe_cluster),
         ApiKey::DescribeConfigs => call!(describe_configs),
         ApiKey::InitProducerId => call!(init_producer_id),
+        ApiKey::FindCoordinator => call!(find_coordinator),
+        ApiKey::JoinGroup => call!(join_group, client_host()),
+        ApiKey::SyncGroup => call!(sync_group),
+        ApiKey::Heartbeat => call!(heartbeat),
+        ApiKey::LeaveGroup => call!(leave_group),
+        ApiKey::OffsetCommit => call!(offset_commit),
+        ApiKey::OffsetFetch => call!(offset_fetch),
+        ApiKey::OffsetDelete => call!(offset_delete),
+        ApiKey::DescribeGroups => call!(describe_groups),
+        ApiKey::ListGroups => call!(list_groups),
+        ApiKey::DeleteGroups => call!(delete_groups),
         other => ready(Reply::Close(format!("API {other:?} has no handler"))),
     }
 }

@@ -1521,3 +1521,928 @@ pub fn parse_subscription_topics(metadata: &[u8]) -> Option<Vec<String>> {
     }
     Some(topics)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SESSION: i32 = 10_000;
+    const REBALANCE: i32 = 30_000;
+    const DELAY: i64 = 3_000;
+
+    fn config() -> ClassicConfig {
+        ClassicConfig {
+            initial_rebalance_delay_ms: DELAY,
+            new_member_join_timeout_ms: 300_000,
+            max_size: 100,
+            min_session_timeout_ms: 1_000,
+            max_session_timeout_ms: 60_000,
+        }
+    }
+
+    fn protos(list: &[(&str, &[u8])]) -> Vec<Protocol> {
+        list.iter()
+            .map(|(n, m)| Protocol {
+                name: n.to_string(),
+                metadata: Bytes::copy_from_slice(m),
+            })
+            .collect()
+    }
+
+    /// A consumer protocol subscription (v0) to `topics`.
+    fn subscription(topics: &[&str]) -> Vec<u8> {
+        let mut b = vec![0, 0];
+        b.extend_from_slice(&(topics.len() as i32).to_be_bytes());
+        for t in topics {
+            b.extend_from_slice(&(t.len() as i16).to_be_bytes());
+            b.extend_from_slice(t.as_bytes());
+        }
+        b.extend_from_slice(&(-1i32).to_be_bytes()); // null user data
+        b
+    }
+
+    struct H {
+        g: ClassicGroup,
+        now: i64,
+        next: WaiterId,
+        ids: u32,
+    }
+
+    impl H {
+        fn new() -> H {
+            H::with(config())
+        }
+
+        fn with(config: ClassicConfig) -> H {
+            H {
+                g: ClassicGroup::new("g", config, 1_000_000),
+                now: 1_000_000,
+                next: 1,
+                ids: 0,
+            }
+        }
+
+        fn request(&mut self, member_id: &str, instance: Option<&str>) -> JoinRequest {
+            self.ids += 1;
+            JoinRequest {
+                member_id: member_id.to_string(),
+                group_instance_id: instance.map(str::to_string),
+                client_id: "client".into(),
+                client_host: "/127.0.0.1".into(),
+                session_timeout_ms: SESSION,
+                rebalance_timeout_ms: REBALANCE,
+                protocol_type: "consumer".into(),
+                protocols: protos(&[("range", b"r")]),
+                requires_known_member_id: true,
+                supports_skip_assignment: false,
+                new_member_id: format!("{}-{}", instance.unwrap_or("client"), self.ids),
+            }
+        }
+
+        fn join_with(&mut self, req: JoinRequest) -> (WaiterId, Effects) {
+            let w = self.next;
+            self.next += 1;
+            let fx = self.g.join(req, w, self.now);
+            (w, fx)
+        }
+
+        fn join(&mut self, member_id: &str) -> (WaiterId, Effects) {
+            let req = self.request(member_id, None);
+            self.join_with(req)
+        }
+
+        /// A dynamic member joining from scratch (MEMBER_ID_REQUIRED, then parked).
+        fn new_member(&mut self) -> (String, WaiterId) {
+            let (w, fx) = self.join("");
+            let r = join_reply(&fx, w).expect("answered at once");
+            assert_eq!(r.code(), ApiError::MemberIdRequired.code());
+            let id = r.member_id.clone();
+            let (w, fx) = self.join(&id);
+            assert!(join_reply(&fx, w).is_none(), "parked");
+            (id, w)
+        }
+
+        fn sync(&mut self, member_id: &str, assignments: &[(&str, &[u8])]) -> (WaiterId, Effects) {
+            self.sync_as(member_id, None, assignments)
+        }
+
+        fn sync_as(
+            &mut self,
+            member_id: &str,
+            instance: Option<&str>,
+            assignments: &[(&str, &[u8])],
+        ) -> (WaiterId, Effects) {
+            let w = self.next;
+            self.next += 1;
+            let req = SyncRequest {
+                member_id: member_id.into(),
+                group_instance_id: instance.map(str::to_string),
+                generation_id: self.g.generation_id(),
+                protocol_type: Some("consumer".into()),
+                protocol_name: self.g.protocol_name().map(str::to_string),
+                assignments: assignments
+                    .iter()
+                    .map(|(m, a)| (m.to_string(), Bytes::copy_from_slice(a)))
+                    .collect(),
+            };
+            let fx = self.g.sync(req, w, self.now);
+            (w, fx)
+        }
+
+        fn advance(&mut self, ms: i64) -> Effects {
+            self.now += ms;
+            self.g.tick(self.now)
+        }
+
+        /// Advances through the initial delay (and its extensions) until the
+        /// join phase completes; returns every reply on the way.
+        fn settle(&mut self) -> Effects {
+            let mut all = Effects::default();
+            for _ in 0..20 {
+                let fx = self.advance(DELAY);
+                all.replies.extend(fx.replies);
+                all.store |= fx.store;
+                if self.g.state() != ClassicState::PreparingRebalance {
+                    break;
+                }
+            }
+            all
+        }
+
+        fn heartbeat(&mut self, member_id: &str) -> i16 {
+            let generation = self.g.generation_id();
+            match self.g.heartbeat(member_id, None, generation, self.now) {
+                Ok(()) => 0,
+                Err(e) => e.code(),
+            }
+        }
+
+        /// Two dynamic members through a full first rebalance: Stable, generation 1.
+        fn stable_pair(&mut self) -> (String, String) {
+            let (a, wa) = self.new_member();
+            let (b, wb) = self.new_member();
+            // b joined during a's initial delay: it is extended once.
+            assert!(self.advance(DELAY).replies.is_empty());
+            let fx = self.advance(DELAY);
+            let ra = join_reply(&fx, wa).expect("a answered");
+            let rb = join_reply(&fx, wb).expect("b answered");
+            assert_eq!((ra.code(), rb.code()), (0, 0));
+            let (s1, fx1) = self.sync(&b, &[]);
+            assert!(sync_reply(&fx1, s1).is_none());
+            let (s0, fx0) = self.sync(&a, &[(&a, b"A"), (&b, b"B")]);
+            assert!(fx0.store);
+            assert_eq!(sync_reply(&fx0, s0).unwrap().assignment.as_ref(), b"A");
+            assert_eq!(sync_reply(&fx0, s1).unwrap().assignment.as_ref(), b"B");
+            assert_eq!(self.g.state(), ClassicState::Stable);
+            (a, b)
+        }
+    }
+
+    fn join_reply(fx: &Effects, w: WaiterId) -> Option<&JoinResult> {
+        fx.replies.iter().find_map(|r| match r {
+            Reply::Join(id, res) if *id == w => Some(res),
+            _ => None,
+        })
+    }
+
+    fn sync_reply(fx: &Effects, w: WaiterId) -> Option<&SyncResult> {
+        fx.replies.iter().find_map(|r| match r {
+            Reply::Sync(id, res) if *id == w => Some(res),
+            _ => None,
+        })
+    }
+
+    #[test]
+    fn first_join_gets_member_id_then_waits_the_initial_delay() {
+        let mut h = H::new();
+        let (id, w) = h.new_member();
+        assert!(id.starts_with("client-"));
+        assert_eq!(h.g.state(), ClassicState::PreparingRebalance);
+        // Everyone has joined, but the initial delay is never cut short.
+        assert!(h.advance(DELAY - 1).replies.is_empty());
+        let fx = h.advance(1);
+        let r = join_reply(&fx, w).unwrap();
+        assert_eq!(r.code(), 0);
+        assert_eq!(r.generation_id, 1);
+        assert_eq!(r.leader, id);
+        assert_eq!(r.members.len(), 1);
+        assert_eq!(r.protocol_name.as_deref(), Some("range"));
+        assert_eq!(h.g.state(), ClassicState::CompletingRebalance);
+    }
+
+    #[test]
+    fn old_clients_join_without_member_id_required() {
+        let mut h = H::new();
+        let mut req = h.request("", None);
+        req.requires_known_member_id = false;
+        let (w, fx) = h.join_with(req);
+        assert!(fx.replies.is_empty());
+        let fx = h.settle();
+        assert_eq!(join_reply(&fx, w).unwrap().generation_id, 1);
+    }
+
+    #[test]
+    fn pending_member_that_never_rejoins_expires() {
+        let mut h = H::new();
+        let (w, fx) = h.join("");
+        assert_eq!(join_reply(&fx, w).unwrap().code(), 79);
+        assert_eq!(h.g.pending_join.len(), 1);
+        h.advance(SESSION as i64);
+        assert!(h.g.pending_join.is_empty());
+    }
+
+    #[test]
+    fn initial_delay_extends_for_new_members_up_to_rebalance_timeout() {
+        let mut h = H::new();
+        let (_, w1) = h.new_member();
+        h.now += 2_000;
+        let (_, w2) = h.new_member();
+        // At the first deadline a member was added: wait another delay.
+        let fx = h.advance(1_000);
+        assert!(fx.replies.is_empty());
+        let fx = h.settle();
+        assert!(join_reply(&fx, w1).is_some() && join_reply(&fx, w2).is_some());
+        assert_eq!(h.g.num_members(), 2);
+
+        // A stream of joiners cannot hold the group forever: rebalance timeout caps it.
+        let mut h = H::new();
+        let start = h.now;
+        let (_, first) = h.new_member();
+        let mut done_at = None;
+        for _ in 0..40 {
+            h.now += 1_000;
+            h.new_member();
+            let fx = h.g.tick(h.now);
+            if join_reply(&fx, first).is_some() {
+                done_at = Some(h.now - start);
+                break;
+            }
+        }
+        let done = done_at.expect("completed");
+        assert!(
+            done <= REBALANCE as i64 + DELAY,
+            "completed after {done} ms"
+        );
+    }
+
+    #[test]
+    fn leader_assignment_is_stored_and_handed_to_every_member() {
+        let mut h = H::new();
+        let (a, b) = h.stable_pair();
+        assert_eq!(h.g.leader_id(), Some(a.as_str()));
+        // A late SyncGroup in Stable gets its assignment at once.
+        let (w, fx) = h.sync(&b, &[]);
+        assert_eq!(sync_reply(&fx, w).unwrap().assignment.as_ref(), b"B");
+        assert!(!fx.store);
+        let rec = h.g.to_record();
+        assert_eq!(rec.generation, 1);
+        assert_eq!(rec.members.len(), 2);
+        assert_eq!(rec.members[1].assignment.as_ref(), b"B");
+        assert_eq!(rec.members[0].subscription.as_ref(), b"r");
+    }
+
+    #[test]
+    fn member_missing_from_leader_assignment_gets_empty() {
+        let mut h = H::new();
+        let (a, wa) = h.new_member();
+        let (b, _) = h.new_member();
+        let fx = h.settle();
+        assert!(join_reply(&fx, wa).is_some());
+        h.sync(&a, &[(&a, b"A")]);
+        let (w, fx) = h.sync(&b, &[]);
+        assert!(sync_reply(&fx, w).unwrap().assignment.is_empty());
+    }
+
+    #[test]
+    fn heartbeat_errors() {
+        let mut h = H::new();
+        let (a, _) = h.stable_pair();
+        assert_eq!(h.heartbeat(&a), 0);
+        assert_eq!(h.heartbeat("nobody"), ApiError::UnknownMemberId.code());
+        assert_eq!(
+            h.g.heartbeat(&a, None, 7, h.now).unwrap_err().code(),
+            ApiError::IllegalGeneration.code()
+        );
+        // A new member starts a rebalance: the others learn it from heartbeats.
+        h.new_member();
+        assert_eq!(h.g.state(), ClassicState::PreparingRebalance);
+        assert_eq!(h.heartbeat(&a), ApiError::RebalanceInProgress.code());
+        // Static fencing applies to heartbeats too.
+        assert_eq!(
+            h.g.heartbeat(&a, Some("i"), 1, h.now).unwrap_err().code(),
+            ApiError::UnknownMemberId.code()
+        );
+    }
+
+    #[test]
+    fn rebalance_completes_as_soon_as_everyone_rejoined() {
+        let mut h = H::new();
+        let (a, b) = h.stable_pair();
+        let (c, wc) = h.new_member();
+        assert!(h.advance(1).replies.is_empty());
+        let (wa, fx) = h.join(&a);
+        assert!(fx.replies.is_empty());
+        let (wb, fx) = h.join(&b);
+        // No initial delay: the group was not empty.
+        let ra = join_reply(&fx, wa).unwrap();
+        assert_eq!(ra.generation_id, 2);
+        assert_eq!(ra.members.len(), 3, "the leader gets every member");
+        assert!(join_reply(&fx, wb).unwrap().members.is_empty());
+        assert!(join_reply(&fx, wc).is_some());
+        assert_eq!(h.g.state(), ClassicState::CompletingRebalance);
+        // A member that syncs with the old generation is refused.
+        let w = 999;
+        let fx = h.g.sync(
+            SyncRequest {
+                member_id: c.clone(),
+                group_instance_id: None,
+                generation_id: 1,
+                protocol_type: None,
+                protocol_name: None,
+                assignments: vec![],
+            },
+            w,
+            h.now,
+        );
+        assert_eq!(
+            sync_reply(&fx, w).unwrap().code(),
+            ApiError::IllegalGeneration.code()
+        );
+    }
+
+    #[test]
+    fn follower_rejoining_a_stable_group_with_same_metadata_does_not_rebalance() {
+        let mut h = H::new();
+        let (a, b) = h.stable_pair();
+        let (w, fx) = h.join(&b);
+        let r = join_reply(&fx, w).unwrap();
+        assert_eq!((r.code(), r.generation_id), (0, 1));
+        assert_eq!(r.leader, a);
+        assert_eq!(h.g.state(), ClassicState::Stable);
+        // The leader rejoining forces one (topic metadata may have changed).
+        let (_, fx) = h.join(&a);
+        assert!(fx.replies.is_empty());
+        assert_eq!(h.g.state(), ClassicState::PreparingRebalance);
+    }
+
+    #[test]
+    fn changed_metadata_in_stable_rebalances() {
+        // Cooperative consumers rejoin with their owned partitions in the
+        // metadata: a follow-up rebalance is just another join round.
+        let mut h = H::new();
+        let (a, b) = h.stable_pair();
+        let mut req = h.request(&b, None);
+        req.protocols = protos(&[("range", b"owned:1")]);
+        let (wb, fx) = h.join_with(req);
+        assert!(fx.replies.is_empty());
+        assert_eq!(h.g.state(), ClassicState::PreparingRebalance);
+        let (wa, fx) = h.join(&a);
+        assert_eq!(join_reply(&fx, wa).unwrap().generation_id, 2);
+        let leader_view = &join_reply(&fx, wa).unwrap().members;
+        let b_meta = leader_view.iter().find(|m| m.member_id == b).unwrap();
+        assert_eq!(b_meta.metadata.as_ref(), b"owned:1");
+        assert!(join_reply(&fx, wb).is_some());
+    }
+
+    #[test]
+    fn protocol_selection_needs_every_member() {
+        let mut h = H::new();
+        let mut r1 = h.request("", None);
+        r1.requires_known_member_id = false;
+        r1.protocols = protos(&[("cooperative-sticky", b"c"), ("range", b"r")]);
+        let (w1, _) = h.join_with(r1);
+        let mut r2 = h.request("", None);
+        r2.requires_known_member_id = false;
+        r2.protocols = protos(&[("range", b"r"), ("cooperative-sticky", b"c")]);
+        h.join_with(r2);
+        let mut r3 = h.request("", None);
+        r3.requires_known_member_id = false;
+        r3.protocols = protos(&[("cooperative-sticky", b"c")]);
+        h.join_with(r3);
+        let fx = h.settle();
+        let r = join_reply(&fx, w1).unwrap();
+        assert_eq!(r.protocol_name.as_deref(), Some("cooperative-sticky"));
+        // The leader gets each member's metadata for the chosen protocol.
+        assert!(r.members.iter().all(|m| m.metadata.as_ref() == b"c"));
+
+        // A member with no protocol in common is refused.
+        let mut r4 = h.request("", None);
+        r4.requires_known_member_id = false;
+        r4.protocols = protos(&[("roundrobin", b"x")]);
+        let (w4, fx) = h.join_with(r4);
+        assert_eq!(
+            join_reply(&fx, w4).unwrap().code(),
+            ApiError::InconsistentGroupProtocol.code()
+        );
+        let mut r5 = h.request("", None);
+        r5.protocol_type = "connect".into();
+        let (w5, fx) = h.join_with(r5);
+        assert_eq!(
+            join_reply(&fx, w5).unwrap().code(),
+            ApiError::InconsistentGroupProtocol.code()
+        );
+    }
+
+    #[test]
+    fn first_member_needs_protocol_type_and_protocols() {
+        let mut h = H::new();
+        let mut req = h.request("", None);
+        req.protocol_type = String::new();
+        let (w, fx) = h.join_with(req);
+        assert_eq!(
+            join_reply(&fx, w).unwrap().code(),
+            ApiError::InconsistentGroupProtocol.code()
+        );
+        let mut req = h.request("", None);
+        req.protocols.clear();
+        let (w, fx) = h.join_with(req);
+        assert_eq!(
+            join_reply(&fx, w).unwrap().code(),
+            ApiError::InconsistentGroupProtocol.code()
+        );
+    }
+
+    #[test]
+    fn session_timeout_must_be_in_range() {
+        let mut h = H::new();
+        for t in [999, 60_001] {
+            let mut req = h.request("", None);
+            req.session_timeout_ms = t;
+            let (w, fx) = h.join_with(req);
+            assert_eq!(
+                join_reply(&fx, w).unwrap().code(),
+                ApiError::InvalidSessionTimeout.code()
+            );
+        }
+    }
+
+    #[test]
+    fn unknown_member_join_is_refused() {
+        let mut h = H::new();
+        let (w, fx) = h.join("ghost");
+        assert_eq!(
+            join_reply(&fx, w).unwrap().code(),
+            ApiError::UnknownMemberId.code()
+        );
+    }
+
+    #[test]
+    fn leaving_members_rebalance_and_the_last_one_empties_the_group() {
+        let mut h = H::new();
+        let (a, b) = h.stable_pair();
+        let (results, fx) = h.g.leave(&[(b.clone(), None)], h.now);
+        assert!(results.unwrap()[0].is_ok());
+        assert!(!fx.store);
+        assert_eq!(h.g.state(), ClassicState::PreparingRebalance);
+        let (w, fx) = h.join(&a);
+        let r = join_reply(&fx, w).unwrap();
+        assert_eq!((r.generation_id, r.members.len()), (2, 1));
+        let (results, fx) =
+            h.g.leave(&[(a.clone(), None), ("ghost".into(), None)], h.now);
+        let results = results.unwrap();
+        assert!(results[0].is_ok());
+        assert_eq!(results[1].as_ref().unwrap_err().code(), 25);
+        assert!(fx.store, "an empty group is persisted");
+        assert_eq!(h.g.state(), ClassicState::Empty);
+        assert_eq!(h.g.generation_id(), 3);
+        assert!(h.g.to_record().members.is_empty());
+        assert_eq!(h.g.protocol_type(), Some("consumer"));
+    }
+
+    #[test]
+    fn session_expiry_removes_the_silent_member() {
+        let mut h = H::new();
+        let (a, b) = h.stable_pair();
+        // a heartbeats, b does not.
+        for _ in 0..3 {
+            h.now += 3_000;
+            assert_eq!(h.heartbeat(&a), 0);
+            assert!(h.g.tick(h.now).replies.is_empty());
+        }
+        h.now += 1_000;
+        h.g.tick(h.now);
+        assert!(h.g.member(&b).is_none(), "b expired");
+        assert_eq!(h.g.state(), ClassicState::PreparingRebalance);
+        assert_eq!(h.heartbeat(&a), ApiError::RebalanceInProgress.code());
+        let (w, fx) = h.join(&a);
+        assert_eq!(join_reply(&fx, w).unwrap().members.len(), 1);
+    }
+
+    #[test]
+    fn rebalance_timeout_drops_members_that_did_not_rejoin() {
+        let mut h = H::new();
+        let (a, b) = h.stable_pair();
+        let (wa, _) = {
+            // b keeps heartbeating but never rejoins.
+            h.new_member()
+        };
+        let _ = wa;
+        let (w, _) = h.join(&a);
+        let mut answered = None;
+        for _ in 0..(REBALANCE / 1000) {
+            h.now += 1_000;
+            let _ = h.heartbeat(&b);
+            let fx = h.g.tick(h.now);
+            if let Some(r) = join_reply(&fx, w) {
+                answered = Some(r.clone());
+                break;
+            }
+        }
+        let r = answered.expect("join completed at the rebalance timeout");
+        assert_eq!(r.members.len(), 2);
+        assert!(h.g.member(&b).is_none());
+    }
+
+    #[test]
+    fn member_that_never_syncs_is_removed_after_rebalance_timeout() {
+        let mut h = H::new();
+        let (a, wa) = h.new_member();
+        let (b, _) = h.new_member();
+        let fx = h.settle();
+        assert!(join_reply(&fx, wa).is_some());
+        h.sync(&a, &[(&a, b"A"), (&b, b"B")]);
+        assert_eq!(h.g.state(), ClassicState::Stable);
+        // b never sends SyncGroup (but heartbeats).
+        for _ in 0..(REBALANCE / 5000) {
+            h.now += 5_000;
+            let _ = h.heartbeat(&a);
+            let _ = h.heartbeat(&b);
+            h.g.tick(h.now);
+        }
+        assert!(h.g.member(&b).is_none());
+        assert_eq!(h.g.state(), ClassicState::PreparingRebalance);
+    }
+
+    #[test]
+    fn new_member_parked_too_long_expires() {
+        let mut cfg = config();
+        cfg.new_member_join_timeout_ms = 7_000;
+        let mut h = H::with(cfg);
+        let (a, b) = h.stable_pair();
+        let (c, wc) = h.new_member();
+        // a and b keep heartbeating and never rejoin; the join phase lasts
+        // the rebalance timeout, but c's parked join expires first.
+        let mut c_answer = None;
+        for _ in 0..10 {
+            h.now += 1_000;
+            let _ = h.heartbeat(&a);
+            let _ = h.heartbeat(&b);
+            let fx = h.g.tick(h.now);
+            if let Some(r) = join_reply(&fx, wc) {
+                c_answer = Some(r.code());
+                break;
+            }
+        }
+        assert_eq!(c_answer, Some(ApiError::UnknownMemberId.code()));
+        assert!(h.g.member(&c).is_none());
+    }
+
+    #[test]
+    fn newer_join_supersedes_a_parked_one() {
+        let mut h = H::new();
+        let (id, w1) = h.new_member();
+        let (w2, fx) = h.join(&id);
+        assert_eq!(
+            join_reply(&fx, w1).unwrap().code(),
+            ApiError::RebalanceInProgress.code()
+        );
+        let fx = h.settle();
+        assert!(join_reply(&fx, w2).is_some());
+    }
+
+    fn static_pair(h: &mut H) -> (String, String) {
+        let ra = h.request("", Some("ia"));
+        let (wa, fx) = h.join_with(ra);
+        assert!(
+            fx.replies.is_empty(),
+            "static members skip MEMBER_ID_REQUIRED"
+        );
+        let rb = h.request("", Some("ib"));
+        let (wb, _) = h.join_with(rb);
+        let fx = h.settle();
+        let a = join_reply(&fx, wa).unwrap().member_id.clone();
+        let b = join_reply(&fx, wb).unwrap().member_id.clone();
+        assert!(a.starts_with("ia-"));
+        h.sync_as(&b, Some("ib"), &[]);
+        let (_, fx) = h.sync_as(&a, Some("ia"), &[(&a, b"A"), (&b, b"B")]);
+        assert!(fx.store);
+        (a, b)
+    }
+
+    #[test]
+    fn static_member_restart_gets_its_assignment_back_without_rebalance() {
+        let mut h = H::new();
+        let (a, b) = static_pair(&mut h);
+        let req = h.request("", Some("ib"));
+        let (w, fx) = h.join_with(req);
+        assert!(fx.store, "the new member id is persisted");
+        let r = join_reply(&fx, w).unwrap();
+        assert_eq!((r.code(), r.generation_id), (0, 1));
+        assert_eq!(r.leader, a);
+        let new_b = r.member_id.clone();
+        assert_ne!(new_b, b);
+        assert_eq!(h.g.state(), ClassicState::Stable);
+        let (sw, fx) = h.sync_as(&new_b, Some("ib"), &[]);
+        assert_eq!(sync_reply(&fx, sw).unwrap().assignment.as_ref(), b"B");
+        // The old instance is fenced everywhere.
+        assert_eq!(
+            h.g.heartbeat(&b, Some("ib"), 1, h.now).unwrap_err().code(),
+            ApiError::FencedInstanceId.code()
+        );
+        let (w, fx) = {
+            let req = h.request(&b, Some("ib"));
+            h.join_with(req)
+        };
+        assert_eq!(
+            join_reply(&fx, w).unwrap().code(),
+            ApiError::FencedInstanceId.code()
+        );
+        assert_eq!(
+            h.g.validate_offset_commit(&b, Some("ib"), 1)
+                .unwrap_err()
+                .code(),
+            ApiError::FencedInstanceId.code()
+        );
+        assert!(h.g.validate_offset_commit(&new_b, Some("ib"), 1).is_ok());
+        assert_eq!(h.g.static_member_id("ib"), Some(new_b.as_str()));
+    }
+
+    #[test]
+    fn static_leader_restart_does_not_recompute_the_assignment() {
+        let mut h = H::new();
+        let (a, _) = static_pair(&mut h);
+        // Before v9 the old leader id comes back, so the client acts as a follower.
+        let req = h.request("", Some("ia"));
+        let (w, fx) = h.join_with(req);
+        let r = join_reply(&fx, w).unwrap();
+        assert_eq!(r.leader, a);
+        assert!(!r.skip_assignment && r.members.is_empty());
+        let new_a = r.member_id.clone();
+        assert_eq!(h.g.leader_id(), Some(new_a.as_str()));
+        // v9+: it is told it leads, with the members, and to skip assigning.
+        let mut req = h.request("", Some("ia"));
+        req.supports_skip_assignment = true;
+        let (w, fx) = h.join_with(req);
+        let r = join_reply(&fx, w).unwrap();
+        assert_eq!(r.leader, r.member_id);
+        assert!(r.skip_assignment);
+        assert_eq!(r.members.len(), 2);
+    }
+
+    #[test]
+    fn static_member_with_new_protocols_triggers_rebalance() {
+        let mut h = H::new();
+        static_pair(&mut h);
+        let mut req = h.request("", Some("ib"));
+        req.protocols = protos(&[("roundrobin", b"x"), ("range", b"r")]);
+        let (w, fx) = h.join_with(req);
+        // Same selected protocol (range): no rebalance.
+        assert!(join_reply(&fx, w).is_some());
+        assert_eq!(h.g.state(), ClassicState::Stable);
+
+        let mut h = H::new();
+        let mut ra = h.request("", Some("ia"));
+        ra.protocols = protos(&[("range", b"r"), ("roundrobin", b"x")]);
+        let (wa, _) = h.join_with(ra);
+        let mut rb = h.request("", Some("ib"));
+        rb.protocols = protos(&[("range", b"r"), ("roundrobin", b"x")]);
+        h.join_with(rb);
+        let fx = h.settle();
+        let a = join_reply(&fx, wa).unwrap().member_id.clone();
+        h.sync_as(&a, Some("ia"), &[]);
+        assert_eq!(h.g.state(), ClassicState::Stable);
+        // b now prefers roundrobin: the vote is tied 1-1, a (first) wins... so
+        // make b support only roundrobin: the selection must change.
+        let mut rb = h.request("", Some("ib"));
+        rb.protocols = protos(&[("roundrobin", b"x")]);
+        let (w, fx) = h.join_with(rb);
+        assert!(join_reply(&fx, w).is_none(), "parked in a rebalance");
+        assert_eq!(h.g.state(), ClassicState::PreparingRebalance);
+    }
+
+    #[test]
+    fn static_member_rejoining_during_completing_rebalance_restarts_it() {
+        let mut h = H::new();
+        let ra = h.request("", Some("ia"));
+        let (wa, _) = h.join_with(ra);
+        let rb = h.request("", Some("ib"));
+        let (wb, _) = h.join_with(rb);
+        let fx = h.settle();
+        let old_b = join_reply(&fx, wb).unwrap().member_id.clone();
+        assert!(join_reply(&fx, wa).is_some());
+        let (sw, _) = h.sync_as(&old_b, Some("ib"), &[]);
+        assert_eq!(h.g.state(), ClassicState::CompletingRebalance);
+        let rb = h.request("", Some("ib"));
+        let (_, fx) = h.join_with(rb);
+        assert_eq!(
+            sync_reply(&fx, sw).unwrap().code(),
+            ApiError::FencedInstanceId.code()
+        );
+        assert_eq!(h.g.state(), ClassicState::PreparingRebalance);
+    }
+
+    #[test]
+    fn static_members_survive_a_rebalance_they_miss_until_their_session_ends() {
+        let mut h = H::new();
+        let (a, b) = static_pair(&mut h);
+        // a rejoins (leader asks for rebalance), b is offline.
+        let ra = h.request(&a, Some("ia"));
+        let (w, _) = h.join_with(ra);
+        let fx = h.advance(SESSION as i64 - 1);
+        assert!(join_reply(&fx, w).is_none());
+        // b's session expires: it is removed and the join completes.
+        let fx = h.advance(1);
+        let r = join_reply(&fx, w).expect("completed");
+        assert_eq!(r.members.len(), 1);
+        assert!(h.g.member(&b).is_none());
+        assert_eq!(h.g.static_member_id("ib"), None);
+    }
+
+    #[test]
+    fn admin_can_remove_a_static_member_by_instance_id() {
+        let mut h = H::new();
+        let (_, b) = static_pair(&mut h);
+        let (r, _) = h.g.leave(&[(String::new(), Some("ib".into()))], h.now);
+        assert!(r.unwrap()[0].is_ok());
+        assert!(h.g.member(&b).is_none());
+        let (r, _) = h.g.leave(&[(String::new(), Some("ib".into()))], h.now);
+        assert_eq!(r.unwrap()[0].as_ref().unwrap_err().code(), 25);
+        let (r, _) = h.g.leave(&[("wrong".into(), Some("ia".into()))], h.now);
+        assert_eq!(r.unwrap()[0].as_ref().unwrap_err().code(), 82);
+    }
+
+    #[test]
+    fn offset_commit_fencing() {
+        let mut h = H::new();
+        // Empty group: simple commits only.
+        assert!(h.g.validate_offset_commit("", None, -1).is_ok());
+        assert_eq!(
+            h.g.validate_offset_commit("m", None, 1).unwrap_err().code(),
+            25
+        );
+        let (a, _) = h.stable_pair();
+        assert!(h.g.validate_offset_commit(&a, None, 1).is_ok());
+        assert_eq!(
+            h.g.validate_offset_commit(&a, None, 0).unwrap_err().code(),
+            22
+        );
+        assert_eq!(
+            h.g.validate_offset_commit("ghost", None, 1)
+                .unwrap_err()
+                .code(),
+            25
+        );
+        // A simple commit into a group with members is refused.
+        assert_eq!(
+            h.g.validate_offset_commit("", None, -1).unwrap_err().code(),
+            25
+        );
+        // While rebalancing, the current generation may still commit (eager
+        // consumers commit before revoking).
+        h.new_member();
+        assert_eq!(h.g.state(), ClassicState::PreparingRebalance);
+        assert!(h.g.validate_offset_commit(&a, None, 1).is_ok());
+        // In CompletingRebalance the generation moved on: REBALANCE_IN_PROGRESS.
+        let mut h = H::new();
+        let (a, wa) = h.new_member();
+        let fx = h.settle();
+        assert!(join_reply(&fx, wa).is_some());
+        assert_eq!(
+            h.g.validate_offset_commit(&a, None, 1).unwrap_err().code(),
+            27
+        );
+    }
+
+    #[test]
+    fn delete_rules() {
+        let mut h = H::new();
+        assert!(h.g.validate_delete().is_ok());
+        assert!(h.g.validate_offset_delete().is_ok());
+        h.stable_pair();
+        assert_eq!(h.g.validate_delete().unwrap_err().code(), 68);
+        assert!(
+            h.g.validate_offset_delete().is_ok(),
+            "consumer groups: per topic"
+        );
+        let fx = h.g.mark_dead(h.now);
+        assert!(fx.replies.is_empty());
+        assert_eq!(h.g.validate_delete().unwrap_err().code(), 69);
+        assert!(h.g.next_deadline().is_none());
+        let (w, fx) = h.join("");
+        assert_eq!(join_reply(&fx, w).unwrap().code(), 15);
+    }
+
+    #[test]
+    fn subscribed_topics_come_from_consumer_metadata() {
+        let mut h = H::new();
+        let mut req = h.request("", None);
+        req.requires_known_member_id = false;
+        req.protocols = vec![Protocol {
+            name: "range".into(),
+            metadata: Bytes::from(subscription(&["t1", "t2"])),
+        }];
+        let (w, _) = h.join_with(req);
+        let fx = h.settle();
+        assert!(join_reply(&fx, w).is_some());
+        assert!(h.g.is_subscribed_to_topic("t1"));
+        assert!(!h.g.is_subscribed_to_topic("t3"));
+        assert_eq!(
+            parse_subscription_topics(&subscription(&["x"])),
+            Some(vec!["x".to_string()])
+        );
+        assert_eq!(parse_subscription_topics(&[0, 0, 0]), None);
+    }
+
+    #[test]
+    fn unparsable_subscriptions_count_as_subscribed_to_everything() {
+        let mut h = H::new();
+        h.stable_pair();
+        assert!(h.g.subscribed_topics().is_none());
+        assert!(h.g.is_subscribed_to_topic("anything"));
+    }
+
+    #[test]
+    fn describe_shows_metadata_only_when_stable() {
+        let mut h = H::new();
+        let (a, wa) = h.new_member();
+        let fx = h.settle();
+        assert!(join_reply(&fx, wa).is_some());
+        let (protocol, members) = h.g.describe();
+        assert!(protocol.is_none() && members[0].metadata.is_empty());
+        h.sync(&a, &[(&a, b"A")]);
+        let (protocol, members) = h.g.describe();
+        assert_eq!(protocol.as_deref(), Some("range"));
+        assert_eq!(members[0].metadata.as_ref(), b"r");
+        assert_eq!(members[0].assignment.as_ref(), b"A");
+        assert_eq!(members[0].client_host, "/127.0.0.1");
+    }
+
+    #[test]
+    fn group_max_size() {
+        let mut cfg = config();
+        cfg.max_size = 1;
+        let mut h = H::with(cfg);
+        h.new_member();
+        let mut req = h.request("", None);
+        req.requires_known_member_id = false;
+        let (w, fx) = h.join_with(req);
+        assert_eq!(
+            join_reply(&fx, w).unwrap().code(),
+            ApiError::GroupMaxSizeReached.code()
+        );
+    }
+
+    #[test]
+    fn loaded_group_keeps_serving_its_members() {
+        let mut h = H::new();
+        let (a, b) = h.stable_pair();
+        let rec = h.g.to_record();
+        let mut g = ClassicGroup::from_record("g", config(), &rec, h.now);
+        assert_eq!(g.state(), ClassicState::Stable);
+        assert_eq!(g.generation_id(), 1);
+        assert_eq!(g.leader_id(), Some(a.as_str()));
+        assert!(g.heartbeat(&b, None, 1, h.now).is_ok());
+        let fx = g.sync(
+            SyncRequest {
+                member_id: b.clone(),
+                group_instance_id: None,
+                generation_id: 1,
+                protocol_type: None,
+                protocol_name: None,
+                assignments: vec![],
+            },
+            5,
+            h.now,
+        );
+        assert_eq!(sync_reply(&fx, 5).unwrap().assignment.as_ref(), b"B");
+        // Members that never come back expire after their session.
+        let fx = g.tick(h.now + SESSION as i64);
+        assert!(fx.replies.is_empty());
+        assert_eq!(g.num_members(), 0);
+        assert_eq!(g.state(), ClassicState::Empty);
+        assert_eq!(g.generation_id(), 2);
+
+        // An empty record loads an empty group.
+        let empty = ClassicGroup::new("e", config(), 0).to_record();
+        let g = ClassicGroup::from_record("e", config(), &empty, 0);
+        assert_eq!(g.state(), ClassicState::Empty);
+        assert_eq!(g.protocol_type(), None);
+    }
+
+    #[test]
+    fn store_failure_of_the_assignment_rebalances() {
+        let mut h = H::new();
+        let (a, wa) = h.new_member();
+        let (b, _) = h.new_member();
+        let fx = h.settle();
+        assert!(join_reply(&fx, wa).is_some());
+        let (sb, _) = h.sync(&b, &[]);
+        // The leader's sync ran on a copy that could not be persisted; the
+        // original gets the failure.
+        let fx =
+            h.g.assignment_store_failed(1, ApiError::NotCoordinator, h.now);
+        assert_eq!(sync_reply(&fx, sb).unwrap().code(), 16);
+        assert_eq!(h.g.state(), ClassicState::PreparingRebalance);
+        let _ = a;
+    }
+}

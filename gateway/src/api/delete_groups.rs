@@ -1,0 +1,27 @@
+//! DeleteGroups: an empty group's offsets and metadata get tombstones in
+//! `__consumer_offsets`, then the group is gone (NON_EMPTY_GROUP while it
+//! has members, GROUP_ID_NOT_FOUND when there is none).
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
+use kafka_protocol::messages::{DeleteGroupsRequest, DeleteGroupsResponse, RequestHeader};
+
+use crate::broker::Broker;
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    _header: &RequestHeader,
+    request: DeleteGroupsRequest,
+) -> DeleteGroupsResponse {
+    let mut results = Vec::with_capacity(request.groups_names.len());
+    for group_id in request.groups_names {
+        let r = broker.groups.delete_group(broker, &group_id).await;
+        results.push(
+            DeletableGroupResult::default()
+                .with_group_id(group_id)
+                .with_error_code(r.err().map_or(0, |e| e.code())),
+        );
+    }
+    DeleteGroupsResponse::default().with_results(results)
+}

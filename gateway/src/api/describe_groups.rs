@@ -1,0 +1,70 @@
+//! DescribeGroups: state (Kafka's names), protocol type, the selected
+//! protocol and members with their metadata and assignment (when Stable).
+//! An unknown group is Dead (v6+: with GROUP_ID_NOT_FOUND, as Kafka 4).
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
+use kafka_protocol::messages::{DescribeGroupsRequest, DescribeGroupsResponse, RequestHeader};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::broker::Broker;
+use crate::error::ApiError;
+
+/// READ, DELETE and DESCRIBE (Kafka's AclOperation codes 3, 6, 8): with no
+/// authorizer every group operation is allowed.
+const GROUP_OPERATIONS: i32 = (1 << 3) | (1 << 6) | (1 << 8);
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    header: &RequestHeader,
+    request: DescribeGroupsRequest,
+) -> DescribeGroupsResponse {
+    let version = header.request_api_version;
+    let mut groups = Vec::with_capacity(request.groups.len());
+    for group_id in request.groups {
+        let described = DescribedGroup::default().with_group_id(group_id.clone());
+        let described = match broker.groups.describe_group(broker, &group_id).await {
+            Err(e) => described.with_error_code(e.code()),
+            Ok(None) => {
+                let d = described.with_group_state(StrBytes::from_static_str("Dead"));
+                if version >= 6 {
+                    let e = ApiError::GroupIdNotFound;
+                    d.with_error_code(e.code())
+                        .with_error_message(e.message().map(StrBytes::from_string))
+                } else {
+                    d
+                }
+            }
+            Ok(Some(g)) => described
+                .with_group_state(StrBytes::from_static_str(g.state))
+                .with_protocol_type(StrBytes::from_string(g.protocol_type))
+                .with_protocol_data(StrBytes::from_string(g.protocol))
+                .with_members(
+                    g.members
+                        .into_iter()
+                        .map(|m| {
+                            DescribedGroupMember::default()
+                                .with_member_id(StrBytes::from_string(m.member_id))
+                                .with_group_instance_id(if version >= 4 {
+                                    m.group_instance_id.map(StrBytes::from_string)
+                                } else {
+                                    None
+                                })
+                                .with_client_id(StrBytes::from_string(m.client_id))
+                                .with_client_host(StrBytes::from_string(m.client_host))
+                                .with_member_metadata(m.metadata)
+                                .with_member_assignment(m.assignment)
+                        })
+                        .collect(),
+                ),
+        };
+        let described = if version >= 3 && request.include_authorized_operations {
+            described.with_authorized_operations(GROUP_OPERATIONS)
+        } else {
+            described.with_authorized_operations(i32::MIN)
+        };
+        groups.push(described);
+    }
+    DescribeGroupsResponse::default().with_groups(groups)
+}

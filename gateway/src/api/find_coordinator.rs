@@ -1,0 +1,90 @@
+//! FindCoordinator: a group's coordinator is the leader of its
+//! `__consumer_offsets` partition (Kafka's hashing); the topic is created on
+//! the first lookup, as Kafka does. Transaction coordinators are not built
+//! yet (COORDINATOR_NOT_AVAILABLE). v4+ looks up a batch of keys.
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::find_coordinator_response::Coordinator;
+use kafka_protocol::messages::{
+    BrokerId, FindCoordinatorRequest, FindCoordinatorResponse, RequestHeader,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::broker::Broker;
+use crate::error::ApiError;
+use crate::groups::GroupCoordinator;
+use crate::internal_topics::partition_for;
+
+const KEY_TYPE_GROUP: i8 = 0;
+const KEY_TYPE_TRANSACTION: i8 = 1;
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    header: &RequestHeader,
+    request: FindCoordinatorRequest,
+) -> FindCoordinatorResponse {
+    let version = header.request_api_version;
+    let key_type = if version >= 1 {
+        request.key_type
+    } else {
+        KEY_TYPE_GROUP
+    };
+    if version >= 4 {
+        let mut coordinators = Vec::with_capacity(request.coordinator_keys.len());
+        for key in request.coordinator_keys {
+            let c = Coordinator::default().with_key(key.clone());
+            coordinators.push(match find(broker, key_type, &key).await {
+                Ok((node, host, port)) => c
+                    .with_node_id(BrokerId(node))
+                    .with_host(StrBytes::from_string(host))
+                    .with_port(port)
+                    .with_error_message(None),
+                Err(e) => c
+                    .with_node_id(BrokerId(-1))
+                    .with_host(StrBytes::default())
+                    .with_port(-1)
+                    .with_error_code(e.code())
+                    .with_error_message(e.message().map(StrBytes::from_string)),
+            });
+        }
+        return FindCoordinatorResponse::default().with_coordinators(coordinators);
+    }
+    let response = FindCoordinatorResponse::default();
+    match find(broker, key_type, &request.key).await {
+        Ok((node, host, port)) => response
+            .with_node_id(BrokerId(node))
+            .with_host(StrBytes::from_string(host))
+            .with_port(port)
+            .with_error_message(None),
+        Err(e) => response
+            .with_error_code(e.code())
+            .with_error_message(e.message().map(StrBytes::from_string))
+            .with_node_id(BrokerId(-1))
+            .with_host(StrBytes::default())
+            .with_port(-1),
+    }
+}
+
+async fn find(broker: &Broker, key_type: i8, key: &str) -> Result<(i32, String, i32), ApiError> {
+    match key_type {
+        KEY_TYPE_GROUP => {
+            let topic = GroupCoordinator::ensure_offsets_topic(broker)
+                .await
+                .map_err(|_| ApiError::CoordinatorNotAvailable)?;
+            let image = broker.image();
+            broker
+                .route(&image, &topic, partition_for(key, topic.partitions))
+                .map_err(|_| ApiError::CoordinatorNotAvailable)?;
+            Ok((
+                broker.config.node_id,
+                broker.config.advertised_host.clone(),
+                broker.config.advertised_port as i32,
+            ))
+        }
+        KEY_TYPE_TRANSACTION => Err(ApiError::CoordinatorNotAvailable),
+        other => Err(ApiError::InvalidRequest(format!(
+            "unknown coordinator key type {other}"
+        ))),
+    }
+}

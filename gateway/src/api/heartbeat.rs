@@ -1,0 +1,26 @@
+//! Heartbeat: keeps a classic member's session alive and tells it when the
+//! group is rebalancing.
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::{HeartbeatRequest, HeartbeatResponse, RequestHeader};
+
+use crate::broker::Broker;
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    _header: &RequestHeader,
+    request: HeartbeatRequest,
+) -> HeartbeatResponse {
+    let result = broker
+        .groups
+        .heartbeat(
+            broker,
+            &request.group_id,
+            &request.member_id,
+            request.group_instance_id.as_deref(),
+            request.generation_id,
+        )
+        .await;
+    HeartbeatResponse::default().with_error_code(result.err().map_or(0, |e| e.code()))
+}

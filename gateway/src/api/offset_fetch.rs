@@ -1,0 +1,144 @@
+//! OffsetFetch: committed offsets of one group (v1–v7) or several (v8+).
+//! A partition without a committed offset answers -1 with no error, as
+//! Kafka does; `topics` null means every committed offset of the group.
+//! `require_stable` (v7+) only matters for pending transactional offsets,
+//! which do not exist yet, so every answer is stable.
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::offset_fetch_response::{
+    OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
+    OffsetFetchResponseTopic, OffsetFetchResponseTopics,
+};
+use kafka_protocol::messages::{
+    GroupId, OffsetFetchRequest, OffsetFetchResponse, RequestHeader, TopicName,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::broker::Broker;
+use crate::error::ApiError;
+use crate::groups::offsets::FetchedOffsets;
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    header: &RequestHeader,
+    request: OffsetFetchRequest,
+) -> OffsetFetchResponse {
+    let version = header.request_api_version;
+    if version >= 8 {
+        let mut groups = Vec::with_capacity(request.groups.len());
+        for g in request.groups {
+            let topics = g.topics.map(|ts| {
+                ts.into_iter()
+                    .map(|t| (t.name.to_string(), t.partition_indexes))
+                    .collect()
+            });
+            let member = g.member_id.as_ref().map(|m| (m.as_str(), g.member_epoch));
+            let fetched = broker
+                .groups
+                .fetch_offsets(broker, &g.group_id, member, topics)
+                .await;
+            groups.push(group_response(g.group_id, fetched));
+        }
+        return OffsetFetchResponse::default().with_groups(groups);
+    }
+    let topics: Option<Vec<(String, Vec<i32>)>> = request.topics.map(|ts| {
+        ts.into_iter()
+            .map(|t| (t.name.to_string(), t.partition_indexes))
+            .collect()
+    });
+    let fetched = broker
+        .groups
+        .fetch_offsets(broker, &request.group_id, None, topics.clone())
+        .await;
+    let (fetched, error) = match fetched {
+        Ok(f) => (f, None),
+        // Before v2 there is no group-level error: every partition carries it.
+        Err(e) => (
+            topics
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(t, ps)| (t, ps.into_iter().map(|p| (p, None)).collect()))
+                .collect(),
+            Some(e),
+        ),
+    };
+    let partition_error = if version < 2 {
+        error.as_ref().map_or(0, ApiError::code)
+    } else {
+        0
+    };
+    let response = OffsetFetchResponse::default().with_topics(
+        fetched
+            .into_iter()
+            .map(|(name, partitions)| {
+                OffsetFetchResponseTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(name)))
+                    .with_partitions(
+                        partitions
+                            .into_iter()
+                            .map(|(p, o)| {
+                                let mut r = OffsetFetchResponsePartition::default()
+                                    .with_partition_index(p)
+                                    .with_error_code(partition_error);
+                                match o {
+                                    Some(o) => {
+                                        r = r
+                                            .with_committed_offset(o.offset)
+                                            .with_metadata(Some(StrBytes::from_string(o.metadata)));
+                                        if version >= 5 {
+                                            r = r.with_committed_leader_epoch(o.leader_epoch);
+                                        }
+                                    }
+                                    None => r = r.with_committed_offset(-1),
+                                }
+                                r
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    );
+    if version >= 2 {
+        response.with_error_code(error.map_or(0, |e| e.code()))
+    } else {
+        response
+    }
+}
+
+fn group_response(
+    group_id: GroupId,
+    fetched: Result<FetchedOffsets, ApiError>,
+) -> OffsetFetchResponseGroup {
+    let group = OffsetFetchResponseGroup::default().with_group_id(group_id);
+    let fetched = match fetched {
+        Ok(f) => f,
+        // A group-level error lists no partitions.
+        Err(e) => return group.with_error_code(e.code()),
+    };
+    group.with_topics(
+        fetched
+            .into_iter()
+            .map(|(name, partitions)| {
+                OffsetFetchResponseTopics::default()
+                    .with_name(TopicName(StrBytes::from_string(name)))
+                    .with_partitions(
+                        partitions
+                            .into_iter()
+                            .map(|(p, o)| {
+                                let r = OffsetFetchResponsePartitions::default()
+                                    .with_partition_index(p);
+                                match o {
+                                    Some(o) => r
+                                        .with_committed_offset(o.offset)
+                                        .with_committed_leader_epoch(o.leader_epoch)
+                                        .with_metadata(Some(StrBytes::from_string(o.metadata))),
+                                    None => r.with_committed_offset(-1),
+                                }
+                            })
+                            .collect(),
+                    )
+            })
+            .collect(),
+    )
+}
