@@ -59,8 +59,40 @@ pub struct BrokerConfig {
     pub group_max_session_timeout_ms: i32,
     /// `group.max.size`
     pub group_max_size: usize,
+    /// `group.consumer.session.timeout.ms`: KIP-848 consumer group members
+    /// are fenced after this long without a heartbeat.
+    pub group_consumer_session_timeout_ms: i32,
+    /// `group.consumer.heartbeat.interval.ms`: told to consumer group members.
+    pub group_consumer_heartbeat_interval_ms: i32,
+    /// `group.consumer.max.size`
+    pub group_consumer_max_size: usize,
+    /// `group.consumer.assignors`: server-side assignor names (`uniform`,
+    /// `range`; Kafka's class names are accepted), the first the default.
+    pub group_consumer_assignors: Vec<String>,
     /// `offset.metadata.max.bytes`
     pub offset_metadata_max_bytes: usize,
+    /// The automatic range policy (`range.*` keys; see range_policy.rs).
+    pub range_policy: RangePolicyConfig,
+}
+
+/// Broker-wide settings of the automatic range split/merge policy. The
+/// thresholds can be overridden per topic with the same keys.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RangePolicyConfig {
+    /// `range.policy.enable`
+    pub enabled: bool,
+    /// `range.policy.interval.ms`: how often load is measured and decided on.
+    pub interval_ms: u64,
+    /// `range.split.bytes.per.sec`
+    pub split_bytes_per_sec: u64,
+    /// `range.merge.bytes.per.sec`
+    pub merge_bytes_per_sec: u64,
+    /// `range.min.count`
+    pub min_count: usize,
+    /// `range.max.count`
+    pub max_count: usize,
+    /// `range.policy.sustain.intervals`
+    pub sustain_intervals: u32,
 }
 
 /// Every broker key this build understands, with its default.
@@ -87,7 +119,18 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("group.min.session.timeout.ms", "6000"),
     ("group.max.session.timeout.ms", "1800000"),
     ("group.max.size", "2147483647"),
+    ("group.consumer.session.timeout.ms", "45000"),
+    ("group.consumer.heartbeat.interval.ms", "5000"),
+    ("group.consumer.max.size", "2147483647"),
+    ("group.consumer.assignors", "uniform,range"),
     ("offset.metadata.max.bytes", "4096"),
+    ("range.policy.enable", "true"),
+    ("range.policy.interval.ms", "10000"),
+    ("range.split.bytes.per.sec", "67108864"),
+    ("range.merge.bytes.per.sec", "8388608"),
+    ("range.min.count", "1"),
+    ("range.max.count", "64"),
+    ("range.policy.sustain.intervals", "3"),
 ];
 
 impl Default for BrokerConfig {
@@ -163,6 +206,32 @@ fn parse<T: std::str::FromStr>(
         key: key.to_string(),
         value: raw.to_string(),
     })
+}
+
+/// `group.consumer.assignors`: a comma-separated list of `uniform` and
+/// `range` (or Kafka's `...UniformAssignor` / `...RangeAssignor` class
+/// names), at least one.
+fn parse_assignors(raw: &str) -> Result<Vec<String>, ConfigError> {
+    let invalid = || ConfigError::InvalidValue {
+        key: "group.consumer.assignors".into(),
+        value: raw.to_string(),
+    };
+    let mut out: Vec<String> = Vec::new();
+    for name in raw.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+        let short = match name {
+            "uniform" | "range" => name,
+            n if n.ends_with(".UniformAssignor") => "uniform",
+            n if n.ends_with(".RangeAssignor") => "range",
+            _ => return Err(invalid()),
+        };
+        if !out.iter().any(|o| o == short) {
+            out.push(short.to_string());
+        }
+    }
+    if out.is_empty() {
+        return Err(invalid());
+    }
+    Ok(out)
 }
 
 /// `PLAINTEXT://host:port` or `host:port` -> (host, port).
@@ -254,7 +323,23 @@ impl BrokerConfig {
             group_min_session_timeout_ms: parse(map, "group.min.session.timeout.ms")?,
             group_max_session_timeout_ms: parse(map, "group.max.session.timeout.ms")?,
             group_max_size: parse(map, "group.max.size")?,
+            group_consumer_session_timeout_ms: parse(map, "group.consumer.session.timeout.ms")?,
+            group_consumer_heartbeat_interval_ms: parse(
+                map,
+                "group.consumer.heartbeat.interval.ms",
+            )?,
+            group_consumer_max_size: parse(map, "group.consumer.max.size")?,
+            group_consumer_assignors: parse_assignors(&get("group.consumer.assignors"))?,
             offset_metadata_max_bytes: parse(map, "offset.metadata.max.bytes")?,
+            range_policy: RangePolicyConfig {
+                enabled: parse(map, "range.policy.enable")?,
+                interval_ms: parse::<u64>(map, "range.policy.interval.ms")?.max(100),
+                split_bytes_per_sec: parse(map, "range.split.bytes.per.sec")?,
+                merge_bytes_per_sec: parse(map, "range.merge.bytes.per.sec")?,
+                min_count: parse::<usize>(map, "range.min.count")?.max(1),
+                max_count: parse(map, "range.max.count")?,
+                sustain_intervals: parse::<u32>(map, "range.policy.sustain.intervals")?.max(1),
+            },
         };
         if config.num_partitions == 0 {
             return Err(ConfigError::InvalidValue {

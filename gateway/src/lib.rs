@@ -10,6 +10,7 @@ pub mod groups;
 pub mod internal_topics;
 pub mod metrics;
 pub mod producer_ids;
+pub mod range_policy;
 pub mod ranges;
 pub mod server;
 pub mod topic_config;
@@ -43,6 +44,7 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
     }
     let broker = Broker::start(config).await?;
     tokio::spawn(admin::serve(admin_listener, broker.clone()));
+    tokio::spawn(ranges::run_range_policy(broker.clone()));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let server = tokio::spawn(server::serve(kafka_listener, broker.clone(), shutdown_rx));
     tracing::info!(%kafka_addr, %admin_addr, data_dir = %broker.config.data_dir.display(), "tessera is serving");

@@ -13,6 +13,8 @@ pub struct Metrics {
     pub connections_opened: AtomicU64,
     pub connections_closed: AtomicU64,
     pub rejected_frames: AtomicU64,
+    pub range_splits: AtomicU64,
+    pub range_merges: AtomicU64,
 }
 
 const API_SLOTS: usize = 128;
@@ -28,6 +30,8 @@ impl Default for Metrics {
             connections_opened: AtomicU64::new(0),
             connections_closed: AtomicU64::new(0),
             rejected_frames: AtomicU64::new(0),
+            range_splits: AtomicU64::new(0),
+            range_merges: AtomicU64::new(0),
         }
     }
 }
@@ -115,6 +119,16 @@ impl Metrics {
                 "tessera_rejected_frames_total",
                 "Frames refused before decoding (size cap, bad header).",
                 &self.rejected_frames,
+            ),
+            (
+                "tessera_range_splits_total",
+                "Ranges split by the automatic policy.",
+                &self.range_splits,
+            ),
+            (
+                "tessera_range_merges_total",
+                "Range pairs merged by the automatic policy.",
+                &self.range_merges,
             ),
         ];
         for (name, help, c) in counters {

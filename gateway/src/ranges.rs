@@ -9,7 +9,9 @@
 //! offset and producer state from the parent, so offsets continue with no gap
 //! and no reuse. No data is copied.
 
+use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tessera_log::RangeLog;
@@ -18,7 +20,10 @@ use tessera_metadata::{
 };
 
 use crate::broker::Broker;
+use crate::config::RangePolicyConfig;
 use crate::error::ApiError;
+use crate::metrics::Metrics;
+use crate::range_policy::{Decision, PolicyConfig, PolicyState, RangeLoad};
 
 /// One range as `tessera ranges list` and `GET /ranges` show it.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
@@ -239,4 +244,105 @@ fn open_segment(range: RangeId, replicas: Vec<i32>, leader_epoch: i32) -> Metada
         replicas,
         leader_epoch,
     })
+}
+
+/// The policy's thresholds for one topic: its own `range.*` configs where
+/// set, else the broker's.
+pub fn policy_config_for(topic: &TopicImage, broker: &RangePolicyConfig) -> PolicyConfig {
+    let num = |key: &str, default: u64| {
+        topic
+            .configs
+            .get(key)
+            .and_then(|v| v.parse::<u64>().ok())
+            .unwrap_or(default)
+    };
+    PolicyConfig {
+        split_bytes_per_sec: num("range.split.bytes.per.sec", broker.split_bytes_per_sec) as f64,
+        merge_bytes_per_sec: num("range.merge.bytes.per.sec", broker.merge_bytes_per_sec) as f64,
+        min_ranges: num("range.min.count", broker.min_count as u64) as usize,
+        max_ranges: num("range.max.count", broker.max_count as u64) as usize,
+        sustain_intervals: broker.sustain_intervals,
+    }
+}
+
+/// Measures every active range's produce rate each interval and carries out
+/// the policy's splits and merges. Every decision is logged and counted.
+pub async fn run_range_policy(broker: Arc<Broker>) {
+    let config = broker.config.range_policy.clone();
+    if !config.enabled {
+        return;
+    }
+    let interval = Duration::from_millis(config.interval_ms);
+    let mut state = PolicyState::default();
+    let mut last: HashMap<RangeId, (u64, Instant)> = HashMap::new();
+    loop {
+        tokio::time::sleep(interval).await;
+        if !broker.is_ready() {
+            continue;
+        }
+        let image = broker.image();
+        for topic in image.topics.values() {
+            let loads: Vec<RangeLoad> = image
+                .active_ranges(topic.id)
+                .iter()
+                .filter_map(|r| {
+                    let bytes = broker.log_of(r.id)?.bytes_appended();
+                    let now = Instant::now();
+                    let rate = match last.insert(r.id, (bytes, now)) {
+                        Some((before, at)) => {
+                            bytes.saturating_sub(before) as f64 / (now - at).as_secs_f64().max(1e-3)
+                        }
+                        None => 0.0,
+                    };
+                    Some(RangeLoad {
+                        id: r.id,
+                        lo: r.lo,
+                        hi: r.hi,
+                        bytes_per_sec: rate,
+                    })
+                })
+                .collect();
+            if loads.is_empty() {
+                continue;
+            }
+            let policy = policy_config_for(topic, &config);
+            let Some(decision) = state.decide(&loads, &policy) else {
+                continue;
+            };
+            let rate = |id: RangeId| {
+                loads
+                    .iter()
+                    .find(|l| l.id == id)
+                    .map_or(0.0, |l| l.bytes_per_sec)
+            };
+            match decision {
+                Decision::Split { range } => {
+                    tracing::info!(
+                        topic = %topic.name, range, bytes_per_sec = rate(range) as u64,
+                        target = policy.split_bytes_per_sec as u64, "range policy: splitting a hot range"
+                    );
+                    match broker.split_range(range, None).await {
+                        Ok(_) => Metrics::add(&broker.metrics.range_splits, 1),
+                        Err(e) => tracing::warn!(range, error = %e, "range policy: split failed"),
+                    }
+                }
+                Decision::Merge { left, right } => {
+                    tracing::info!(
+                        topic = %topic.name, left, right,
+                        bytes_per_sec = (rate(left) + rate(right)) as u64,
+                        below = policy.merge_bytes_per_sec as u64, "range policy: merging cold ranges"
+                    );
+                    match broker.merge_ranges(left, right).await {
+                        Ok(_) => Metrics::add(&broker.metrics.range_merges, 1),
+                        Err(e) => {
+                            tracing::warn!(left, right, error = %e, "range policy: merge failed")
+                        }
+                    }
+                }
+            }
+        }
+        let image = broker.image();
+        state.retain(|id| image.ranges.get(&id).is_some_and(|r| r.active));
+        last.retain(|id, _| image.ranges.get(id).is_some_and(|r| r.active));
+    }
 }

@@ -116,6 +116,11 @@ const TOPIC_CONFIGS: &[(&str, Kind, &str)] = &[
     ("segment.jitter.ms", Kind::Long(0), "0"),
     ("segment.ms", Kind::Long(1), "604800000"),
     ("unclean.leader.election.enable", Kind::Bool, "false"),
+    // Tessera's range policy, overridable per topic (broker defaults apply otherwise).
+    ("range.split.bytes.per.sec", Kind::Long(1), "67108864"),
+    ("range.merge.bytes.per.sec", Kind::Long(0), "8388608"),
+    ("range.min.count", Kind::Int(1), "1"),
+    ("range.max.count", Kind::Int(1), "64"),
 ];
 
 fn check_value(key: &str, kind: Kind, value: &str) -> Result<(), ApiError> {
@@ -213,6 +218,10 @@ pub fn describe_topic_configs(
             "retention.ms" => broker.log_retention_ms.to_string(),
             "segment.bytes" => broker.log_segment_bytes.to_string(),
             "segment.ms" => broker.log_roll_ms.to_string(),
+            "range.split.bytes.per.sec" => broker.range_policy.split_bytes_per_sec.to_string(),
+            "range.merge.bytes.per.sec" => broker.range_policy.merge_bytes_per_sec.to_string(),
+            "range.min.count" => broker.range_policy.min_count.to_string(),
+            "range.max.count" => broker.range_policy.max_count.to_string(),
             _ => return None,
         })
     };
