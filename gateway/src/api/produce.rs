@@ -41,7 +41,7 @@ pub async fn append(
     request: ProduceRequest,
 ) -> Appended {
     let acks = request.acks;
-    if !matches!(acks, 0 | 1 | -1) {
+    if !(-1..=1).contains(&acks) {
         let responses = request
             .topic_data
             .iter()
