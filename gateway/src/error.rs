@@ -95,6 +95,9 @@ pub enum ApiError {
     OffsetMetadataTooLarge,
     #[error("the group has reached its max size")]
     GroupMaxSizeReached,
+    /// A KIP-848 consumer group refused the request (its own code).
+    #[error("{0}")]
+    ConsumerGroup(crate::groups::consumer_protocol::ConsumerGroupError),
 }
 
 impl ApiError {
@@ -140,6 +143,7 @@ impl ApiError {
             ApiError::GroupSubscribedToTopic => K::GroupSubscribedToTopic,
             ApiError::OffsetMetadataTooLarge => K::OffsetMetadataTooLarge,
             ApiError::GroupMaxSizeReached => K::GroupMaxSizeReached,
+            ApiError::ConsumerGroup(e) => e.kafka(),
         }
     }
 

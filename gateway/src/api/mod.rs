@@ -2,6 +2,8 @@
 //! this broker implements (which is exactly what ApiVersions advertises).
 
 pub mod api_versions;
+pub mod consumer_group_describe;
+pub mod consumer_group_heartbeat;
 pub mod create_topics;
 pub mod delete_groups;
 pub mod delete_topics;
@@ -67,6 +69,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeGroups, 0, 6),
     (ApiKey::ListGroups, 0, 5),
     (ApiKey::DeleteGroups, 0, 2),
+    (ApiKey::ConsumerGroupHeartbeat, 0, 1),
+    (ApiKey::ConsumerGroupDescribe, 0, 1),
 ];
 
 pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
@@ -256,6 +260,8 @@ async fn dispatch(
         ApiKey::DescribeGroups => call!(describe_groups),
         ApiKey::ListGroups => call!(list_groups),
         ApiKey::DeleteGroups => call!(delete_groups),
+        ApiKey::ConsumerGroupHeartbeat => call!(consumer_group_heartbeat, client_host()),
+        ApiKey::ConsumerGroupDescribe => call!(consumer_group_describe),
         other => ready(Reply::Close(format!("API {other:?} has no handler"))),
     }
 }

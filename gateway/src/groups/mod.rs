@@ -23,6 +23,7 @@
 
 pub mod assignors;
 pub mod classic;
+pub mod consumer_groups;
 pub mod consumer_protocol;
 pub mod offsets;
 pub mod records;
@@ -53,6 +54,8 @@ use records::CoordinatorRecord;
 pub enum Group {
     /// JoinGroup / SyncGroup / Heartbeat (and simple groups that only commit offsets).
     Classic(ClassicGroup),
+    /// KIP-848 ConsumerGroupHeartbeat (in memory only, see [`consumer_groups`]).
+    Consumer(consumer_protocol::ConsumerGroup),
 }
 
 /// What offsets and group administration need from a group, whatever its
@@ -165,6 +168,7 @@ impl Group {
     pub fn kind(&self) -> &dyn GroupKind {
         match self {
             Group::Classic(g) => g,
+            Group::Consumer(g) => g,
         }
     }
 
@@ -175,13 +179,15 @@ impl Group {
                 let fx = g.tick(now);
                 Outcome::classic(group_id, g, fx)
             }
+            Group::Consumer(g) => consumer_groups::tick(group_id, g, now),
         }
     }
 
     /// The records that delete the group (offsets are tombstoned separately).
     fn tombstones(&self, group_id: &str) -> Vec<CoordinatorRecord> {
         match self {
-            Group::Classic(_) => vec![CoordinatorRecord::GroupMetadata {
+            // A consumer group may replace a classic one that was persisted.
+            Group::Classic(_) | Group::Consumer(_) => vec![CoordinatorRecord::GroupMetadata {
                 group: group_id.to_string(),
                 value: None,
             }],
@@ -195,6 +201,7 @@ impl Group {
                 group: group_id.to_string(),
                 value: Some(g.to_record()),
             }],
+            Group::Consumer(_) => vec![],
         }
     }
 }
@@ -516,6 +523,9 @@ impl GroupCoordinator {
                     let fx = g.join(req, waiter, now);
                     Outcome::classic(&group_name, g, fx)
                 }
+                Group::Consumer(_) => {
+                    consumer_groups::classic_join(s, &group_name, &self.classic, req, waiter, now)
+                }
             })
             .await;
         if let Err(e) = result {
@@ -554,6 +564,7 @@ impl GroupCoordinator {
                     let fx = g.sync(req, waiter, now);
                     Outcome::classic(&group_name, g, fx)
                 }
+                Group::Consumer(_) => consumer_groups::classic_sync(waiter),
             })
             .await;
         if let Err(e) = result {
@@ -567,6 +578,7 @@ impl GroupCoordinator {
                         let fx = g.assignment_store_failed(generation, error, now);
                         Outcome::classic(&group_name, g, fx)
                     }
+                    Group::Consumer(_) => Outcome::default(),
                 })
                 .await;
             return SyncResult::error(e);
@@ -598,6 +610,7 @@ impl GroupCoordinator {
                 Group::Classic(g) => {
                     result = g.heartbeat(member_id, instance_id, generation_id, now)
                 }
+                Group::Consumer(_) => result = Err(ApiError::UnknownMemberId),
             }
             Outcome::default()
         })
@@ -630,6 +643,13 @@ impl GroupCoordinator {
                 let (r, fx) = g.leave(&members, now);
                 results = r;
                 Outcome::classic(&group_name, g, fx)
+            }
+            Group::Consumer(_) => {
+                results = Ok(members
+                    .iter()
+                    .map(|_| Err(ApiError::UnknownMemberId))
+                    .collect());
+                Outcome::default()
             }
         })
         .await?;
@@ -703,6 +723,7 @@ impl GroupCoordinator {
             Group::Classic(g) => {
                 let _ = g.mark_dead(now);
             }
+            Group::Consumer(_) => {}
         }
         self.remove_slot(&slot, &mut entry);
         Ok(())
