@@ -18,9 +18,9 @@ use kafka_protocol::messages::offset_fetch_request::{
 };
 use kafka_protocol::messages::{
     ConsumerGroupDescribeRequest, ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse,
-    CreateTopicsRequest, FindCoordinatorRequest, GroupId, JoinGroupRequest, ListGroupsRequest,
-    OffsetCommitRequest, OffsetFetchRequest, RequestHeader, ResponseHeader, SyncGroupRequest,
-    TopicName,
+    CreateTopicsRequest, DescribeGroupsRequest, FindCoordinatorRequest, GroupId, JoinGroupRequest,
+    ListGroupsRequest, OffsetCommitRequest, OffsetFetchRequest, RequestHeader, ResponseHeader,
+    SyncGroupRequest, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use tempfile::TempDir;
@@ -405,6 +405,21 @@ async fn join_rebalance_describe_list_and_commit() {
         )
         .await;
     assert!(l.groups.iter().all(|g| g.group_id.as_str() != "g"));
+
+    // DescribeGroups describes classic groups: this one is "not a classic
+    // group" (Dead; v6: GROUP_ID_NOT_FOUND).
+    for (version, code) in [(5, NONE), (6, GROUP_ID_NOT_FOUND)] {
+        let d = c
+            .call(
+                version,
+                &DescribeGroupsRequest::default()
+                    .with_groups(vec![GroupId(StrBytes::from_static_str("g"))]),
+            )
+            .await;
+        assert_eq!(d.groups[0].error_code, code);
+        assert_eq!(d.groups[0].group_state.as_str(), "Dead");
+        assert!(d.groups[0].members.is_empty());
+    }
 
     // The classic protocol cannot join a live consumer group.
     let (code, _, _) = classic_join(&mut c, "g", "").await;

@@ -163,10 +163,9 @@ impl GroupKind for ConsumerGroup {
         ConsumerGroup::next_deadline(self)
     }
 
-    /// DescribeGroups is the classic groups' describe: a consumer group
-    /// shows as Dead with no members (what Kafka answers before v6; v6
-    /// answers GROUP_ID_NOT_FOUND, "not a classic group", which a handler
-    /// can tell from `group_type`).
+    /// DescribeGroups is the classic groups' describe (the coordinator
+    /// answers as for a missing group); should it be asked, a consumer group
+    /// shows as Dead with no members, as Kafka's before v6.
     fn describe(&self) -> GroupDescription {
         GroupDescription {
             state: "Dead",

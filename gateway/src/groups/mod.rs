@@ -686,8 +686,12 @@ impl GroupCoordinator {
     ) -> Result<Option<GroupDescription>, ApiError> {
         self.coordinator_partition(broker, group_id)?;
         Ok(match self.lock(group_id, Create::No).await {
-            Some((_slot, entry)) => Some(entry.state.group.kind().describe()),
-            None => None,
+            // Only classic groups are described here; a consumer group is
+            // "not a classic group": Dead (v6+: GROUP_ID_NOT_FOUND), as Kafka.
+            Some((_slot, entry)) if !matches!(entry.state.group, Group::Consumer(_)) => {
+                Some(entry.state.group.kind().describe())
+            }
+            _ => None,
         })
     }
 
