@@ -293,6 +293,7 @@ impl Broker {
         let mut seed = RangeSeed {
             next_offsets: vec![0; width],
             producers: vec![Default::default(); width],
+            txns: vec![Default::default(); width],
         };
         for parent_id in &range.parents {
             let Some(parent) = image.ranges.get(parent_id) else {
@@ -310,6 +311,9 @@ impl Broker {
             seed.next_offsets[at..at + part.next_offsets.len()].copy_from_slice(&part.next_offsets);
             for (i, p) in part.producers.into_iter().enumerate() {
                 seed.producers[at + i] = p;
+            }
+            for (i, t) in part.txns.into_iter().enumerate() {
+                seed.txns[at + i] = t;
             }
         }
         Ok(seed)

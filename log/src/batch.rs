@@ -160,6 +160,53 @@ pub fn split_batches(records: &[u8]) -> Result<Vec<std::ops::Range<usize>>, Batc
     Ok(out)
 }
 
+/// Reads an unsigned-zigzag varint (Kafka's record varints) at `at`.
+fn read_varint(buf: &[u8], at: &mut usize) -> Option<i64> {
+    let mut value: u64 = 0;
+    for shift in (0..64).step_by(7) {
+        let byte = *buf.get(*at)?;
+        *at += 1;
+        value |= ((byte & 0x7f) as u64) << shift;
+        if byte & 0x80 == 0 {
+            return Some(((value >> 1) as i64) ^ -((value & 1) as i64));
+        }
+    }
+    None
+}
+
+/// The `IndexEntry` flags of a validated batch: transactional, control, and
+/// for a control batch whether its marker commits (key type 1) or aborts (0).
+pub fn index_flags(header: &BatchHeader, batch: &[u8]) -> u8 {
+    use crate::txn_state::{FLAG_COMMIT, FLAG_CONTROL, FLAG_TRANSACTIONAL};
+    let mut flags = 0;
+    if header.is_transactional() {
+        flags |= FLAG_TRANSACTIONAL;
+    }
+    if header.is_control() {
+        flags |= FLAG_CONTROL;
+        if control_marker_is_commit(batch) == Some(true) {
+            flags |= FLAG_COMMIT;
+        }
+    }
+    flags
+}
+
+/// A control batch's first record key is `[version: i16][type: i16]`, type 0
+/// ABORT and 1 COMMIT. Control batches are never compressed.
+pub fn control_marker_is_commit(batch: &[u8]) -> Option<bool> {
+    let mut at = BATCH_HEADER_LEN;
+    let _length = read_varint(batch, &mut at)?;
+    at += 1; // attributes
+    read_varint(batch, &mut at)?; // timestamp delta
+    read_varint(batch, &mut at)?; // offset delta
+    let key_len = read_varint(batch, &mut at)?;
+    if key_len < 4 {
+        return None;
+    }
+    let key = batch.get(at..at + 4)?;
+    Some(i16::from_be_bytes([key[2], key[3]]) == 1)
+}
+
 /// Rewrites baseOffset; it lies outside the CRC.
 pub fn set_base_offset(batch: &mut [u8], base_offset: i64) {
     batch[0..8].copy_from_slice(&base_offset.to_be_bytes());
@@ -213,6 +260,48 @@ pub mod testing {
         b[8..12].copy_from_slice(&len.to_be_bytes());
         let crc = compute_crc(&b);
         b[17..21].copy_from_slice(&crc.to_be_bytes());
+        b
+    }
+
+    /// A COMMIT (`commit`) or ABORT control batch of a transactional producer.
+    pub fn make_control_batch(producer_id: i64, epoch: i16, commit: bool) -> Vec<u8> {
+        // One record: key = [version 0][type], value = [version 0][coordinator epoch 0].
+        let key = [0u8, 0, 0, commit as u8];
+        let value = [0u8, 0, 0, 0, 0, 0];
+        let mut body = vec![0u8, 0, 0]; // attributes, timestampDelta 0, offsetDelta 0
+        body.push((key.len() as u8) << 1);
+        body.extend_from_slice(&key);
+        body.push((value.len() as u8) << 1);
+        body.extend_from_slice(&value);
+        body.push(0); // headers
+        let mut b = make_batch(1, 0);
+        b.truncate(BATCH_HEADER_LEN);
+        b.push((body.len() as u8) << 1);
+        b.extend_from_slice(&body);
+        let attributes: i16 = 0x10 | 0x20;
+        b[OFF_ATTRIBUTES..OFF_ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
+        b[OFF_PRODUCER_ID..OFF_PRODUCER_ID + 8].copy_from_slice(&producer_id.to_be_bytes());
+        b[OFF_PRODUCER_EPOCH..OFF_PRODUCER_EPOCH + 2].copy_from_slice(&epoch.to_be_bytes());
+        let len = (b.len() - LOG_OVERHEAD) as i32;
+        b[8..12].copy_from_slice(&len.to_be_bytes());
+        let crc = compute_crc(&b);
+        b[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
+        b
+    }
+
+    /// Like [`make_batch`], from a transactional producer.
+    pub fn make_transactional_batch(
+        count: i32,
+        timestamp: i64,
+        producer_id: i64,
+        epoch: i16,
+        base_sequence: i32,
+    ) -> Vec<u8> {
+        let mut b = make_idempotent_batch(count, timestamp, producer_id, epoch, base_sequence);
+        let attributes = be_i16(&b, OFF_ATTRIBUTES) | TRANSACTIONAL_BIT;
+        b[OFF_ATTRIBUTES..OFF_ATTRIBUTES + 2].copy_from_slice(&attributes.to_be_bytes());
+        let crc = compute_crc(&b);
+        b[OFF_CRC..OFF_CRC + 4].copy_from_slice(&crc.to_be_bytes());
         b
     }
 
@@ -280,6 +369,24 @@ mod tests {
         two.extend(make_batch(2, 2));
         assert_eq!(split_batches(&two).unwrap().len(), 2);
         assert!(split_batches(&two[..two.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn control_markers_are_recognised() {
+        use super::testing::{make_control_batch, make_transactional_batch};
+        use crate::txn_state::{FLAG_COMMIT, FLAG_CONTROL, FLAG_TRANSACTIONAL};
+        let commit = make_control_batch(7, 0, true);
+        let h = validate(&commit).unwrap();
+        assert_eq!(
+            index_flags(&h, &commit),
+            FLAG_TRANSACTIONAL | FLAG_CONTROL | FLAG_COMMIT
+        );
+        let abort = make_control_batch(7, 0, false);
+        let h = validate(&abort).unwrap();
+        assert_eq!(index_flags(&h, &abort), FLAG_TRANSACTIONAL | FLAG_CONTROL);
+        let data = make_transactional_batch(2, 1, 7, 0, 0);
+        let h = validate(&data).unwrap();
+        assert_eq!(index_flags(&h, &data), FLAG_TRANSACTIONAL);
     }
 
     #[test]

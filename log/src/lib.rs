@@ -6,6 +6,7 @@ pub mod error;
 pub mod producer_state;
 pub mod range_log;
 pub mod segment;
+pub mod txn_state;
 
 pub use error::{BatchError, LogError};
 pub use range_log::{

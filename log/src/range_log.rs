@@ -20,6 +20,7 @@ use crate::batch;
 use crate::error::LogError;
 use crate::producer_state::{increment_sequence, BatchMetadata, ProducerStates, Verdict};
 use crate::segment::{self, IndexEntry, Segment};
+use crate::txn_state::{AbortedTxn, TxnState};
 
 /// How a range log is opened.
 #[derive(Clone, Debug)]
@@ -48,6 +49,8 @@ pub struct RangeLogOptions {
 pub struct RangeSeed {
     pub next_offsets: Vec<i64>,
     pub producers: Vec<ProducerStates>,
+    /// Open transactions carried over (aborted ones stay with their range).
+    pub txns: Vec<TxnState>,
 }
 
 /// A segment that was sealed by a roll: what the metadata log must record.
@@ -80,6 +83,9 @@ pub struct PartitionOffsets {
     pub log_start: i64,
     pub high_watermark: i64,
     pub log_end: i64,
+    /// The last stable offset: the high watermark, or the first offset of
+    /// the oldest open transaction if that is lower.
+    pub last_stable: i64,
 }
 
 /// The result of a read.
@@ -110,12 +116,29 @@ struct Inner {
     partitions: Vec<PartitionState>,
     /// Idempotent producer state per partition (index `p - lo`).
     producers: Vec<ProducerStates>,
+    /// Transaction state per partition (index `p - lo`).
+    txns: Vec<TxnState>,
     /// Logical position of the start of the active segment.
     active_base_position: u64,
     pending: VecDeque<Pending>,
 }
 
 impl Inner {
+    fn offsets(&self, pi: usize) -> PartitionOffsets {
+        let state = self.partitions[pi];
+        let last_stable = self.txns[pi]
+            .first_unstable_offset()
+            .map_or(state.high_watermark, |first| {
+                first.min(state.high_watermark)
+            });
+        PartitionOffsets {
+            log_start: state.log_start,
+            high_watermark: state.high_watermark,
+            log_end: state.next_offset,
+            last_stable,
+        }
+    }
+
     fn active(&mut self) -> &mut Segment {
         self.segments
             .last_mut()
@@ -239,16 +262,26 @@ impl RangeLog {
             .map(|s| s.producers.clone())
             .filter(|p| p.len() == width)
             .unwrap_or_else(|| vec![ProducerStates::default(); width]);
+        let mut txns = options
+            .seed
+            .as_ref()
+            .map(|s| s.txns.clone())
+            .filter(|t| t.len() == width)
+            .unwrap_or_else(|| vec![TxnState::default(); width]);
         for seg in &segments {
             for (p, entries) in &seg.index.partitions {
-                let Some(states) = p
+                let Some(i) = p
                     .checked_sub(options.lo)
-                    .and_then(|i| producers.get_mut(i as usize))
+                    .map(|i| i as usize)
+                    .filter(|i| *i < width)
                 else {
                     continue;
                 };
                 for e in entries.iter().filter(|e| e.producer_id >= 0) {
-                    states.record(e.producer_id, e.producer_epoch, batch_metadata(e));
+                    if e.flags & crate::txn_state::FLAG_CONTROL == 0 {
+                        producers[i].record(e.producer_id, e.producer_epoch, batch_metadata(e));
+                    }
+                    txns[i].on_batch(e.producer_id, e.base_offset, e.last_offset, e.flags);
                 }
             }
         }
@@ -257,6 +290,7 @@ impl RangeLog {
             segments,
             partitions,
             producers,
+            txns,
             active_base_position,
             pending: VecDeque::new(),
         };
@@ -314,7 +348,9 @@ impl RangeLog {
         }
         let pi = self.index_of(partition)?;
         let header = batch::parse_header(batch_bytes)?;
-        let idempotent = header.producer_id >= 0;
+        // Control batches (transaction markers) are written by the broker
+        // and carry no sequence.
+        let idempotent = header.producer_id >= 0 && !header.is_control();
         let last_seq = increment_sequence(header.base_sequence, header.last_offset_delta);
         let mut inner = self.inner.lock();
         if idempotent {
@@ -347,7 +383,8 @@ impl RangeLog {
             }
             None => header.max_timestamp,
         };
-        let entry = IndexEntry::for_batch(&header, base_offset, max_ts, batch_bytes.len());
+        let flags = batch::index_flags(&header, batch_bytes);
+        let entry = IndexEntry::for_batch(&header, base_offset, max_ts, batch_bytes.len(), flags);
         let result = inner.active().append(partition, batch_bytes, entry);
         if let Err(e) = result {
             // A failed write may have left a partial frame: refuse further
@@ -365,6 +402,7 @@ impl RangeLog {
                 batch_metadata(&entry),
             );
         }
+        inner.txns[pi].on_batch(header.producer_id, base_offset, last_offset, flags);
         let end_position = inner.written_position();
         inner.pending.push_back(Pending {
             end_position,
@@ -451,12 +489,26 @@ impl RangeLog {
 
     pub fn offsets(&self, partition: u32) -> Result<PartitionOffsets, LogError> {
         let pi = self.index_of(partition)?;
-        let state = self.inner.lock().partitions[pi];
-        Ok(PartitionOffsets {
-            log_start: state.log_start,
-            high_watermark: state.high_watermark,
-            log_end: state.next_offset,
-        })
+        let inner = self.inner.lock();
+        Ok(inner.offsets(pi))
+    }
+
+    /// Aborted transactions of `partition` whose marker this range holds and
+    /// that overlap `[from, to)` (for read_committed fetches).
+    pub fn aborted_transactions(
+        &self,
+        partition: u32,
+        from: i64,
+        to: i64,
+    ) -> Result<Vec<AbortedTxn>, LogError> {
+        let pi = self.index_of(partition)?;
+        Ok(self.inner.lock().txns[pi].aborted_overlapping(from, to))
+    }
+
+    /// Open transactions of `partition` as `(producer id, first offset)`.
+    pub fn ongoing_transactions(&self, partition: u32) -> Result<Vec<(i64, i64)>, LogError> {
+        let pi = self.index_of(partition)?;
+        Ok(self.inner.lock().txns[pi].ongoing().collect())
     }
 
     /// Reads `partition`'s batches from the one holding `offset`, below the
@@ -467,17 +519,26 @@ impl RangeLog {
         offset: i64,
         max_bytes: usize,
     ) -> Result<ReadOutcome, LogError> {
+        self.read_below(partition, offset, max_bytes, i64::MAX)
+    }
+
+    /// Like [`RangeLog::read`], returning only batches that start below
+    /// `upper` as well (the last stable offset, for read_committed).
+    pub fn read_below(
+        &self,
+        partition: u32,
+        offset: i64,
+        max_bytes: usize,
+        upper: i64,
+    ) -> Result<ReadOutcome, LogError> {
         let pi = self.index_of(partition)?;
         let mut plan: Vec<(Arc<File>, IndexEntry)> = Vec::new();
         let offsets;
         {
             let inner = self.inner.lock();
             let state = inner.partitions[pi];
-            offsets = PartitionOffsets {
-                log_start: state.log_start,
-                high_watermark: state.high_watermark,
-                log_end: state.next_offset,
-            };
+            offsets = inner.offsets(pi);
+            let limit = state.high_watermark.min(upper);
             if offset < state.log_start.max(state.base_offset) || offset > state.next_offset {
                 return Err(LogError::OffsetOutOfRange {
                     offset,
@@ -495,7 +556,7 @@ impl RangeLog {
                 }
                 let start = entries.partition_point(|e| e.last_offset < offset);
                 for e in &entries[start..] {
-                    if e.base_offset >= state.high_watermark {
+                    if e.base_offset >= limit {
                         break 'segments;
                     }
                     if !plan.is_empty() && total + e.length as usize > max_bytes {
@@ -654,6 +715,10 @@ impl RangeLog {
                 .map(|s| s.next_offset)
                 .collect(),
             producers: inner.producers[first..first + n].to_vec(),
+            txns: inner.txns[first..first + n]
+                .iter()
+                .map(TxnState::inherited)
+                .collect(),
         })
     }
 

@@ -23,8 +23,8 @@ use crate::error::LogError;
 
 pub const FRAME_HEADER_LEN: u64 = 12;
 const INDEX_MAGIC: &[u8; 4] = b"TSIX";
-const INDEX_VERSION: u16 = 2;
-const INDEX_ENTRY_LEN: usize = 4 + 8 + 8 + 8 + 4 + 8 + 8 + 2 + 4;
+const INDEX_VERSION: u16 = 3;
+const INDEX_ENTRY_LEN: usize = 4 + 8 + 8 + 8 + 4 + 8 + 8 + 2 + 4 + 1;
 
 /// Where one stored batch lives and what it holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +40,9 @@ pub struct IndexEntry {
     pub producer_id: i64,
     pub producer_epoch: i16,
     pub base_sequence: i32,
+    /// Transactional / control / commit bits (`txn_state::FLAG_*`), so
+    /// transaction state is rebuilt from the index too.
+    pub flags: u8,
 }
 
 impl IndexEntry {
@@ -49,6 +52,7 @@ impl IndexEntry {
         base_offset: i64,
         max_timestamp: i64,
         length: usize,
+        flags: u8,
     ) -> IndexEntry {
         IndexEntry {
             base_offset,
@@ -59,6 +63,7 @@ impl IndexEntry {
             producer_id: header.producer_id,
             producer_epoch: header.producer_epoch,
             base_sequence: header.base_sequence,
+            flags,
         }
     }
 }
@@ -213,6 +218,7 @@ impl Segment {
                 buf.extend_from_slice(&e.producer_id.to_be_bytes());
                 buf.extend_from_slice(&e.producer_epoch.to_be_bytes());
                 buf.extend_from_slice(&e.base_sequence.to_be_bytes());
+                buf.push(e.flags);
             }
         }
         let crc = crc32c::crc32c(&buf);
@@ -269,6 +275,7 @@ fn read_index(path: &Path, file_size: u64) -> Option<SegmentIndex> {
                 producer_id: i64::from_be_bytes(e[40..48].try_into().unwrap()),
                 producer_epoch: i16::from_be_bytes(e[48..50].try_into().unwrap()),
                 base_sequence: i32::from_be_bytes(e[50..54].try_into().unwrap()),
+                flags: e[54],
             },
         );
     }
@@ -308,7 +315,8 @@ fn scan(file: &File) -> Result<(SegmentIndex, u64), LogError> {
         if h.total_len() != len {
             break;
         }
-        let mut entry = IndexEntry::for_batch(&h, h.base_offset, h.max_timestamp, len);
+        let flags = batch::index_flags(&h, &batch_buf);
+        let mut entry = IndexEntry::for_batch(&h, h.base_offset, h.max_timestamp, len, flags);
         entry.position = position + FRAME_HEADER_LEN;
         index.push(partition, entry);
         position += FRAME_HEADER_LEN + len as u64;

@@ -280,3 +280,46 @@ async fn a_child_range_continues_offsets_and_producer_state_after_a_seal() {
     assert_eq!(parent.offsets(2).unwrap().log_end, 4);
     assert!(parent.is_sealed());
 }
+
+#[tokio::test]
+async fn transactions_hold_the_lso_and_aborts_are_indexed_across_restart() {
+    use tessera_log::batch::testing::{make_control_batch, make_transactional_batch};
+    let dir = tempfile::tempdir().unwrap();
+    let durable = |log: &RangeLog, mut b: Vec<u8>, p: u32| {
+        let out = log.append(p, &mut b, None).unwrap();
+        (out.base_offset, out.end_position)
+    };
+    {
+        let log = RangeLog::open(options(dir.path(), 1 << 20), hw()).unwrap();
+        append(&log, 0, 2).await; // offsets 0-1, plain
+        let (first, _) = durable(&log, make_transactional_batch(3, 1, 9, 0, 0), 0); // 2-4, txn of producer 9
+        append(&log, 0, 1).await; // 5, plain
+        let (_, end) = durable(&log, make_transactional_batch(1, 1, 8, 0, 0), 0); // 6, txn of producer 8
+        log.wait_durable(end).await.unwrap();
+        let o = log.offsets(0).unwrap();
+        assert_eq!((first, o.high_watermark, o.last_stable), (2, 7, 2));
+        // read_committed stops at the LSO.
+        let below = log.read_below(0, 0, 1 << 20, o.last_stable).unwrap();
+        assert_eq!(batches(&below.records).len(), 1);
+        let (_, end) = durable(&log, make_control_batch(9, 0, false), 0); // ABORT at 7
+        log.wait_durable(end).await.unwrap();
+        assert_eq!(log.offsets(0).unwrap().last_stable, 6);
+        let (_, end) = durable(&log, make_control_batch(8, 0, true), 0); // COMMIT at 8
+        log.wait_durable(end).await.unwrap();
+        assert_eq!(log.offsets(0).unwrap().last_stable, 9);
+        log.close();
+    }
+    let log = RangeLog::open(options(dir.path(), 1 << 20), hw()).unwrap();
+    assert_eq!(log.offsets(0).unwrap().last_stable, 9);
+    let aborted = log.aborted_transactions(0, 0, 9).unwrap();
+    assert_eq!(aborted.len(), 1);
+    assert_eq!(
+        (
+            aborted[0].producer_id,
+            aborted[0].first_offset,
+            aborted[0].last_offset
+        ),
+        (9, 2, 7)
+    );
+    assert!(log.ongoing_transactions(0).unwrap().is_empty());
+}

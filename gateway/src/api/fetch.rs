@@ -13,8 +13,12 @@ use std::time::Duration;
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::fetch_request::FetchPartition;
-use kafka_protocol::messages::fetch_response::{FetchableTopicResponse, PartitionData};
-use kafka_protocol::messages::{BrokerId, FetchRequest, FetchResponse, RequestHeader, TopicName};
+use kafka_protocol::messages::fetch_response::{
+    AbortedTransaction, FetchableTopicResponse, PartitionData,
+};
+use kafka_protocol::messages::{
+    BrokerId, FetchRequest, FetchResponse, ProducerId, RequestHeader, TopicName,
+};
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::TopicImage;
 
@@ -62,6 +66,7 @@ pub async fn handle(
 fn gather(broker: &Broker, version: i16, request: &FetchRequest) -> (FetchResponse, usize, bool) {
     let image = broker.image();
     let mut remaining = request.max_bytes.max(0) as usize;
+    let read_committed = request.isolation_level == 1;
     let mut total = 0usize;
     let mut has_error = false;
     let mut topics = Vec::with_capacity(request.topics.len());
@@ -83,7 +88,15 @@ fn gather(broker: &Broker, version: i16, request: &FetchRequest) -> (FetchRespon
         for p in &topic.partitions {
             let data = match &resolved {
                 Err(e) => Err(e.clone()),
-                Ok(t) => read_partition(broker, &image, t, p, &mut remaining, total == 0),
+                Ok(t) => read_partition(
+                    broker,
+                    &image,
+                    t,
+                    p,
+                    read_committed,
+                    &mut remaining,
+                    total == 0,
+                ),
             };
             let data = match data {
                 Ok(d) => {
@@ -131,6 +144,7 @@ fn read_partition(
     image: &tessera_metadata::MetadataImage,
     topic: &TopicImage,
     p: &FetchPartition,
+    read_committed: bool,
     remaining: &mut usize,
     first_in_response: bool,
 ) -> Result<PartitionData, ApiError> {
@@ -149,32 +163,48 @@ fn read_partition(
     if p.fetch_offset < offsets.log_start || p.fetch_offset > offsets.log_end {
         return Err(ApiError::OffsetOutOfRange);
     }
+    // read_committed consumers see nothing at or past the last stable offset.
+    let upper = if read_committed {
+        offsets.last_stable
+    } else {
+        offsets.high_watermark
+    };
     let mut records = Bytes::new();
-    let mut hw = offsets.high_watermark;
-    let mut log_start = offsets.log_start;
-    if p.fetch_offset < offsets.high_watermark && (limit > 0 || first_in_response) {
+    if p.fetch_offset < upper && (limit > 0 || first_in_response) {
         // Offsets below the active range's base live in an ancestor range.
         let log = if p.fetch_offset >= route.log.base_offset(partition)? {
             route.log.clone()
         } else {
             broker.read_route(image, topic, partition, p.fetch_offset)?
         };
-        let read = log.read(partition, p.fetch_offset, limit)?;
-        if Arc::ptr_eq(&log, &route.log) {
-            hw = read.offsets.high_watermark;
-            log_start = read.offsets.log_start;
-        }
+        let read = log.read_below(partition, p.fetch_offset, limit, upper)?;
         // Only the response's first batch may exceed the limit (KIP-74).
         if read.records.len() <= limit || first_in_response {
             records = read.records;
         }
     }
     *remaining = remaining.saturating_sub(records.len());
-    Ok(PartitionData::default()
+    let mut data = PartitionData::default()
         .with_partition_index(p.partition)
-        .with_high_watermark(hw)
-        .with_last_stable_offset(hw)
-        .with_log_start_offset(log_start)
+        .with_high_watermark(offsets.high_watermark)
+        .with_last_stable_offset(offsets.last_stable)
+        .with_log_start_offset(offsets.log_start)
         .with_preferred_read_replica(BrokerId(-1))
-        .with_records(Some(records)))
+        .with_records(Some(records));
+    if read_committed {
+        // Aborted transactions overlapping what may be returned, from every
+        // range of the partition's lineage (a marker can land in a child).
+        let mut aborted = Vec::new();
+        for log in broker.lineage(image, topic, partition) {
+            for a in log.aborted_transactions(partition, p.fetch_offset, upper)? {
+                aborted.push(
+                    AbortedTransaction::default()
+                        .with_producer_id(ProducerId(a.producer_id))
+                        .with_first_offset(a.first_offset),
+                );
+            }
+        }
+        data = data.with_aborted_transactions(Some(aborted));
+    }
+    Ok(data)
 }

@@ -29,6 +29,7 @@ pub async fn handle(
     let image = broker.image();
     // leader_epoch exists from v4 on.
     let with_epoch = header.request_api_version >= 4;
+    let read_committed = request.isolation_level == 1;
     // Kafka answers INVALID_REQUEST for a partition named twice in one request.
     let mut seen = std::collections::HashSet::new();
     let duplicates: std::collections::HashSet<(String, i32)> = request
@@ -67,6 +68,7 @@ pub async fn handle(
                                     &route.log,
                                     p.partition_index as u32,
                                     p.timestamp,
+                                    read_committed,
                                 )
                                 .map(|(offset, ts)| (offset, ts, route.leader_epoch))
                             }),
@@ -103,9 +105,12 @@ fn lookup(
     active: &tessera_log::RangeLog,
     partition: u32,
     timestamp: i64,
+    read_committed: bool,
 ) -> Result<(i64, i64), ApiError> {
     let offsets = active.offsets(partition)?;
     match timestamp {
+        // read_committed consumers' "latest" is the last stable offset.
+        LATEST | LATEST_TIERED if read_committed => Ok((offsets.last_stable, -1)),
         LATEST | LATEST_TIERED => Ok((offsets.high_watermark, -1)),
         EARLIEST | EARLIEST_LOCAL => Ok((offsets.log_start, -1)),
         MAX_TIMESTAMP => {
