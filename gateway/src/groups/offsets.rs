@@ -7,6 +7,7 @@
 //! acknowledged.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use crate::broker::Broker;
 use crate::error::ApiError;
@@ -44,10 +45,12 @@ impl CommittedOffset {
     }
 }
 
-/// A group's committed offsets, by (topic, partition).
+/// A group's committed offsets, by (topic, partition). Cloning is cheap (a
+/// transition works on a copy of the group's state); a write copies the map
+/// only while a copy is alive.
 #[derive(Clone, Debug, Default)]
 pub struct GroupOffsets {
-    map: BTreeMap<(String, i32), CommittedOffset>,
+    map: Arc<BTreeMap<(String, i32), CommittedOffset>>,
 }
 
 impl GroupOffsets {
@@ -56,11 +59,15 @@ impl GroupOffsets {
     }
 
     pub fn insert(&mut self, topic: String, partition: i32, offset: CommittedOffset) {
-        self.map.insert((topic, partition), offset);
+        Arc::make_mut(&mut self.map).insert((topic, partition), offset);
     }
 
     pub fn remove(&mut self, topic: &str, partition: i32) -> Option<CommittedOffset> {
-        self.map.remove(&(topic.to_string(), partition))
+        let key = (topic.to_string(), partition);
+        if !self.map.contains_key(&key) {
+            return None;
+        }
+        Arc::make_mut(&mut self.map).remove(&key)
     }
 
     pub fn is_empty(&self) -> bool {
