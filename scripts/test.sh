@@ -87,7 +87,7 @@ if [ "${SKIP_RUST:-0}" != "1" ]; then
 fi
 
 # ---- real-client compatibility tests ----------------------------------------
-export TESSERA_BIN="${TESSERA_BIN:-$ROOT/target/release/tessera}"
+export TESSERA_BIN="${TESSERA_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/tessera}"
 [ -x "$TESSERA_BIN" ] || { echo "tessera binary missing: $TESSERA_BIN" >&2; exit 1; }
 if [ ${#failed[@]} -gt 0 ]; then
     echo "!!! failed so far: ${failed[*]} (the run will exit non-zero)" >&2
