@@ -49,6 +49,8 @@ pub struct Broker {
     pub producer_ids: ProducerIdManager,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
     pub groups: GroupCoordinator,
+    /// Transactions (`__transaction_state`).
+    pub txns: crate::txn::TxnCoordinator,
     logs: RwLock<HashMap<RangeId, Arc<RangeLog>>>,
     /// Bumped whenever any high watermark moves: long-polling fetches wait on it.
     pub hw_events: watch::Sender<u64>,
@@ -115,6 +117,7 @@ impl Broker {
             metrics: Metrics::default(),
             producer_ids: ProducerIdManager::default(),
             groups: GroupCoordinator::new(&config),
+            txns: crate::txn::TxnCoordinator::new(&config),
             logs: RwLock::new(HashMap::new()),
             hw_events: watch::channel(0).0,
             admin: tokio::sync::Mutex::new(()),
@@ -131,6 +134,10 @@ impl Broker {
         // Rebuild groups and offsets before serving (Kafka's coordinator load).
         broker.groups.load(&broker).await?;
         GroupCoordinator::start_timers(&broker);
+        // Then transactions: those left mid-way complete from the timer
+        // (their pending offsets are loaded with the groups above).
+        broker.txns.load(&broker).await?;
+        crate::txn::TxnCoordinator::start_timers(&broker);
         broker.ready.store(true, Ordering::Release);
         Ok(broker)
     }

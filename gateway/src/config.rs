@@ -71,6 +71,15 @@ pub struct BrokerConfig {
     pub group_consumer_assignors: Vec<String>,
     /// `offset.metadata.max.bytes`
     pub offset_metadata_max_bytes: usize,
+    /// `transaction.max.timeout.ms`: the largest `transaction.timeout.ms` a
+    /// producer may ask for.
+    pub transaction_max_timeout_ms: i32,
+    /// `transaction.abort.timed.out.transaction.cleanup.interval.ms`: how
+    /// often the coordinator looks for timed-out transactions.
+    pub transaction_abort_timed_out_interval_ms: u64,
+    /// `transactional.id.expiration.ms`: an idle transactional id is forgotten
+    /// after this long.
+    pub transactional_id_expiration_ms: i64,
     /// The automatic range policy (`range.*` keys; see range_policy.rs).
     pub range_policy: RangePolicyConfig,
 }
@@ -124,6 +133,12 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("group.consumer.max.size", "2147483647"),
     ("group.consumer.assignors", "uniform,range"),
     ("offset.metadata.max.bytes", "4096"),
+    ("transaction.max.timeout.ms", "900000"),
+    (
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        "10000",
+    ),
+    ("transactional.id.expiration.ms", "604800000"),
     ("range.policy.enable", "true"),
     ("range.policy.interval.ms", "10000"),
     ("range.split.bytes.per.sec", "67108864"),
@@ -331,6 +346,13 @@ impl BrokerConfig {
             group_consumer_max_size: parse(map, "group.consumer.max.size")?,
             group_consumer_assignors: parse_assignors(&get("group.consumer.assignors"))?,
             offset_metadata_max_bytes: parse(map, "offset.metadata.max.bytes")?,
+            transaction_max_timeout_ms: parse(map, "transaction.max.timeout.ms")?,
+            transaction_abort_timed_out_interval_ms: parse::<u64>(
+                map,
+                "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+            )?
+            .max(10),
+            transactional_id_expiration_ms: parse(map, "transactional.id.expiration.ms")?,
             range_policy: RangePolicyConfig {
                 enabled: parse(map, "range.policy.enable")?,
                 interval_ms: parse::<u64>(map, "range.policy.interval.ms")?.max(100),

@@ -95,6 +95,20 @@ pub enum ApiError {
     OffsetMetadataTooLarge,
     #[error("the group has reached its max size")]
     GroupMaxSizeReached,
+    #[error("there is a newer producer with the same transactional id")]
+    ProducerFenced,
+    #[error("the producer attempted a transactional operation in an invalid state: {0}")]
+    InvalidTxnState(String),
+    #[error("the producer id is not assigned to this transactional id")]
+    InvalidProducerIdMapping,
+    #[error("the transaction timeout is larger than transaction.max.timeout.ms")]
+    InvalidTransactionTimeout,
+    #[error("another operation on the same transaction is in progress")]
+    ConcurrentTransactions,
+    #[error("invalid record: {0}")]
+    InvalidRecord(String),
+    #[error("the transactional id could not be found")]
+    TransactionalIdNotFound,
     /// A KIP-848 consumer group refused the request (its own code).
     #[error("{0}")]
     ConsumerGroup(crate::groups::consumer_protocol::ConsumerGroupError),
@@ -143,6 +157,13 @@ impl ApiError {
             ApiError::GroupSubscribedToTopic => K::GroupSubscribedToTopic,
             ApiError::OffsetMetadataTooLarge => K::OffsetMetadataTooLarge,
             ApiError::GroupMaxSizeReached => K::GroupMaxSizeReached,
+            ApiError::ProducerFenced => K::ProducerFenced,
+            ApiError::InvalidTxnState(_) => K::InvalidTxnState,
+            ApiError::InvalidProducerIdMapping => K::InvalidProducerIdMapping,
+            ApiError::InvalidTransactionTimeout => K::InvalidTransactionTimeout,
+            ApiError::ConcurrentTransactions => K::ConcurrentTransactions,
+            ApiError::InvalidRecord(_) => K::InvalidRecord,
+            ApiError::TransactionalIdNotFound => K::TransactionalIdNotFound,
             ApiError::ConsumerGroup(e) => e.kafka(),
         }
     }
@@ -220,5 +241,12 @@ mod tests {
         assert_eq!(ApiError::MemberIdRequired.code(), 79);
         assert_eq!(ApiError::FencedInstanceId.code(), 82);
         assert_eq!(ApiError::GroupSubscribedToTopic.code(), 86);
+        assert_eq!(ApiError::InvalidTxnState(String::new()).code(), 48);
+        assert_eq!(ApiError::InvalidProducerIdMapping.code(), 49);
+        assert_eq!(ApiError::InvalidTransactionTimeout.code(), 50);
+        assert_eq!(ApiError::ConcurrentTransactions.code(), 51);
+        assert_eq!(ApiError::InvalidRecord(String::new()).code(), 87);
+        assert_eq!(ApiError::ProducerFenced.code(), 90);
+        assert_eq!(ApiError::TransactionalIdNotFound.code(), 105);
     }
 }

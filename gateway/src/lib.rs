@@ -14,6 +14,7 @@ pub mod range_policy;
 pub mod ranges;
 pub mod server;
 pub mod topic_config;
+pub mod txn;
 
 use std::sync::Arc;
 

@@ -76,6 +76,11 @@ impl ProducerStates {
         self.producers.is_empty()
     }
 
+    /// Every producer id with its state (DescribeProducers).
+    pub fn iter(&self) -> impl Iterator<Item = (i64, &ProducerEntry)> {
+        self.producers.iter().map(|(id, e)| (*id, e))
+    }
+
     /// Checks a client's batch. An unknown producer (no state, e.g. a new
     /// one or one whose state was lost) may start at any sequence, as in Kafka.
     pub fn check(

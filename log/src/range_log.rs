@@ -505,6 +505,19 @@ impl RangeLog {
         Ok(self.inner.lock().txns[pi].aborted_overlapping(from, to))
     }
 
+    /// The idempotent producer state of `partition` (read-only copy).
+    pub fn producers(
+        &self,
+        partition: u32,
+    ) -> Result<Vec<(i64, crate::producer_state::ProducerEntry)>, LogError> {
+        let pi = self.index_of(partition)?;
+        let inner = self.inner.lock();
+        Ok(inner.producers[pi]
+            .iter()
+            .map(|(id, e)| (id, e.clone()))
+            .collect())
+    }
+
     /// Open transactions of `partition` as `(producer id, first offset)`.
     pub fn ongoing_transactions(&self, partition: u32) -> Result<Vec<(i64, i64)>, LogError> {
         let pi = self.index_of(partition)?;

@@ -1,7 +1,8 @@
 //! FindCoordinator: a group's coordinator is the leader of its
 //! `__consumer_offsets` partition (Kafka's hashing); the topic is created on
-//! the first lookup, as Kafka does. Transaction coordinators are not built
-//! yet (COORDINATOR_NOT_AVAILABLE). v4+ looks up a batch of keys.
+//! the first lookup, as Kafka does. A transactional id's coordinator is the
+//! leader of its `__transaction_state` partition (created the same way).
+//! v4+ looks up a batch of keys.
 
 use std::sync::Arc;
 
@@ -82,7 +83,20 @@ async fn find(broker: &Broker, key_type: i8, key: &str) -> Result<(i32, String, 
                 broker.config.advertised_port as i32,
             ))
         }
-        KEY_TYPE_TRANSACTION => Err(ApiError::CoordinatorNotAvailable),
+        KEY_TYPE_TRANSACTION => {
+            let topic = crate::txn::TxnCoordinator::ensure_topic(broker)
+                .await
+                .map_err(|_| ApiError::CoordinatorNotAvailable)?;
+            let image = broker.image();
+            broker
+                .route(&image, &topic, partition_for(key, topic.partitions))
+                .map_err(|_| ApiError::CoordinatorNotAvailable)?;
+            Ok((
+                broker.config.node_id,
+                broker.config.advertised_host.clone(),
+                broker.config.advertised_port as i32,
+            ))
+        }
         other => Err(ApiError::InvalidRequest(format!(
             "unknown coordinator key type {other}"
         ))),

@@ -1,35 +1,56 @@
-//! InitProducerId for idempotent producers: a fresh producer id at epoch 0,
-//! as Kafka's coordinator answers a request without a transactional id.
-//! Transactions (a transactional id) are not supported yet.
+//! InitProducerId. Without a transactional id: a fresh producer id at epoch
+//! 0, as Kafka's coordinator answers idempotent producers. With one: the
+//! transaction coordinator's producer id and (bumped) epoch, fencing older
+//! producers of the id (see `txn`).
 
 use std::sync::Arc;
 
-use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::{
     InitProducerIdRequest, InitProducerIdResponse, ProducerId, RequestHeader,
 };
 
 use crate::broker::Broker;
+use crate::error::ApiError;
+use crate::txn::fenced_for_version;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    header: &RequestHeader,
     request: InitProducerIdRequest,
 ) -> InitProducerIdResponse {
-    if request.transactional_id.is_some() {
-        return InitProducerIdResponse::default()
-            .with_error_code(ResponseError::UnsupportedVersion.code())
-            .with_producer_id(ProducerId(-1))
-            .with_producer_epoch(-1);
-    }
-    match broker
-        .producer_ids
-        .next_id(&broker.controller, broker.config.node_id)
-        .await
-    {
-        Ok(id) => InitProducerIdResponse::default()
+    let result = match request.transactional_id.as_ref() {
+        Some(id) => {
+            let expected = match (request.producer_id.0, request.producer_epoch) {
+                (-1, -1) => Ok(None),
+                (pid, epoch) if pid >= 0 && epoch >= 0 => Ok(Some((pid, epoch))),
+                _ => Err(ApiError::InvalidRequest(
+                    "producer id and epoch must both be set or both be -1".into(),
+                )),
+            };
+            match expected {
+                Ok(expected) => broker
+                    .txns
+                    .init_producer_id(
+                        broker,
+                        id.0.as_str(),
+                        request.transaction_timeout_ms,
+                        expected,
+                    )
+                    .await
+                    .map_err(|e| fenced_for_version(e, header.request_api_version, 4)),
+                Err(e) => Err(e),
+            }
+        }
+        None => broker
+            .producer_ids
+            .next_id(&broker.controller, broker.config.node_id)
+            .await
+            .map(|id| (id, 0)),
+    };
+    match result {
+        Ok((id, epoch)) => InitProducerIdResponse::default()
             .with_producer_id(ProducerId(id))
-            .with_producer_epoch(0),
+            .with_producer_epoch(epoch),
         Err(e) => InitProducerIdResponse::default()
             .with_error_code(e.code())
             .with_producer_id(ProducerId(-1))

@@ -1,6 +1,8 @@
 //! Kafka API dispatch: one handler module per API, and the table of what
 //! this broker implements (which is exactly what ApiVersions advertises).
 
+pub mod add_offsets_to_txn;
+pub mod add_partitions_to_txn;
 pub mod api_versions;
 pub mod consumer_group_describe;
 pub mod consumer_group_heartbeat;
@@ -10,6 +12,9 @@ pub mod delete_topics;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_groups;
+pub mod describe_producers;
+pub mod describe_transactions;
+pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
@@ -18,12 +23,14 @@ pub mod join_group;
 pub mod leave_group;
 pub mod list_groups;
 pub mod list_offsets;
+pub mod list_transactions;
 pub mod metadata;
 pub mod offset_commit;
 pub mod offset_delete;
 pub mod offset_fetch;
 pub mod produce;
 pub mod sync_group;
+pub mod txn_offset_commit;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -71,6 +78,13 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteGroups, 0, 2),
     (ApiKey::ConsumerGroupHeartbeat, 0, 1),
     (ApiKey::ConsumerGroupDescribe, 0, 1),
+    (ApiKey::AddPartitionsToTxn, 0, 3),
+    (ApiKey::AddOffsetsToTxn, 0, 3),
+    (ApiKey::EndTxn, 0, 3),
+    (ApiKey::TxnOffsetCommit, 0, 3),
+    (ApiKey::DescribeProducers, 0, 0),
+    (ApiKey::DescribeTransactions, 0, 0),
+    (ApiKey::ListTransactions, 0, 1),
 ];
 
 pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
@@ -262,6 +276,13 @@ async fn dispatch(
         ApiKey::DeleteGroups => call!(delete_groups),
         ApiKey::ConsumerGroupHeartbeat => call!(consumer_group_heartbeat, client_host()),
         ApiKey::ConsumerGroupDescribe => call!(consumer_group_describe),
+        ApiKey::AddPartitionsToTxn => call!(add_partitions_to_txn),
+        ApiKey::AddOffsetsToTxn => call!(add_offsets_to_txn),
+        ApiKey::EndTxn => call!(end_txn),
+        ApiKey::TxnOffsetCommit => call!(txn_offset_commit),
+        ApiKey::DescribeProducers => call!(describe_producers),
+        ApiKey::DescribeTransactions => call!(describe_transactions),
+        ApiKey::ListTransactions => call!(list_transactions),
         other => ready(Reply::Close(format!("API {other:?} has no handler"))),
     }
 }

@@ -84,15 +84,14 @@ pub async fn append(
                 Ok(t) => match broker.route(&image, t, p.index) {
                     Err(e) => Err(e),
                     Ok(route) => {
-                        append_partition(broker, &route, p.index as u32, p.records.as_deref()).map(
-                            |(appended, end)| {
+                        append_partition(broker, &route, name, p.index as u32, p.records.as_deref())
+                            .map(|(appended, end)| {
                                 let entry = waits
                                     .entry(route.range_id)
                                     .or_insert((route.log.clone(), 0));
                                 entry.1 = entry.1.max(end);
                                 appended
-                            },
-                        )
+                            })
                     }
                 },
             };
@@ -190,6 +189,7 @@ fn error_response(index: i32, e: &ApiError) -> PartitionProduceResponse {
 fn append_partition(
     broker: &Broker,
     route: &PartitionRoute,
+    topic: &str,
     partition: u32,
     records: Option<&[u8]>,
 ) -> Result<(AppendedBatch, u64), ApiError> {
@@ -206,10 +206,20 @@ fn append_partition(
                 route.config.max_message_bytes
             )));
         }
-        if header.is_transactional() || header.is_control() {
-            return Err(ApiError::InvalidRequest(
-                "transactional produce is not supported yet".into(),
+        if header.is_control() {
+            // Only the transaction coordinator writes markers.
+            return Err(ApiError::InvalidRecord(
+                "a client may not produce control batches".into(),
             ));
+        }
+        if header.is_transactional() {
+            // Kafka 3.x: only partitions added to the ongoing transaction.
+            broker.txns.check_produce(
+                header.producer_id,
+                header.producer_epoch,
+                topic,
+                partition as i32,
+            )?;
         }
     }
     let log_append_time = route.config.log_append_time.then(now_ms);

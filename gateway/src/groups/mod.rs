@@ -27,6 +27,7 @@ pub mod consumer_groups;
 pub mod consumer_protocol;
 pub mod offsets;
 pub mod records;
+pub mod txn_offsets;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -282,6 +283,8 @@ pub struct GroupCoordinator {
     wake: Notify,
     started: Instant,
     started_wall: i64,
+    /// Transactional offsets waiting for their transaction to end.
+    pub(crate) txn_pending: txn_offsets::TxnPending,
 }
 
 /// Maps an append failure to what a group request reports (Kafka's
@@ -313,6 +316,7 @@ impl GroupCoordinator {
             wake: Notify::new(),
             started: Instant::now(),
             started_wall: tessera_log::now_ms(),
+            txn_pending: Default::default(),
         }
     }
 
@@ -756,6 +760,8 @@ impl GroupCoordinator {
         let now = self.now();
         let mut states: HashMap<String, GroupState> = HashMap::new();
         let (mut records, mut skipped) = (0usize, 0usize);
+        // Transactional offset commits wait for their marker.
+        let mut open_txns = txn_offsets::LoadPending::default();
         for partition in 0..topic.partitions as i32 {
             let stored = match broker.read_records(&topic, partition) {
                 Ok(r) => r,
@@ -768,10 +774,19 @@ impl GroupCoordinator {
             };
             for r in stored {
                 if r.control {
+                    if let Some(commit) = r
+                        .key
+                        .as_deref()
+                        .and_then(crate::txn::records::marker_is_commit)
+                    {
+                        let committed = open_txns.end(r.producer_id, commit);
+                        self.replay_committed(&mut states, committed, now);
+                    }
                     continue;
                 }
                 records += 1;
                 match CoordinatorRecord::decode(r.key.as_deref(), r.value.as_deref()) {
+                    Ok(rec) if r.transactional => open_txns.push(r.producer_id, rec),
                     Ok(rec) => self.replay(&mut states, rec, now),
                     Err(e) => {
                         skipped += 1;
@@ -781,6 +796,7 @@ impl GroupCoordinator {
             }
         }
         let offsets: usize = states.values().map(|s| s.offsets.len()).sum();
+        self.keep_open_txn_offsets(open_txns);
         let mut groups = self.groups.lock();
         groups.clear();
         for (id, state) in states {

@@ -1,0 +1,79 @@
+//! AddPartitionsToTxn, the client form (v0-3): the partitions join the
+//! producer's transaction. An unknown partition fails the request
+//! (UNKNOWN_TOPIC_OR_PARTITION for it, OPERATION_NOT_ATTEMPTED for the rest),
+//! as Kafka.
+
+use std::sync::Arc;
+
+use kafka_protocol::error::ResponseError;
+use kafka_protocol::messages::add_partitions_to_txn_response::{
+    AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
+};
+use kafka_protocol::messages::{
+    AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, RequestHeader,
+};
+
+use crate::broker::Broker;
+use crate::txn::fenced_for_version;
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    header: &RequestHeader,
+    request: AddPartitionsToTxnRequest,
+) -> AddPartitionsToTxnResponse {
+    let image = broker.image();
+    let mut unknown = false;
+    let mut partitions = Vec::new();
+    for t in &request.v3_and_below_topics {
+        let topic = image.topic_by_name(t.name.0.as_str());
+        for &p in &t.partitions {
+            if topic.is_some_and(|k| p >= 0 && (p as u32) < k.partitions) {
+                partitions.push((t.name.0.to_string(), p));
+            } else {
+                unknown = true;
+            }
+        }
+    }
+    let outcome: Result<(), i16> = if unknown {
+        Err(-1)
+    } else {
+        broker
+            .txns
+            .add_partitions(
+                broker,
+                request.v3_and_below_transactional_id.0.as_str(),
+                request.v3_and_below_producer_id.0,
+                request.v3_and_below_producer_epoch,
+                &partitions,
+            )
+            .await
+            .map_err(|e| fenced_for_version(e, header.request_api_version, 2).code())
+    };
+    let results = request
+        .v3_and_below_topics
+        .iter()
+        .map(|t| {
+            let topic = image.topic_by_name(t.name.0.as_str());
+            AddPartitionsToTxnTopicResult::default()
+                .with_name(t.name.clone())
+                .with_results_by_partition(
+                    t.partitions
+                        .iter()
+                        .map(|&p| {
+                            let known = topic.is_some_and(|k| p >= 0 && (p as u32) < k.partitions);
+                            let code = match outcome {
+                                Ok(()) => 0,
+                                Err(-1) if known => ResponseError::OperationNotAttempted.code(),
+                                Err(-1) => ResponseError::UnknownTopicOrPartition.code(),
+                                Err(code) => code,
+                            };
+                            AddPartitionsToTxnPartitionResult::default()
+                                .with_partition_index(p)
+                                .with_partition_error_code(code)
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    AddPartitionsToTxnResponse::default().with_results_by_topic_v3_and_below(results)
+}

@@ -1,0 +1,52 @@
+//! DescribeTransactions: the coordinator's view of each transactional id.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use kafka_protocol::messages::describe_transactions_response::{TopicData, TransactionState};
+use kafka_protocol::messages::{
+    DescribeTransactionsRequest, DescribeTransactionsResponse, ProducerId, RequestHeader,
+};
+use kafka_protocol::protocol::StrBytes;
+
+use crate::broker::Broker;
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    _header: &RequestHeader,
+    request: DescribeTransactionsRequest,
+) -> DescribeTransactionsResponse {
+    let mut states = Vec::new();
+    for id in request.transactional_ids {
+        let s = TransactionState::default().with_transactional_id(id.clone());
+        states.push(match broker.txns.describe(broker, id.0.as_str()).await {
+            Ok(d) => {
+                let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
+                for (t, p) in d.partitions {
+                    by_topic.entry(t).or_default().push(p);
+                }
+                s.with_transaction_state(StrBytes::from_static_str(d.state.name()))
+                    .with_transaction_timeout_ms(d.timeout_ms)
+                    .with_transaction_start_time_ms(d.start_ms)
+                    .with_producer_id(ProducerId(d.producer_id))
+                    .with_producer_epoch(d.producer_epoch)
+                    .with_topics(
+                        by_topic
+                            .into_iter()
+                            .map(|(t, ps)| {
+                                TopicData::default()
+                                    .with_topic(StrBytes::from_string(t).into())
+                                    .with_partitions(ps)
+                            })
+                            .collect(),
+                    )
+            }
+            Err(e) => s
+                .with_error_code(e.code())
+                .with_producer_id(ProducerId(-1))
+                .with_producer_epoch(-1)
+                .with_transaction_start_time_ms(-1),
+        });
+    }
+    DescribeTransactionsResponse::default().with_transaction_states(states)
+}

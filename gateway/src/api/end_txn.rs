@@ -1,0 +1,31 @@
+//! EndTxn: commit or abort the producer's transaction. Answered once the
+//! COMMIT/ABORT markers are durable in every partition of the transaction.
+
+use std::sync::Arc;
+
+use kafka_protocol::messages::{EndTxnRequest, EndTxnResponse, RequestHeader};
+
+use crate::broker::Broker;
+use crate::txn::fenced_for_version;
+
+pub async fn handle(
+    broker: &Arc<Broker>,
+    header: &RequestHeader,
+    request: EndTxnRequest,
+) -> EndTxnResponse {
+    let result = broker
+        .txns
+        .end_txn(
+            broker,
+            request.transactional_id.0.as_str(),
+            request.producer_id.0,
+            request.producer_epoch,
+            request.committed,
+        )
+        .await;
+    match result {
+        Ok(()) => EndTxnResponse::default(),
+        Err(e) => EndTxnResponse::default()
+            .with_error_code(fenced_for_version(e, header.request_api_version, 2).code()),
+    }
+}
