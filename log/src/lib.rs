@@ -3,6 +3,8 @@
 
 pub mod batch;
 pub mod error;
+pub mod producer_snapshot;
+pub mod producer_snapshot_file;
 pub mod producer_state;
 pub mod range_log;
 pub mod segment;

@@ -81,6 +81,11 @@ impl ProducerStates {
         self.producers.iter().map(|(id, e)| (*id, e))
     }
 
+    /// Sets a producer's whole entry (loading a snapshot).
+    pub(crate) fn insert(&mut self, producer_id: i64, entry: ProducerEntry) {
+        self.producers.insert(producer_id, entry);
+    }
+
     /// Checks a client's batch. An unknown producer (no state, e.g. a new
     /// one or one whose state was lost) may start at any sequence, as in Kafka.
     pub fn check(

@@ -18,6 +18,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::batch;
 use crate::error::LogError;
+use crate::producer_snapshot_file;
 use crate::producer_state::{increment_sequence, BatchMetadata, ProducerStates, Verdict};
 use crate::segment::{self, IndexEntry, Segment};
 use crate::txn_state::{AbortedTxn, TxnState};
@@ -255,36 +256,32 @@ impl RangeLog {
             state.high_watermark = state.next_offset;
         }
         // Producer state: what the parents handed over, then this range's
-        // own batches from its indexes, oldest segment first.
-        let mut producers = options
+        // own batches, from the newest usable snapshot on (Kafka's rules).
+        let seed_producers = options
             .seed
             .as_ref()
             .map(|s| s.producers.clone())
             .filter(|p| p.len() == width)
             .unwrap_or_else(|| vec![ProducerStates::default(); width]);
-        let mut txns = options
+        let seed_txns = options
             .seed
             .as_ref()
             .map(|s| s.txns.clone())
             .filter(|t| t.len() == width)
             .unwrap_or_else(|| vec![TxnState::default(); width]);
-        for seg in &segments {
-            for (p, entries) in &seg.index.partitions {
-                let Some(i) = p
-                    .checked_sub(options.lo)
-                    .map(|i| i as usize)
-                    .filter(|i| *i < width)
-                else {
-                    continue;
-                };
-                for e in entries.iter().filter(|e| e.producer_id >= 0) {
-                    if e.flags & crate::txn_state::FLAG_CONTROL == 0 {
-                        producers[i].record(e.producer_id, e.producer_epoch, batch_metadata(e));
-                    }
-                    txns[i].on_batch(e.producer_id, e.base_offset, e.last_offset, e.flags);
-                }
-            }
-        }
+        let starts: Vec<(i64, i64)> = partitions
+            .iter()
+            .map(|s| (s.base_offset, s.log_start))
+            .collect();
+        let (producers, txns) = producer_snapshot_file::reload_range(
+            &options.dir,
+            options.lo,
+            &segments,
+            &starts,
+            &seed_producers,
+            &seed_txns,
+            options.seed.is_some(),
+        )?;
         let active_base_position = segments[..segments.len() - 1].iter().map(|s| s.size).sum();
         let inner = Inner {
             segments,
@@ -446,6 +443,7 @@ impl RangeLog {
             next_seq: active.seq + 1,
         };
         let sealed_size = active.size;
+        self.write_snapshot(inner, sealed.next_seq);
         let next = Segment::create(&dir, sealed.next_seq, now)?;
         sync_dir(&dir)?;
         inner.active_base_position += sealed_size;
@@ -701,6 +699,7 @@ impl RangeLog {
             spans: active.index.spans(),
             next_seq: active.seq + 1,
         };
+        self.write_snapshot(&inner, sealed.next_seq);
         let position = inner.written_position();
         if inner.advance_durable(position) {
             self.hw_listener.send_modify(|v| *v += 1);
@@ -735,15 +734,59 @@ impl RangeLog {
         })
     }
 
-    /// Stops the flusher; further appends fail with `Closed`.
+    /// Stops the flusher; further appends fail with `Closed`. A clean
+    /// shutdown: the active segment is fsynced and the producer state
+    /// snapshotted at the log end, so the next open replays nothing.
     pub fn close(&self) {
-        self.closed.store(true, Ordering::Relaxed);
+        let was_closed = self.closed.swap(true, Ordering::Relaxed);
+        if !was_closed && !self.options.sealed && !self.failed.load(Ordering::Relaxed) {
+            let inner = self.inner.lock();
+            let active = inner.segments.last().unwrap();
+            match active.file.sync_data() {
+                Ok(()) => self.write_snapshot(&inner, active.seq + 1),
+                Err(e) => tracing::warn!(
+                    dir = %self.options.dir.display(),
+                    error = %e,
+                    "fsync at close failed; no producer snapshot written"
+                ),
+            }
+        }
         self.flush_wanted.notify_one();
+    }
+
+    /// Snapshots every partition's producer state at its current end as
+    /// `<seq>.snapshot`. Only durable data may be described: callers fsync
+    /// first. A failure costs a longer replay at the next open, nothing else.
+    fn write_snapshot(&self, inner: &Inner, seq: u32) {
+        let written = producer_snapshot_file::write_range_snapshot(
+            &self.options.dir,
+            seq,
+            self.options.lo,
+            inner.partitions.iter().map(|s| s.next_offset),
+            &inner.producers,
+            &inner.txns,
+        );
+        if let Err(e) = written {
+            tracing::warn!(dir = %self.options.dir.display(), seq, error = %e, "writing producer snapshot failed");
+        }
+    }
+
+    /// The producer state of `partition` (a copy).
+    pub fn producer_states(&self, partition: u32) -> Result<ProducerStates, LogError> {
+        let pi = self.index_of(partition)?;
+        Ok(self.inner.lock().producers[pi].clone())
+    }
+
+    /// The transaction state of `partition` (a copy).
+    pub fn txn_state(&self, partition: u32) -> Result<TxnState, LogError> {
+        let pi = self.index_of(partition)?;
+        Ok(self.inner.lock().txns[pi].clone())
     }
 
     /// Closes the log and removes its files.
     pub fn delete(&self) -> Result<(), LogError> {
-        self.close();
+        self.closed.store(true, Ordering::Relaxed);
+        self.flush_wanted.notify_one();
         match std::fs::remove_dir_all(&self.options.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
             _ => Ok(()),
@@ -755,7 +798,7 @@ impl RangeLog {
     }
 }
 
-fn batch_metadata(e: &IndexEntry) -> BatchMetadata {
+pub(crate) fn batch_metadata(e: &IndexEntry) -> BatchMetadata {
     BatchMetadata {
         first_seq: e.base_sequence,
         last_seq: increment_sequence(e.base_sequence, (e.last_offset - e.base_offset) as i32),

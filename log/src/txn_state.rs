@@ -76,6 +76,16 @@ impl TxnState {
             .collect()
     }
 
+    /// The aborted transactions, in marker order.
+    pub(crate) fn aborted(&self) -> &[AbortedTxn] {
+        &self.aborted
+    }
+
+    /// Replaces the aborted transactions (rebuilt from the indexes).
+    pub(crate) fn set_aborted(&mut self, aborted: Vec<AbortedTxn>) {
+        self.aborted = aborted;
+    }
+
     /// The state a child range inherits: the open transactions (aborted ones
     /// stay with the range whose log holds their marker).
     pub fn inherited(&self) -> TxnState {
