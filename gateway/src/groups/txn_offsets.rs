@@ -16,7 +16,7 @@ use crate::error::ApiError;
 use crate::groups::offsets::{CommittedOffset, PartitionCommit, PartitionResults};
 use crate::groups::records::CoordinatorRecord;
 use crate::groups::{store_error, Create, GroupCoordinator, GroupState};
-use crate::txn::records::{encode_batch, ATTR_TRANSACTIONAL};
+use crate::txn::records::{encode_batch, KeyValue, ATTR_TRANSACTIONAL};
 
 /// One offset waiting for its transaction to end.
 #[derive(Clone, Debug)]
@@ -197,7 +197,7 @@ impl GroupCoordinator {
                         .flatten()
                 })
                 .unwrap_or(0);
-            let kv: Vec<(Option<&[u8]>, Option<&[u8]>)> = encoded
+            let kv: Vec<KeyValue<'_>> = encoded
                 .iter()
                 .map(|(k, v)| (k.as_deref(), v.as_deref()))
                 .collect();

@@ -183,6 +183,9 @@ fn put_varbytes(b: &mut Vec<u8>, v: Option<&[u8]>) {
     }
 }
 
+/// One record's key and value.
+pub type KeyValue<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
 /// An uncompressed v2 record batch of `records` (key, value), all at
 /// `timestamp`, with the given producer fields and attributes.
 pub fn encode_batch(
@@ -191,7 +194,7 @@ pub fn encode_batch(
     base_sequence: i32,
     attributes: i16,
     timestamp: i64,
-    records: &[(Option<&[u8]>, Option<&[u8]>)],
+    records: &[KeyValue<'_>],
 ) -> Vec<u8> {
     let mut body = Vec::new();
     for (i, (key, value)) in records.iter().enumerate() {

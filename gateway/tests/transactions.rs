@@ -1,0 +1,284 @@
+//! The transaction coordinator against an in-process broker: a transaction
+//! left in PrepareCommit by a crash is completed at restart (markers written,
+//! its transactional offsets committed), a timed-out transaction is aborted
+//! with an epoch bump that fences the producer, and produce only accepts
+//! transactional batches for partitions of the ongoing transaction.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Duration;
+
+use tessera_gateway::broker::{Broker, NewTopic};
+use tessera_gateway::error::ApiError;
+use tessera_gateway::groups::offsets::PartitionCommit;
+use tessera_gateway::groups::txn_offsets::TxnCommitRequest;
+use tessera_gateway::groups::GroupCoordinator;
+use tessera_gateway::internal_topics::partition_for;
+use tessera_gateway::txn::state::{TxnMetadata, TxnState};
+use tessera_gateway::txn::{records, TxnCoordinator, TRANSACTION_STATE};
+use tessera_gateway::BrokerConfig;
+use tessera_log::batch::testing::make_transactional_batch;
+
+fn config(dir: &Path, extra: &[(&str, &str)]) -> BrokerConfig {
+    let mut map = BTreeMap::new();
+    map.insert("listeners".to_string(), "127.0.0.1:0".to_string());
+    map.insert("admin.listener".to_string(), "127.0.0.1:0".to_string());
+    map.insert("log.dirs".to_string(), dir.display().to_string());
+    map.insert("range.policy.enable".to_string(), "false".to_string());
+    for (k, v) in extra {
+        map.insert(k.to_string(), v.to_string());
+    }
+    BrokerConfig::from_map(&map).unwrap()
+}
+
+async fn setup(broker: &Broker) {
+    broker
+        .create_topic(
+            NewTopic {
+                name: "t".into(),
+                partitions: 2,
+                replication_factor: 1,
+                configs: BTreeMap::new(),
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    TxnCoordinator::ensure_topic(broker).await.unwrap();
+    GroupCoordinator::ensure_offsets_topic(broker)
+        .await
+        .unwrap();
+}
+
+async fn produce_txn(broker: &Broker, partition: i32, pid: i64, epoch: i16, seq: i32) {
+    let image = broker.image();
+    let topic = image.topic_by_name("t").unwrap().clone();
+    let route = broker.route(&image, &topic, partition).unwrap();
+    broker
+        .txns
+        .check_produce(pid, epoch, "t", partition)
+        .unwrap();
+    let mut b = make_transactional_batch(2, 1000, pid, epoch, seq);
+    let out = route.log.append(partition as u32, &mut b, None).unwrap();
+    route.log.wait_durable(out.end_position).await.unwrap();
+}
+
+fn offsets(broker: &Broker, partition: i32) -> tessera_log::PartitionOffsets {
+    let image = broker.image();
+    let topic = image.topic_by_name("t").unwrap().clone();
+    broker
+        .route(&image, &topic, partition)
+        .unwrap()
+        .log
+        .offsets(partition as u32)
+        .unwrap()
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prepare_commit_left_by_a_crash_completes_at_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = tessera_gateway::start(config(dir.path(), &[]))
+        .await
+        .unwrap();
+    let broker = running.broker.clone();
+    setup(&broker).await;
+    let (pid, epoch) = broker
+        .txns
+        .init_producer_id(&broker, "tx", 60_000, None)
+        .await
+        .unwrap();
+    assert_eq!(epoch, 0);
+    broker
+        .txns
+        .add_partitions(&broker, "tx", pid, epoch, &[("t".into(), 0)])
+        .await
+        .unwrap();
+    broker
+        .txns
+        .add_offsets(&broker, "tx", pid, epoch, "g")
+        .await
+        .unwrap();
+    produce_txn(&broker, 0, pid, epoch, 0).await;
+    let results = broker
+        .groups
+        .txn_offset_commit(
+            &broker,
+            TxnCommitRequest {
+                group_id: "g".into(),
+                producer_id: pid,
+                producer_epoch: epoch,
+                generation_id: -1,
+                member_id: String::new(),
+                group_instance_id: None,
+                topics: vec![(
+                    "t".into(),
+                    vec![PartitionCommit {
+                        partition: 0,
+                        offset: 2,
+                        leader_epoch: -1,
+                        metadata: None,
+                    }],
+                )],
+            },
+        )
+        .await;
+    assert!(results[0].1[0].1.is_ok());
+    // Not visible before the commit.
+    assert!(broker
+        .groups
+        .committed("g")
+        .await
+        .is_none_or(|o| o.get("t", 0).is_none()));
+    assert_eq!(offsets(&broker, 0).last_stable, 0);
+
+    // The coordinator wrote PrepareCommit and crashed before the markers.
+    let d = broker.txns.describe(&broker, "tx").await.unwrap();
+    let mut prepared = TxnMetadata::new("tx", pid, d.timeout_ms, tessera_log::now_ms());
+    prepared.producer_epoch = epoch;
+    prepared.state = TxnState::PrepareCommit;
+    prepared.partitions = d.partitions.iter().cloned().collect();
+    prepared.start_ms = d.start_ms;
+    let image = broker.image();
+    let txn_topic = image.topic_by_name(TRANSACTION_STATE).unwrap().clone();
+    broker
+        .append_records(
+            &txn_topic,
+            partition_for("tx", txn_topic.partitions),
+            &[(
+                Some(records::encode_key("tx")),
+                Some(records::encode_value(&prepared)),
+            )],
+        )
+        .await
+        .unwrap();
+    drop(broker);
+    running.shutdown().await;
+
+    let running = tessera_gateway::start(config(dir.path(), &[]))
+        .await
+        .unwrap();
+    let broker = running.broker.clone();
+    let mut done = false;
+    for _ in 0..100 {
+        if broker.txns.describe(&broker, "tx").await.unwrap().state == TxnState::CompleteCommit {
+            done = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(done, "the prepared commit was not completed");
+    let o = offsets(&broker, 0);
+    assert_eq!(o.last_stable, o.high_watermark);
+    assert_eq!(o.high_watermark, 3); // two records and the COMMIT marker
+    let image = broker.image();
+    let topic = image.topic_by_name("t").unwrap().clone();
+    let log = broker.route(&image, &topic, 0).unwrap().log;
+    assert!(log.aborted_transactions(0, 0, 10).unwrap().is_empty());
+    let committed = broker.groups.committed("g").await.expect("group loaded");
+    assert_eq!(committed.get("t", 0).map(|o| o.offset), Some(2));
+    drop(broker);
+    running.shutdown().await;
+
+    // And the committed offset survives another restart (replayed through the marker).
+    let running = tessera_gateway::start(config(dir.path(), &[]))
+        .await
+        .unwrap();
+    let committed = running.broker.groups.committed("g").await.expect("group");
+    assert_eq!(committed.get("t", 0).map(|o| o.offset), Some(2));
+    running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = tessera_gateway::start(config(
+        dir.path(),
+        &[(
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+            "50",
+        )],
+    ))
+    .await
+    .unwrap();
+    let broker = running.broker.clone();
+    setup(&broker).await;
+    let (pid, epoch) = broker
+        .txns
+        .init_producer_id(&broker, "slow", 300, None)
+        .await
+        .unwrap();
+    broker
+        .txns
+        .add_partitions(&broker, "slow", pid, epoch, &[("t".into(), 1)])
+        .await
+        .unwrap();
+    // Partition 0 is not in the transaction.
+    assert!(matches!(
+        broker.txns.check_produce(pid, epoch, "t", 0),
+        Err(ApiError::InvalidTxnState(_))
+    ));
+    produce_txn(&broker, 1, pid, epoch, 0).await;
+    assert_eq!(offsets(&broker, 1).last_stable, 0);
+    eventually("the abort marker", || {
+        let o = offsets(&broker, 1);
+        o.last_stable == 3 && o.high_watermark == 3
+    })
+    .await;
+    let d = broker.txns.describe(&broker, "slow").await.unwrap();
+    assert_eq!(d.state, TxnState::CompleteAbort);
+    assert_eq!(d.producer_epoch, epoch + 1);
+    let image = broker.image();
+    let topic = image.topic_by_name("t").unwrap().clone();
+    let log = broker.route(&image, &topic, 1).unwrap().log;
+    assert_eq!(log.aborted_transactions(1, 0, 10).unwrap().len(), 1);
+    // The old epoch is fenced everywhere.
+    assert!(matches!(
+        broker.txns.check_produce(pid, epoch, "t", 1),
+        Err(ApiError::InvalidProducerEpoch(_))
+    ));
+    assert!(matches!(
+        broker.txns.end_txn(&broker, "slow", pid, epoch, true).await,
+        Err(ApiError::ProducerFenced)
+    ));
+    assert!(matches!(
+        broker
+            .txns
+            .add_partitions(&broker, "slow", pid, epoch, &[("t".into(), 1)])
+            .await,
+        Err(ApiError::ProducerFenced)
+    ));
+    // KIP-360: naming the fenced epoch is refused; a fresh init bumps again.
+    assert!(matches!(
+        broker
+            .txns
+            .init_producer_id(&broker, "slow", 300, Some((pid, epoch)))
+            .await,
+        Err(ApiError::ProducerFenced)
+    ));
+    let (pid2, epoch2) = broker
+        .txns
+        .init_producer_id(&broker, "slow", 300, None)
+        .await
+        .unwrap();
+    assert_eq!((pid2, epoch2), (pid, epoch + 2));
+    // Too long a timeout.
+    assert!(matches!(
+        broker
+            .txns
+            .init_producer_id(&broker, "other", 900_001, None)
+            .await,
+        Err(ApiError::InvalidTransactionTimeout)
+    ));
+    drop(broker);
+    running.shutdown().await;
+}
