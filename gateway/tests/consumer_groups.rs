@@ -2,11 +2,13 @@
 //! ConsumerGroupDescribe against an in-process broker, with the classic
 //! protocol and offsets sharing the group namespace.
 
-use std::collections::{BTreeMap, BTreeSet};
+mod common;
+
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::consumer_group_heartbeat_request::TopicPartitions;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
@@ -19,19 +21,15 @@ use kafka_protocol::messages::offset_fetch_request::{
 use kafka_protocol::messages::{
     ConsumerGroupDescribeRequest, ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse,
     CreateTopicsRequest, DescribeGroupsRequest, FindCoordinatorRequest, GroupId, JoinGroupRequest,
-    ListGroupsRequest, OffsetCommitRequest, OffsetFetchRequest, RequestHeader, ResponseHeader,
-    SyncGroupRequest, TopicName,
+    ListGroupsRequest, OffsetCommitRequest, OffsetFetchRequest, SyncGroupRequest, TopicName,
 };
-use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+use kafka_protocol::protocol::StrBytes;
 use tempfile::TempDir;
-use tessera_gateway::{BrokerConfig, Running};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tessera_gateway::Running;
 use uuid::Uuid;
 
 const TOPIC: &str = "events";
 const PARTITIONS: i32 = 6;
-const IO_TIMEOUT: Duration = Duration::from_secs(15);
 
 const NONE: i16 = 0;
 const UNKNOWN_MEMBER_ID: i16 = 25;
@@ -43,58 +41,7 @@ const FENCED_MEMBER_EPOCH: i16 = 110;
 const UNSUPPORTED_ASSIGNOR: i16 = 112;
 const STALE_MEMBER_EPOCH: i16 = 113;
 
-struct Client {
-    stream: TcpStream,
-    next_id: i32,
-}
-
-impl Client {
-    async fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect(addr).await.expect("connect");
-        stream.set_nodelay(true).unwrap();
-        Client { stream, next_id: 1 }
-    }
-
-    async fn call<R: Request>(&mut self, version: i16, body: &R) -> R::Response {
-        let id = self.next_id;
-        self.next_id += 1;
-        let header = RequestHeader::default()
-            .with_request_api_key(R::KEY)
-            .with_request_api_version(version)
-            .with_correlation_id(id)
-            .with_client_id(Some(StrBytes::from_static_str("kip848-test")));
-        let mut buf = BytesMut::new();
-        buf.put_i32(0);
-        header.encode(&mut buf, R::header_version(version)).unwrap();
-        body.encode(&mut buf, version).unwrap();
-        let len = (buf.len() - 4) as i32;
-        buf[0..4].copy_from_slice(&len.to_be_bytes());
-        self.stream.write_all(&buf).await.unwrap();
-        let mut size = [0u8; 4];
-        tokio::time::timeout(IO_TIMEOUT, self.stream.read_exact(&mut size))
-            .await
-            .expect("response in time")
-            .expect("the broker answered");
-        let mut frame = vec![0u8; i32::from_be_bytes(size) as usize];
-        self.stream.read_exact(&mut frame).await.unwrap();
-        let mut frame = Bytes::from(frame);
-        let h = ResponseHeader::decode(
-            &mut frame,
-            <R::Response as HeaderVersion>::header_version(version),
-        )
-        .unwrap();
-        assert_eq!(h.correlation_id, id);
-        R::Response::decode(&mut frame, version).expect("response decodes")
-    }
-
-    /// One ConsumerGroupHeartbeat (v1).
-    async fn heartbeat(
-        &mut self,
-        req: ConsumerGroupHeartbeatRequest,
-    ) -> ConsumerGroupHeartbeatResponse {
-        self.call(1, &req).await
-    }
-}
+type Client = common::WireClient;
 
 fn join(group: &str, member: &str) -> ConsumerGroupHeartbeatRequest {
     ConsumerGroupHeartbeatRequest::default()
@@ -147,21 +94,10 @@ struct Fixture {
     topic_id: Uuid,
 }
 
-fn config(dir: &std::path::Path, extra: &[(&str, &str)]) -> BrokerConfig {
-    let mut map = BTreeMap::new();
-    map.insert("listeners".to_string(), "127.0.0.1:0".to_string());
-    map.insert("admin.listener".to_string(), "127.0.0.1:0".to_string());
-    map.insert("log.dirs".to_string(), dir.display().to_string());
-    for (k, v) in extra {
-        map.insert(k.to_string(), v.to_string());
-    }
-    BrokerConfig::from_map(&map).expect("config")
-}
-
 impl Fixture {
     async fn new(extra: &[(&str, &str)]) -> Fixture {
         let dir = tempfile::tempdir().unwrap();
-        let running = tessera_gateway::start(config(dir.path(), extra))
+        let running = tessera_gateway::start(common::test_config(dir.path(), extra))
             .await
             .expect("broker starts");
         let addr = running.kafka_addr;
@@ -204,7 +140,7 @@ impl Fixture {
     /// Stops the broker and starts it again on the same data directory.
     async fn restart(&mut self, extra: &[(&str, &str)]) {
         self.running.take().unwrap().shutdown().await;
-        let running = tessera_gateway::start(config(self.dir.path(), extra))
+        let running = tessera_gateway::start(common::test_config(self.dir.path(), extra))
             .await
             .expect("restarts");
         self.addr = running.kafka_addr;
@@ -287,18 +223,21 @@ async fn join_rebalance_describe_list_and_commit() {
     let mut c = f.client().await;
 
     // Validation happens before anything else.
-    let r = c.heartbeat(join("g", "")).await;
+    let r = c.call(1, &join("g", "")).await;
     assert_eq!(r.error_code, INVALID_REQUEST, "v1 needs a client member id");
     let r = c
-        .heartbeat(join("g", "m1").with_server_assignor(Some(StrBytes::from_static_str("sticky"))))
+        .call(
+            1,
+            &join("g", "m1").with_server_assignor(Some(StrBytes::from_static_str("sticky"))),
+        )
         .await;
     assert_eq!(r.error_code, UNSUPPORTED_ASSIGNOR);
     // A member of a group that does not exist rejoins.
-    let r = c.heartbeat(beat("g", "m1", 3, None)).await;
+    let r = c.call(1, &beat("g", "m1", 3, None)).await;
     assert_eq!(r.error_code, UNKNOWN_MEMBER_ID);
 
     // m1 joins: everything, epoch 1.
-    let r = c.heartbeat(join("g", "m1")).await;
+    let r = c.call(1, &join("g", "m1")).await;
     assert_eq!(r.error_code, NONE, "{r:?}");
     assert_eq!(r.member_id.as_deref(), Some("m1"));
     assert_eq!(r.member_epoch, 1);
@@ -314,7 +253,7 @@ async fn join_rebalance_describe_list_and_commit() {
     assert_eq!(assigned(&r), Some(vec![]), "m1 still holds everything");
 
     // m1 is asked to revoke half, keeping epoch 1.
-    let r = c.heartbeat(beat("g", "m1", 1, Some(&m1_all))).await;
+    let r = c.call(1, &beat("g", "m1", 1, Some(&m1_all))).await;
     assert_eq!(r.member_epoch, 1);
     let m1_keep = assigned(&r).unwrap();
     assert_eq!(count(&m1_keep), 3);
@@ -339,9 +278,9 @@ async fn join_rebalance_describe_list_and_commit() {
     assert_eq!(fetch_committed(&mut c, "g", None, 0).await, (NONE, 10));
 
     // m1 acknowledges, then m2 gets the released partitions.
-    let r = c.heartbeat(beat("g", "m1", 1, Some(&m1_keep))).await;
+    let r = c.call(1, &beat("g", "m1", 1, Some(&m1_keep))).await;
     assert_eq!(r.member_epoch, 2);
-    let r = c.heartbeat(beat("g", &m2, 2, Some(&[]))).await;
+    let r = c.call(1, &beat("g", &m2, 2, Some(&[]))).await;
     let m2_got = assigned(&r).unwrap();
     assert_eq!(count(&m2_got), 3);
     let all: BTreeSet<i32> = m1_keep
@@ -351,7 +290,7 @@ async fn join_rebalance_describe_list_and_commit() {
         .collect();
     assert_eq!(all, (0..PARTITIONS).collect());
     // An epoch from the future is fenced.
-    let r = c.heartbeat(beat("g", "m1", 9, None)).await;
+    let r = c.call(1, &beat("g", "m1", 9, None)).await;
     assert_eq!(r.error_code, FENCED_MEMBER_EPOCH);
 
     // ConsumerGroupDescribe, both versions.
@@ -374,7 +313,7 @@ async fn join_rebalance_describe_list_and_commit() {
         assert_eq!(g.members.len(), 2);
         for m in &g.members {
             assert_eq!(m.member_epoch, 2);
-            assert_eq!(m.client_id.as_str(), "kip848-test");
+            assert_eq!(m.client_id.as_str(), "wire-test");
             assert!(m.client_host.starts_with('/'), "{}", m.client_host.as_str());
             assert_eq!(m.assignment.topic_partitions.len(), 1);
             assert_eq!(m.assignment.topic_partitions[0].topic_name.as_str(), TOPIC);
@@ -426,9 +365,9 @@ async fn join_rebalance_describe_list_and_commit() {
     assert_eq!(code, INCONSISTENT_GROUP_PROTOCOL);
 
     // Both leave; the group is empty and keeps its offsets.
-    let r = c.heartbeat(beat("g", "m1", -1, None)).await;
+    let r = c.call(1, &beat("g", "m1", -1, None)).await;
     assert_eq!((r.error_code, r.member_epoch), (NONE, -1));
-    let r = c.heartbeat(beat("g", &m2, -1, None)).await;
+    let r = c.call(1, &beat("g", &m2, -1, None)).await;
     assert_eq!(r.error_code, NONE);
     let d = c
         .call(
@@ -465,7 +404,7 @@ async fn a_live_classic_group_is_not_a_consumer_group() {
         .await;
     assert_eq!(s.error_code, NONE);
 
-    let r = c.heartbeat(join("cg", "k1")).await;
+    let r = c.call(1, &join("cg", "k1")).await;
     assert_eq!(r.error_code, GROUP_ID_NOT_FOUND, "{r:?}");
     assert!(r.error_message.unwrap().contains("not a consumer group"));
     let d = c
@@ -486,7 +425,7 @@ async fn a_live_classic_group_is_not_a_consumer_group() {
 
     // A group that only holds offsets (simple, empty) becomes a consumer group.
     assert_eq!(commit(&mut c, "simple", "", -1, 1, 42).await, NONE);
-    let r = c.heartbeat(join("simple", "k1")).await;
+    let r = c.call(1, &join("simple", "k1")).await;
     assert_eq!(r.error_code, NONE, "{r:?}");
     assert_eq!(
         fetch_committed(&mut c, "simple", Some(("k1", r.member_epoch)), 1).await,
@@ -508,16 +447,16 @@ async fn silent_members_expire_and_restart_means_rejoin() {
     let mut f = Fixture::new(&extra).await;
     let t = f.topic_id;
     let mut c = f.client().await;
-    let r = c.heartbeat(join("g", "a")).await;
+    let r = c.call(1, &join("g", "a")).await;
     assert_eq!(r.heartbeat_interval_ms, 300);
     let a_all = assigned(&r).unwrap();
-    let r = c.heartbeat(join("g", "b")).await;
+    let r = c.call(1, &join("g", "b")).await;
     assert_eq!(r.member_epoch, 2);
     // a revokes and acknowledges; b gets its half.
-    let r = c.heartbeat(beat("g", "a", 1, Some(&a_all))).await;
+    let r = c.call(1, &beat("g", "a", 1, Some(&a_all))).await;
     let a_keep = assigned(&r).unwrap();
-    c.heartbeat(beat("g", "a", 1, Some(&a_keep))).await;
-    let r = c.heartbeat(beat("g", "b", 2, Some(&[]))).await;
+    c.call(1, &beat("g", "a", 1, Some(&a_keep))).await;
+    let r = c.call(1, &beat("g", "b", 2, Some(&[]))).await;
     assert_eq!(count(&assigned(&r).unwrap()), 3);
     assert_eq!(commit(&mut c, "g", "a", 2, 0, 5).await, NONE);
 
@@ -527,7 +466,7 @@ async fn silent_members_expire_and_restart_means_rejoin() {
     let mut owned = a_keep.clone();
     let mut epoch = 2;
     loop {
-        let r = c.heartbeat(beat("g", "a", epoch, Some(&owned))).await;
+        let r = c.call(1, &beat("g", "a", epoch, Some(&owned))).await;
         assert_eq!(r.error_code, NONE, "{r:?}");
         epoch = r.member_epoch;
         if let Some(a) = assigned(&r) {
@@ -540,7 +479,7 @@ async fn silent_members_expire_and_restart_means_rejoin() {
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
     assert!(epoch > 2);
-    let r = c.heartbeat(beat("g", "b", 2, Some(&[]))).await;
+    let r = c.call(1, &beat("g", "b", 2, Some(&[]))).await;
     assert_eq!(r.error_code, UNKNOWN_MEMBER_ID);
     assert_eq!(commit(&mut c, "g", "a", epoch, 1, 7).await, NONE);
 
@@ -549,9 +488,9 @@ async fn silent_members_expire_and_restart_means_rejoin() {
     drop(c);
     f.restart(&extra).await;
     let mut c = f.client().await;
-    let r = c.heartbeat(beat("g", "a", epoch, Some(&owned))).await;
+    let r = c.call(1, &beat("g", "a", epoch, Some(&owned))).await;
     assert_eq!(r.error_code, UNKNOWN_MEMBER_ID, "{r:?}");
-    let r = c.heartbeat(join("g", "a")).await;
+    let r = c.call(1, &join("g", "a")).await;
     assert_eq!(r.error_code, NONE, "{r:?}");
     assert_eq!(r.member_epoch, 1);
     assert_eq!(assigned(&r).unwrap(), vec![(t, (0..PARTITIONS).collect())]);

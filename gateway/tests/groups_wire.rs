@@ -4,11 +4,9 @@
 //! fields Kafka would send. A response field set outside its version makes
 //! the broker close the connection, which these tests catch.
 
-use std::collections::BTreeMap;
-use std::net::SocketAddr;
-use std::time::Duration;
+mod common;
 
-use bytes::{BufMut, Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
 use kafka_protocol::messages::join_group_request::JoinGroupRequestProtocol;
 use kafka_protocol::messages::leave_group_request::MemberIdentity;
@@ -23,12 +21,8 @@ use kafka_protocol::messages::offset_fetch_request::{
 };
 use kafka_protocol::messages::sync_group_request::SyncGroupRequestAssignment;
 use kafka_protocol::messages::*;
-use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
-use tessera_gateway::BrokerConfig;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use kafka_protocol::protocol::StrBytes;
 
-const IO_TIMEOUT: Duration = Duration::from_secs(20);
 const TOPIC: &str = "t";
 
 fn s(v: &str) -> StrBytes {
@@ -43,72 +37,17 @@ fn topic(v: &str) -> TopicName {
     TopicName(s(v))
 }
 
-struct Client {
-    stream: TcpStream,
-    next_id: i32,
-}
-
-impl Client {
-    async fn connect(addr: SocketAddr) -> Client {
-        let stream = TcpStream::connect(addr).await.expect("connect");
-        stream.set_nodelay(true).unwrap();
-        Client { stream, next_id: 1 }
-    }
-
-    async fn call<R: Request>(&mut self, version: i16, body: &R) -> R::Response {
-        let id = self.next_id;
-        self.next_id += 1;
-        let header = RequestHeader::default()
-            .with_request_api_key(R::KEY)
-            .with_request_api_version(version)
-            .with_correlation_id(id)
-            .with_client_id(Some(s("wire-test")));
-        let mut buf = BytesMut::new();
-        buf.put_i32(0);
-        header.encode(&mut buf, R::header_version(version)).unwrap();
-        body.encode(&mut buf, version).unwrap();
-        let len = (buf.len() - 4) as i32;
-        buf[0..4].copy_from_slice(&len.to_be_bytes());
-        self.stream.write_all(&buf).await.unwrap();
-        let mut size = [0u8; 4];
-        tokio::time::timeout(IO_TIMEOUT, self.stream.read_exact(&mut size))
-            .await
-            .expect("timed out")
-            .unwrap_or_else(|e| panic!("api {} v{version}: connection closed: {e}", R::KEY));
-        let mut frame = vec![0u8; i32::from_be_bytes(size) as usize];
-        self.stream.read_exact(&mut frame).await.unwrap();
-        let mut frame = Bytes::from(frame);
-        let header = ResponseHeader::decode(
-            &mut frame,
-            <R::Response as HeaderVersion>::header_version(version),
-        )
-        .unwrap();
-        assert_eq!(header.correlation_id, id);
-        let body = R::Response::decode(&mut frame, version)
-            .unwrap_or_else(|e| panic!("api {} v{version} response: {e}", R::KEY));
-        assert!(
-            frame.is_empty(),
-            "api {} v{version}: trailing bytes",
-            R::KEY
-        );
-        body
-    }
-}
+type Client = common::WireClient;
 
 async fn start(dir: &std::path::Path) -> tessera_gateway::Running {
-    let mut map = BTreeMap::new();
-    for (k, v) in [
-        ("listeners", "127.0.0.1:0"),
-        ("admin.listener", "127.0.0.1:0"),
-        ("log.dirs", dir.to_str().unwrap()),
-        ("group.initial.rebalance.delay.ms", "0"),
-        ("group.min.session.timeout.ms", "1000"),
-    ] {
-        map.insert(k.to_string(), v.to_string());
-    }
-    tessera_gateway::start(BrokerConfig::from_map(&map).unwrap())
-        .await
-        .expect("broker starts")
+    let config = common::test_config(
+        dir,
+        &[
+            ("group.initial.rebalance.delay.ms", "0"),
+            ("group.min.session.timeout.ms", "1000"),
+        ],
+    );
+    tessera_gateway::start(config).await.expect("broker starts")
 }
 
 async fn create_topic(c: &mut Client) {

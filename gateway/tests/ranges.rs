@@ -3,30 +3,20 @@
 //! stay dense and every record stays readable at its offset), and the
 //! automatic policy splitting under load and merging after it.
 
-use std::collections::{BTreeMap, HashMap};
+mod common;
+
+use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 use proptest::prelude::*;
 use tessera_gateway::broker::{Broker, NewTopic};
-use tessera_gateway::{BrokerConfig, Running};
+use tessera_gateway::Running;
 use tessera_log::batch::{self, testing::make_batch};
 
 const TOPIC: &str = "elastic";
 const PARTITIONS: u32 = 8;
-
-fn config(dir: &Path, extra: &[(&str, &str)]) -> BrokerConfig {
-    let mut map = BTreeMap::new();
-    map.insert("listeners".to_string(), "127.0.0.1:0".to_string());
-    map.insert("admin.listener".to_string(), "127.0.0.1:0".to_string());
-    map.insert("log.dirs".to_string(), dir.display().to_string());
-    map.insert("range.policy.enable".to_string(), "false".to_string());
-    for (k, v) in extra {
-        map.insert(k.to_string(), v.to_string());
-    }
-    BrokerConfig::from_map(&map).unwrap()
-}
 
 async fn produce(broker: &Broker, partition: i32, id: i64) -> i64 {
     let image = broker.image();
@@ -82,7 +72,9 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 async fn start(dir: &Path) -> Running {
-    tessera_gateway::start(config(dir, &[])).await.unwrap()
+    tessera_gateway::start(common::test_config(dir, &[]))
+        .await
+        .unwrap()
 }
 
 async fn run_ops(ops: Vec<Op>) {
@@ -187,21 +179,10 @@ async fn split_then_merge_keeps_every_record_and_bumps_epochs() {
     run_ops(ops).await;
 }
 
-/// Polls `check` until it holds (bounded), for conditions a background task brings about.
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..300 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    panic!("timed out waiting for: {what}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_policy_splits_under_load_and_merges_after() {
     let dir = tempfile::tempdir().unwrap();
-    let running = tessera_gateway::start(config(
+    let running = tessera_gateway::start(common::test_config(
         dir.path(),
         &[
             ("range.policy.enable", "true"),
@@ -253,7 +234,7 @@ async fn the_policy_splits_under_load_and_merges_after() {
             }
         })
     };
-    eventually("the policy splits the hot range", || {
+    common::eventually("the policy splits the hot range", || {
         active_count(&broker) > 1
     })
     .await;
@@ -264,7 +245,7 @@ async fn the_policy_splits_under_load_and_merges_after() {
         .load(std::sync::atomic::Ordering::Relaxed);
     assert!(splits >= 1);
     let peak = active_count(&broker);
-    eventually("the policy merges the cold ranges back", || {
+    common::eventually("the policy merges the cold ranges back", || {
         active_count(&broker) < peak
     })
     .await;

@@ -4,8 +4,9 @@
 //! with an epoch bump that fences the producer, and produce only accepts
 //! transactional batches for partitions of the ongoing transaction.
 
+mod common;
+
 use std::collections::BTreeMap;
-use std::path::Path;
 use std::time::Duration;
 
 use tessera_gateway::broker::{Broker, NewTopic};
@@ -16,20 +17,7 @@ use tessera_gateway::groups::GroupCoordinator;
 use tessera_gateway::internal_topics::partition_for;
 use tessera_gateway::txn::state::{TxnMetadata, TxnState};
 use tessera_gateway::txn::{records, TxnCoordinator, TRANSACTION_STATE};
-use tessera_gateway::BrokerConfig;
 use tessera_log::batch::testing::make_transactional_batch;
-
-fn config(dir: &Path, extra: &[(&str, &str)]) -> BrokerConfig {
-    let mut map = BTreeMap::new();
-    map.insert("listeners".to_string(), "127.0.0.1:0".to_string());
-    map.insert("admin.listener".to_string(), "127.0.0.1:0".to_string());
-    map.insert("log.dirs".to_string(), dir.display().to_string());
-    map.insert("range.policy.enable".to_string(), "false".to_string());
-    for (k, v) in extra {
-        map.insert(k.to_string(), v.to_string());
-    }
-    BrokerConfig::from_map(&map).unwrap()
-}
 
 async fn setup(broker: &Broker) {
     broker
@@ -74,20 +62,10 @@ fn offsets(broker: &Broker, partition: i32) -> tessera_log::PartitionOffsets {
         .unwrap()
 }
 
-async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
-    for _ in 0..200 {
-        if check() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prepare_commit_left_by_a_crash_completes_at_restart() {
     let dir = tempfile::tempdir().unwrap();
-    let running = tessera_gateway::start(config(dir.path(), &[]))
+    let running = tessera_gateway::start(common::test_config(dir.path(), &[]))
         .await
         .unwrap();
     let broker = running.broker.clone();
@@ -164,7 +142,7 @@ async fn prepare_commit_left_by_a_crash_completes_at_restart() {
     drop(broker);
     running.shutdown().await;
 
-    let running = tessera_gateway::start(config(dir.path(), &[]))
+    let running = tessera_gateway::start(common::test_config(dir.path(), &[]))
         .await
         .unwrap();
     let broker = running.broker.clone();
@@ -190,7 +168,7 @@ async fn prepare_commit_left_by_a_crash_completes_at_restart() {
     running.shutdown().await;
 
     // And the committed offset survives another restart (replayed through the marker).
-    let running = tessera_gateway::start(config(dir.path(), &[]))
+    let running = tessera_gateway::start(common::test_config(dir.path(), &[]))
         .await
         .unwrap();
     let committed = running.broker.groups.committed("g").await.expect("group");
@@ -201,7 +179,7 @@ async fn prepare_commit_left_by_a_crash_completes_at_restart() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
     let dir = tempfile::tempdir().unwrap();
-    let running = tessera_gateway::start(config(
+    let running = tessera_gateway::start(common::test_config(
         dir.path(),
         &[(
             "transaction.abort.timed.out.transaction.cleanup.interval.ms",
@@ -229,7 +207,7 @@ async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
     ));
     produce_txn(&broker, 1, pid, epoch, 0).await;
     assert_eq!(offsets(&broker, 1).last_stable, 0);
-    eventually("the abort marker", || {
+    common::eventually("the abort marker", || {
         let o = offsets(&broker, 1);
         o.last_stable == 3 && o.high_watermark == 3
     })

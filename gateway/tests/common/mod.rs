@@ -1,0 +1,98 @@
+//! What the gateway's integration tests share: a broker config on free
+//! loopback ports, a raw Kafka wire client, and a bounded wait.
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use bytes::{BufMut, Bytes, BytesMut};
+use kafka_protocol::messages::{RequestHeader, ResponseHeader};
+use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
+use tessera_gateway::BrokerConfig;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+pub const IO_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// A broker config on free loopback ports with its data in `dir`; the
+/// automatic range policy is off unless `extra` turns it on.
+pub fn test_config(dir: &Path, extra: &[(&str, &str)]) -> BrokerConfig {
+    let mut map = BTreeMap::new();
+    map.insert("listeners".to_string(), "127.0.0.1:0".to_string());
+    map.insert("admin.listener".to_string(), "127.0.0.1:0".to_string());
+    map.insert("log.dirs".to_string(), dir.display().to_string());
+    map.insert("range.policy.enable".to_string(), "false".to_string());
+    for (k, v) in extra {
+        map.insert(k.to_string(), v.to_string());
+    }
+    BrokerConfig::from_map(&map).expect("test config")
+}
+
+/// Polls `check` until it holds, for conditions a background task brings
+/// about (bounded: 30 s).
+pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..300 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("timed out waiting for: {what}");
+}
+
+/// One connection speaking the Kafka wire protocol, one request at a time.
+pub struct WireClient {
+    stream: TcpStream,
+    next_id: i32,
+}
+
+impl WireClient {
+    pub async fn connect(addr: SocketAddr) -> WireClient {
+        let stream = TcpStream::connect(addr).await.expect("connect");
+        stream.set_nodelay(true).unwrap();
+        WireClient { stream, next_id: 1 }
+    }
+
+    /// Sends one request and decodes its response, checking the correlation
+    /// id and that the response has no trailing bytes.
+    pub async fn call<R: Request>(&mut self, version: i16, body: &R) -> R::Response {
+        let id = self.next_id;
+        self.next_id += 1;
+        let header = RequestHeader::default()
+            .with_request_api_key(R::KEY)
+            .with_request_api_version(version)
+            .with_correlation_id(id)
+            .with_client_id(Some(StrBytes::from_static_str("wire-test")));
+        let mut buf = BytesMut::new();
+        buf.put_i32(0);
+        header.encode(&mut buf, R::header_version(version)).unwrap();
+        body.encode(&mut buf, version).unwrap();
+        let len = (buf.len() - 4) as i32;
+        buf[0..4].copy_from_slice(&len.to_be_bytes());
+        self.stream.write_all(&buf).await.unwrap();
+        let mut size = [0u8; 4];
+        tokio::time::timeout(IO_TIMEOUT, self.stream.read_exact(&mut size))
+            .await
+            .expect("timed out")
+            .unwrap_or_else(|e| panic!("api {} v{version}: connection closed: {e}", R::KEY));
+        let mut frame = vec![0u8; i32::from_be_bytes(size) as usize];
+        self.stream.read_exact(&mut frame).await.unwrap();
+        let mut frame = Bytes::from(frame);
+        let header = ResponseHeader::decode(
+            &mut frame,
+            <R::Response as HeaderVersion>::header_version(version),
+        )
+        .unwrap();
+        assert_eq!(header.correlation_id, id);
+        let body = R::Response::decode(&mut frame, version)
+            .unwrap_or_else(|e| panic!("api {} v{version} response: {e}", R::KEY));
+        assert!(
+            frame.is_empty(),
+            "api {} v{version}: trailing bytes",
+            R::KEY
+        );
+        body
+    }
+}
