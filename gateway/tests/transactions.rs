@@ -260,3 +260,114 @@ async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
     drop(broker);
     running.shutdown().await;
 }
+
+/// OffsetFetch with `require_stable` answers UNSTABLE_OFFSET_COMMIT while an
+/// open transaction holds a pending offset for the partition, and the
+/// committed offset once the transaction commits.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_stable_waits_for_the_transaction() {
+    use kafka_protocol::messages::find_coordinator_request::FindCoordinatorRequest;
+    use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
+    use kafka_protocol::messages::txn_offset_commit_request::{
+        TxnOffsetCommitRequestPartition, TxnOffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::{
+        AddOffsetsToTxnRequest, EndTxnRequest, GroupId, InitProducerIdRequest, OffsetFetchRequest,
+        TopicName, TransactionalId, TxnOffsetCommitRequest,
+    };
+    use kafka_protocol::protocol::StrBytes;
+
+    let dir = tempfile::tempdir().unwrap();
+    let running = tessera_gateway::start(common::test_config(dir.path(), &[]))
+        .await
+        .unwrap();
+    setup(&running.broker).await;
+    let mut c = common::WireClient::connect(running.kafka_addr).await;
+    let txn_id = TransactionalId(StrBytes::from_static_str("stable-txn"));
+    let group = GroupId(StrBytes::from_static_str("stable-group"));
+    for key_type in [0, 1] {
+        let key = if key_type == 0 {
+            "stable-group"
+        } else {
+            "stable-txn"
+        };
+        let fc = c
+            .call(
+                4,
+                &FindCoordinatorRequest::default()
+                    .with_key_type(key_type)
+                    .with_coordinator_keys(vec![StrBytes::from_static_str(key)]),
+            )
+            .await;
+        assert_eq!(fc.coordinators[0].error_code, 0, "{fc:?}");
+    }
+    let init = c
+        .call(
+            3,
+            &InitProducerIdRequest::default()
+                .with_transactional_id(Some(txn_id.clone()))
+                .with_transaction_timeout_ms(60_000),
+        )
+        .await;
+    assert_eq!(init.error_code, 0, "{init:?}");
+    let (pid, epoch) = (init.producer_id, init.producer_epoch);
+    let add = c
+        .call(
+            3,
+            &AddOffsetsToTxnRequest::default()
+                .with_transactional_id(txn_id.clone())
+                .with_producer_id(pid)
+                .with_producer_epoch(epoch)
+                .with_group_id(group.clone()),
+        )
+        .await;
+    assert_eq!(add.error_code, 0, "{add:?}");
+    let commit = c
+        .call(
+            3,
+            &TxnOffsetCommitRequest::default()
+                .with_transactional_id(txn_id.clone())
+                .with_group_id(group.clone())
+                .with_producer_id(pid)
+                .with_producer_epoch(epoch)
+                .with_generation_id(-1)
+                .with_topics(vec![TxnOffsetCommitRequestTopic::default()
+                    .with_name(TopicName(StrBytes::from_static_str("t")))
+                    .with_partitions(vec![TxnOffsetCommitRequestPartition::default()
+                        .with_partition_index(0)
+                        .with_committed_offset(42)])]),
+        )
+        .await;
+    assert_eq!(commit.topics[0].partitions[0].error_code, 0, "{commit:?}");
+    let fetch = |require_stable: bool| {
+        OffsetFetchRequest::default()
+            .with_group_id(group.clone())
+            .with_require_stable(require_stable)
+            .with_topics(Some(vec![OffsetFetchRequestTopic::default()
+                .with_name(TopicName(StrBytes::from_static_str("t")))
+                .with_partition_indexes(vec![0])]))
+    };
+    let unstable = c.call(7, &fetch(true)).await;
+    assert_eq!(
+        unstable.topics[0].partitions[0].error_code, 88,
+        "{unstable:?}"
+    );
+    let plain = c.call(7, &fetch(false)).await;
+    assert_eq!(plain.topics[0].partitions[0].error_code, 0);
+    assert_eq!(plain.topics[0].partitions[0].committed_offset, -1);
+    let end = c
+        .call(
+            3,
+            &EndTxnRequest::default()
+                .with_transactional_id(txn_id)
+                .with_producer_id(pid)
+                .with_producer_epoch(epoch)
+                .with_committed(true),
+        )
+        .await;
+    assert_eq!(end.error_code, 0, "{end:?}");
+    let stable = c.call(7, &fetch(true)).await;
+    assert_eq!(stable.topics[0].partitions[0].error_code, 0, "{stable:?}");
+    assert_eq!(stable.topics[0].partitions[0].committed_offset, 42);
+    running.shutdown().await;
+}

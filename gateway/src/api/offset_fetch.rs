@@ -1,8 +1,9 @@
 //! OffsetFetch: committed offsets of one group (v1–v7) or several (v8+).
 //! A partition without a committed offset answers -1 with no error, as
 //! Kafka does; `topics` null means every committed offset of the group.
-//! `require_stable` (v7+) only matters for pending transactional offsets,
-//! which do not exist yet, so every answer is stable.
+//! With `require_stable` (v7+) a partition whose offset a still-open
+//! transaction has committed answers UNSTABLE_OFFSET_COMMIT (retriable), as
+//! Kafka does, so an exactly-once consumer never starts from a stale offset.
 
 use std::sync::Arc;
 
@@ -38,7 +39,12 @@ pub async fn handle(
                 .groups
                 .fetch_offsets(broker, &g.group_id, member, topics)
                 .await;
-            groups.push(group_response(g.group_id, fetched));
+            groups.push(group_response(
+                broker,
+                g.group_id,
+                fetched,
+                request.require_stable,
+            ));
         }
         return OffsetFetchResponse::default().with_groups(groups);
     }
@@ -63,6 +69,8 @@ pub async fn handle(
             Some(e),
         ),
     };
+    let group_id = request.group_id.to_string();
+    let require_stable = request.require_stable;
     let partition_error = if version < 2 {
         error.as_ref().map_or(0, ApiError::code)
     } else {
@@ -73,7 +81,7 @@ pub async fn handle(
             .into_iter()
             .map(|(name, partitions)| {
                 OffsetFetchResponseTopic::default()
-                    .with_name(TopicName(StrBytes::from_string(name)))
+                    .with_name(TopicName(StrBytes::from_string(name.clone())))
                     .with_partitions(
                         partitions
                             .into_iter()
@@ -81,6 +89,11 @@ pub async fn handle(
                                 let mut r = OffsetFetchResponsePartition::default()
                                     .with_partition_index(p)
                                     .with_error_code(partition_error);
+                                if require_stable && unstable(broker, &group_id, &name, p) {
+                                    return r
+                                        .with_error_code(UNSTABLE_OFFSET_COMMIT)
+                                        .with_committed_offset(-1);
+                                }
                                 match o {
                                     Some(o) => {
                                         r = r
@@ -106,10 +119,24 @@ pub async fn handle(
     }
 }
 
+/// Kafka's UNSTABLE_OFFSET_COMMIT.
+const UNSTABLE_OFFSET_COMMIT: i16 = 88;
+
+/// Whether an open transaction holds a pending offset for this partition.
+fn unstable(broker: &Broker, group: &str, topic: &str, partition: i32) -> bool {
+    broker
+        .groups
+        .txn_pending
+        .is_pending(group, topic, partition)
+}
+
 fn group_response(
+    broker: &Broker,
     group_id: GroupId,
     fetched: Result<FetchedOffsets, ApiError>,
+    require_stable: bool,
 ) -> OffsetFetchResponseGroup {
+    let group_name = group_id.to_string();
     let group = OffsetFetchResponseGroup::default().with_group_id(group_id);
     let fetched = match fetched {
         Ok(f) => f,
@@ -121,13 +148,18 @@ fn group_response(
             .into_iter()
             .map(|(name, partitions)| {
                 OffsetFetchResponseTopics::default()
-                    .with_name(TopicName(StrBytes::from_string(name)))
+                    .with_name(TopicName(StrBytes::from_string(name.clone())))
                     .with_partitions(
                         partitions
                             .into_iter()
                             .map(|(p, o)| {
                                 let r = OffsetFetchResponsePartitions::default()
                                     .with_partition_index(p);
+                                if require_stable && unstable(broker, &group_name, &name, p) {
+                                    return r
+                                        .with_error_code(UNSTABLE_OFFSET_COMMIT)
+                                        .with_committed_offset(-1);
+                                }
                                 match o {
                                     Some(o) => r
                                         .with_committed_offset(o.offset)
