@@ -165,3 +165,45 @@ def test_split_to_16_and_merge_to_2_under_load(broker):
     assert duplicates == 0
     assert consumed == delivered
     assert not order_violations, order_violations[:5]
+
+
+def test_open_transactions_survive_a_split_and_a_merge(broker):
+    """A transaction open across a split (then aborted) and one open across a
+    merge (then committed): markers land where the partitions live now, a
+    read_committed consumer sees exactly the committed records, a
+    read_uncommitted one sees all of them."""
+    from test_transactions import read_all, txn_producer
+
+    topic = unique_topic("elastic-txn")
+    partitions = 8
+    create_topic(broker, topic, partitions)
+    p = txn_producer(broker, f"tx-{topic}")
+    p.init_transactions(30)
+
+    def write(tag, n=40):
+        for i in range(n):
+            p.produce(topic, value=f"{tag}-{i}".encode(), partition=i % partitions)
+        p.flush(30)
+
+    # Transaction 1 spans a split, then aborts.
+    p.begin_transaction()
+    write("a1")
+    (root,) = active_ranges(broker, topic)
+    admin_call(broker, "POST", f"/ranges/split?range={root['id']}")
+    write("a2")
+    p.abort_transaction(30)
+    # Transaction 2 spans a merge, then commits.
+    p.begin_transaction()
+    write("c1")
+    left, right = active_ranges(broker, topic)
+    admin_call(broker, "POST", f"/ranges/merge?left={left['id']}&right={right['id']}")
+    write("c2")
+    p.commit_transaction(30)
+    assert len(active_ranges(broker, topic)) == 1
+
+    committed, _ = read_all(broker, topic, partitions, "read_committed")
+    everything, _ = read_all(broker, topic, partitions, "read_uncommitted")
+    want_committed = sorted(f"{t}-{i}" for t in ("c1", "c2") for i in range(40))
+    want_all = sorted(f"{t}-{i}" for t in ("a1", "a2", "c1", "c2") for i in range(40))
+    assert sorted(committed) == want_committed
+    assert sorted(everything) == want_all
