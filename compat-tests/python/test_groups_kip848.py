@@ -254,6 +254,13 @@ def describe_group(broker, group: str, members: int, timeout: float = SETTLE_TIM
     raise AssertionError(f"describe never showed {members} stable members: {last}")
 
 
+def members_and_partitions(d) -> list[tuple[str, list[int]]]:
+    return sorted(
+        (m.member_id, sorted(tp.partition for tp in m.assignment.topic_partitions))
+        for m in d.members
+    )
+
+
 @pytest.mark.broker_overrides({"group.consumer.heartbeat.interval.ms": "500"})
 def test_consumer_protocol_group_rebalances_without_overlap_or_loss(broker):
     topic = unique_topic("kip848")
@@ -337,9 +344,10 @@ def check_consumed(ledger: Ledger, delivered: set[tuple[int, int]]):
 
 
 @pytest.mark.broker_overrides({"group.consumer.heartbeat.interval.ms": "500"})
-def test_consumer_protocol_members_rejoin_after_a_broker_restart(broker):
-    """Membership is kept in memory: after a restart the members are told
-    UNKNOWN_MEMBER_ID, rejoin with epoch 0 and resume from their commits."""
+def test_consumer_protocol_group_survives_a_broker_restart(broker):
+    """The group is durable (KIP-848 records in __consumer_offsets): after a
+    restart the same members are back at the same epochs and carry on
+    consuming, without rejoining."""
     broker.require_persistence()
     topic = unique_topic("kip848-restart")
     group = f"g-{uuid.uuid4().hex[:8]}"
@@ -350,12 +358,27 @@ def test_consumer_protocol_members_rejoin_after_a_broker_restart(broker):
     try:
         wait_settled(ledger, ["r1", "r2"])
         time.sleep(2.0)
+        settled = describe_group(broker, group, 2)
+        log_mark = broker.log_path.stat().st_size if broker.log_path.exists() else 0
         broker.restart()
         with ledger.lock:
             before = len(ledger.consumed)
         # Consumption resumes and the group settles again.
         wait_settled(ledger, ["r1", "r2"], timeout=60)
-        describe_group(broker, group, 2, timeout=60)
+        resumed = describe_group(broker, group, 2, timeout=60)
+        # Same members with the same partitions, and nobody rejoined.
+        assert members_and_partitions(resumed) == members_and_partitions(settled), (
+            settled,
+            resumed,
+        )
+        if broker.kind == "tessera":
+            since = broker.log_path.read_bytes()[log_mark:].decode(errors="replace")
+            rejoins = [
+                line
+                for line in since.splitlines()
+                if "joins the consumer group" in line and group in line
+            ]
+            assert not rejoins, rejoins[:4]
         time.sleep(2.0)
         with ledger.lock:
             assert len(ledger.consumed) > before

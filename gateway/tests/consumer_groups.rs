@@ -74,6 +74,19 @@ fn beat(
         }))
 }
 
+/// A full heartbeat (every field sent, as a client after an error): the
+/// answer carries the member's assignment.
+fn full_beat(
+    group: &str,
+    member: &str,
+    epoch: i32,
+    owned: &[(Uuid, Vec<i32>)],
+) -> ConsumerGroupHeartbeatRequest {
+    beat(group, member, epoch, Some(owned))
+        .with_rebalance_timeout_ms(30_000)
+        .with_subscribed_topic_names(Some(vec![TopicName(StrBytes::from_static_str(TOPIC))]))
+}
+
 fn assigned(r: &ConsumerGroupHeartbeatResponse) -> Option<Vec<(Uuid, Vec<i32>)>> {
     r.assignment.as_ref().map(|a| {
         a.topic_partitions
@@ -439,7 +452,7 @@ async fn a_live_classic_group_is_not_a_consumer_group() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn silent_members_expire_and_restart_means_rejoin() {
+async fn silent_members_expire_and_a_restart_keeps_the_group() {
     let extra = [
         ("group.consumer.session.timeout.ms", "1500"),
         ("group.consumer.heartbeat.interval.ms", "300"),
@@ -483,23 +496,151 @@ async fn silent_members_expire_and_restart_means_rejoin() {
     assert_eq!(r.error_code, UNKNOWN_MEMBER_ID);
     assert_eq!(commit(&mut c, "g", "a", epoch, 1, 7).await, NONE);
 
-    // After a restart membership is gone (it lives in memory), offsets are
-    // not: the member is told to rejoin, and rejoins with epoch 0.
+    // The group is durable: after a restart the member carries on with its
+    // epoch and assignment (no rejoin), offsets are there too.
     drop(c);
     f.restart(&extra).await;
     let mut c = f.client().await;
     let r = c.call(1, &beat("g", "a", epoch, Some(&owned))).await;
-    assert_eq!(r.error_code, UNKNOWN_MEMBER_ID, "{r:?}");
-    let r = c.call(1, &join("g", "a")).await;
     assert_eq!(r.error_code, NONE, "{r:?}");
-    assert_eq!(r.member_epoch, 1);
+    assert_eq!(r.member_epoch, epoch);
+    let r = c.call(1, &full_beat("g", "a", epoch, &owned)).await;
+    assert_eq!(r.error_code, NONE, "{r:?}");
+    assert_eq!(r.member_epoch, epoch);
     assert_eq!(assigned(&r).unwrap(), vec![(t, (0..PARTITIONS).collect())]);
+    // b was fenced before the restart and stays gone.
+    let r = c.call(1, &beat("g", "b", 2, Some(&[]))).await;
+    assert_eq!(r.error_code, UNKNOWN_MEMBER_ID);
     assert_eq!(
-        fetch_committed(&mut c, "g", Some(("a", 1)), 0).await,
+        fetch_committed(&mut c, "g", Some(("a", epoch)), 0).await,
         (NONE, 5)
     );
     assert_eq!(
-        fetch_committed(&mut c, "g", Some(("a", 1)), 1).await,
+        fetch_committed(&mut c, "g", Some(("a", epoch)), 1).await,
         (NONE, 7)
+    );
+    // Session timers restart at load: a member silent after the restart is
+    // fenced as before.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let d = describe(&mut c, "g").await;
+        if d.members.is_empty() {
+            assert_eq!(d.group_state.as_str(), "Empty");
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "a never expired");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+}
+
+async fn describe(
+    c: &mut Client,
+    group: &str,
+) -> kafka_protocol::messages::consumer_group_describe_response::DescribedGroup {
+    let d = c
+        .call(
+            1,
+            &ConsumerGroupDescribeRequest::default()
+                .with_group_ids(vec![GroupId(StrBytes::from_string(group.into()))]),
+        )
+        .await;
+    assert_eq!(d.groups[0].error_code, NONE, "{d:?}");
+    d.groups.into_iter().next().unwrap()
+}
+
+/// `(member id, epoch, assignment)` of a member.
+type DescribedMember = (String, i32, Vec<(Uuid, Vec<i32>)>);
+
+/// Every member, sorted.
+fn members_of(
+    d: &kafka_protocol::messages::consumer_group_describe_response::DescribedGroup,
+) -> Vec<DescribedMember> {
+    let mut out: Vec<_> = d
+        .members
+        .iter()
+        .map(|m| {
+            (
+                m.member_id.to_string(),
+                m.member_epoch,
+                m.assignment
+                    .topic_partitions
+                    .iter()
+                    .map(|tp| (tp.topic_id, tp.partitions.clone()))
+                    .collect(),
+            )
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_two_member_group_survives_restarts() {
+    let mut f = Fixture::new(&[]).await;
+    let mut c = f.client().await;
+    let r = c.call(1, &join("g2", "a")).await;
+    let a_all = assigned(&r).unwrap();
+    let r = c.call(1, &join("g2", "b")).await;
+    assert_eq!(r.member_epoch, 2);
+    let r = c.call(1, &beat("g2", "a", 1, Some(&a_all))).await;
+    let a_keep = assigned(&r).unwrap();
+    let r = c.call(1, &beat("g2", "a", 1, Some(&a_keep))).await;
+    assert_eq!(r.member_epoch, 2);
+    let r = c.call(1, &beat("g2", "b", 2, Some(&[]))).await;
+    let b_got = assigned(&r).unwrap();
+    assert_eq!(count(&b_got), 3);
+    assert_eq!(commit(&mut c, "g2", "b", 2, 0, 11).await, NONE);
+    let before = describe(&mut c, "g2").await;
+    assert_eq!(before.group_state.as_str(), "Stable");
+    assert_eq!(before.members.len(), 2);
+
+    drop(c);
+    f.restart(&[]).await;
+    let mut c = f.client().await;
+    let after = describe(&mut c, "g2").await;
+    assert_eq!(after.group_state.as_str(), "Stable");
+    assert_eq!(after.group_epoch, before.group_epoch);
+    assert_eq!(after.assignment_epoch, before.assignment_epoch);
+    assert_eq!(after.assignor_name, before.assignor_name);
+    assert_eq!(members_of(&after), members_of(&before));
+
+    // Both members carry on where they were: same epoch, same partitions.
+    let r = c.call(1, &beat("g2", "a", 2, Some(&a_keep))).await;
+    assert_eq!((r.error_code, r.member_epoch), (NONE, 2), "{r:?}");
+    assert_eq!(assigned(&r), None);
+    let r = c.call(1, &full_beat("g2", "b", 2, &b_got)).await;
+    assert_eq!((r.error_code, r.member_epoch), (NONE, 2), "{r:?}");
+    assert_eq!(assigned(&r).unwrap(), b_got);
+    assert_eq!(
+        fetch_committed(&mut c, "g2", Some(("b", 2)), 0).await,
+        (NONE, 11)
+    );
+    assert_eq!(commit(&mut c, "g2", "a", 2, 1, 12).await, NONE);
+    // A stale epoch is still fenced.
+    let r = c.call(1, &beat("g2", "a", 5, Some(&a_keep))).await;
+    assert_eq!(r.error_code, FENCED_MEMBER_EPOCH);
+
+    // The group goes on from its stored epoch: b leaves, a takes it all.
+    let r = c.call(1, &beat("g2", "b", -1, None)).await;
+    assert_eq!(r.error_code, NONE, "{r:?}");
+    let r = c.call(1, &beat("g2", "a", 2, Some(&a_keep))).await;
+    assert_eq!(r.member_epoch, 3);
+    assert_eq!(count(&assigned(&r).unwrap()), PARTITIONS as usize);
+    let a_now = assigned(&r).unwrap();
+
+    // The leave is durable too.
+    drop(c);
+    f.restart(&[]).await;
+    let mut c = f.client().await;
+    let d = describe(&mut c, "g2").await;
+    assert_eq!(d.group_epoch, 3);
+    assert_eq!(members_of(&d), vec![("a".to_string(), 3, a_now.clone())]);
+    let r = c.call(1, &beat("g2", "b", 2, Some(&[]))).await;
+    assert_eq!(r.error_code, UNKNOWN_MEMBER_ID);
+    let r = c.call(1, &beat("g2", "a", 3, Some(&a_now))).await;
+    assert_eq!((r.error_code, r.member_epoch), (NONE, 3), "{r:?}");
+    assert_eq!(
+        fetch_committed(&mut c, "g2", Some(("a", 3)), 1).await,
+        (NONE, 12)
     );
 }

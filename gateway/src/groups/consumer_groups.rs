@@ -2,11 +2,15 @@
 //! ConsumerGroupDescribe over the shared group namespace and offsets store.
 //!
 //! The protocol itself is [`super::consumer_protocol`] (pure); this module
-//! locks the group, runs it through the coordinator's transaction (nothing
-//! is appended: consumer-protocol membership is kept in memory only, so
-//! after a restart members rejoin with epoch 0; committed offsets are
-//! persisted as for every group), and ties classic and consumer groups
-//! together the way Kafka does:
+//! locks the group, runs it through the coordinator's transaction, and
+//! makes every change durable first, as Kafka's records in
+//! `__consumer_offsets` ([`change_records`]: group epoch, member metadata,
+//! target assignment, current member assignments; tombstones for removed
+//! members and groups). The coordinator replays them at start
+//! ([`GroupCoordinator::replay_consumer`]), so after a restart the group is
+//! back with its members, epochs and assignments and members that keep
+//! heartbeating carry on (session timers restart at load). It also ties
+//! classic and consumer groups together the way Kafka does:
 //!
 //! * a ConsumerGroupHeartbeat joining a group id held by an empty classic
 //!   group (for instance one that only holds offsets) turns it into a
@@ -19,8 +23,8 @@
 //! * OffsetCommit / OffsetFetch from a consumer-protocol member are fenced
 //!   by its member epoch (STALE_MEMBER_EPOCH, UNKNOWN_MEMBER_ID);
 //! * a heartbeat (epoch > 0) for a group this broker does not hold as a
-//!   consumer group, or holds as an empty classic one (what a restart leaves
-//!   of a consumer group), is UNKNOWN_MEMBER_ID, so the member rejoins.
+//!   consumer group, or holds as an empty classic one (a deleted or
+//!   converted group), is UNKNOWN_MEMBER_ID, so the member rejoins.
 
 use std::sync::Arc;
 
@@ -32,7 +36,10 @@ use super::consumer_protocol::{
     DescribedGroup, GroupState as ConsumerState, HeartbeatInput, HeartbeatOutput,
     JOIN_GROUP_MEMBER_EPOCH, LEAVE_GROUP_STATIC_MEMBER_EPOCH, PROTOCOL_TYPE,
 };
-use super::records::CoordinatorRecord;
+use super::consumer_protocol::{Member, MemberState};
+use super::records::{
+    ConsumerCurrentAssignmentValue, ConsumerMemberMetadataValue, CoordinatorRecord,
+};
 use super::{
     Group, GroupCoordinator, GroupDescription, GroupEntry, GroupKind, GroupSlot, GroupState,
     Outcome,
@@ -177,12 +184,184 @@ impl GroupKind for ConsumerGroup {
 }
 
 /// The group's due timers: members whose session or rebalance timeout
-/// passed are fenced. Nothing is persisted.
+/// passed are fenced (and that is persisted).
 pub(super) fn tick(group_id: &str, group: &mut ConsumerGroup, now: i64) -> Outcome {
-    for e in group.expire_members(now) {
+    let before = group.clone();
+    let expired = group.expire_members(now);
+    if expired.is_empty() {
+        return Outcome::default();
+    }
+    for e in expired {
         tracing::info!(group = group_id, member = %e.member_id, "consumer group member fenced: {}", e.reason);
     }
-    Outcome::default()
+    Outcome {
+        replies: vec![],
+        records: change_records(group_id, &before, group),
+    }
+}
+
+/// `ConsumerGroupMemberMetadataValue` of a member.
+pub fn member_metadata(m: &Member) -> ConsumerMemberMetadataValue {
+    ConsumerMemberMetadataValue {
+        instance_id: m.instance_id.clone(),
+        rack_id: m.rack_id.clone(),
+        client_id: m.client_id.clone(),
+        client_host: m.client_host.clone(),
+        subscribed_topic_names: m.subscribed_topic_names.iter().cloned().collect(),
+        subscribed_topic_regex: None,
+        rebalance_timeout_ms: m.rebalance_timeout_ms,
+        server_assignor: m.server_assignor.map(|a| a.name().to_string()),
+    }
+}
+
+/// `ConsumerGroupCurrentMemberAssignmentValue` of a member.
+pub fn current_assignment(m: &Member) -> ConsumerCurrentAssignmentValue {
+    ConsumerCurrentAssignmentValue {
+        member_epoch: m.member_epoch,
+        previous_member_epoch: m.previous_member_epoch,
+        state: match m.state {
+            MemberState::Stable => 0,
+            MemberState::UnrevokedPartitions => 1,
+            MemberState::UnreleasedPartitions => 2,
+        },
+        assigned: m.assigned.clone(),
+        pending_revocation: m.pending_revocation.clone(),
+    }
+}
+
+/// The records that take a consumer group from `before` to `after`, in
+/// Kafka's order: removed members' tombstones (current assignment, target,
+/// metadata), then new or changed member metadata, the group epoch, target
+/// assignments and their epoch, and members' current assignments.
+pub fn change_records(
+    group_id: &str,
+    before: &ConsumerGroup,
+    after: &ConsumerGroup,
+) -> Vec<CoordinatorRecord> {
+    let group = || group_id.to_string();
+    let mut out = Vec::new();
+    for m in before.members() {
+        if after.member(&m.member_id).is_none() {
+            out.push(CoordinatorRecord::ConsumerCurrentMemberAssignment {
+                group: group(),
+                member: m.member_id.clone(),
+                value: None,
+            });
+            if before.target_assignment(&m.member_id).is_some()
+                && after.target_assignment(&m.member_id).is_none()
+            {
+                out.push(CoordinatorRecord::ConsumerTargetAssignmentMember {
+                    group: group(),
+                    member: m.member_id.clone(),
+                    value: None,
+                });
+            }
+            out.push(CoordinatorRecord::ConsumerMemberMetadata {
+                group: group(),
+                member: m.member_id.clone(),
+                value: None,
+            });
+        }
+    }
+    // Targets of ids that were not members (a replaced static member's).
+    for (id, _) in before.targets() {
+        if after.target_assignment(id).is_none() && before.member(id).is_none() {
+            out.push(CoordinatorRecord::ConsumerTargetAssignmentMember {
+                group: group(),
+                member: id.clone(),
+                value: None,
+            });
+        }
+    }
+    for m in after.members() {
+        let value = member_metadata(m);
+        if before.member(&m.member_id).map(member_metadata).as_ref() != Some(&value) {
+            out.push(CoordinatorRecord::ConsumerMemberMetadata {
+                group: group(),
+                member: m.member_id.clone(),
+                value: Some(value),
+            });
+        }
+    }
+    if after.group_epoch() != before.group_epoch() {
+        out.push(CoordinatorRecord::ConsumerGroupMetadata {
+            group: group(),
+            epoch: Some(after.group_epoch()),
+        });
+    }
+    for (id, target) in after.targets() {
+        if before.target_assignment(id) != Some(target) {
+            out.push(CoordinatorRecord::ConsumerTargetAssignmentMember {
+                group: group(),
+                member: id.clone(),
+                value: Some(target.clone()),
+            });
+        }
+    }
+    for (id, _) in before.targets() {
+        if after.target_assignment(id).is_none() && after.member(id).is_some() {
+            out.push(CoordinatorRecord::ConsumerTargetAssignmentMember {
+                group: group(),
+                member: id.clone(),
+                value: None,
+            });
+        }
+    }
+    if after.assignment_epoch() != before.assignment_epoch() {
+        out.push(CoordinatorRecord::ConsumerTargetAssignmentMetadata {
+            group: group(),
+            epoch: Some(after.assignment_epoch()),
+        });
+    }
+    for m in after.members() {
+        let value = current_assignment(m);
+        if before.member(&m.member_id).map(current_assignment).as_ref() != Some(&value) {
+            out.push(CoordinatorRecord::ConsumerCurrentMemberAssignment {
+                group: group(),
+                member: m.member_id.clone(),
+                value: Some(value),
+            });
+        }
+    }
+    out
+}
+
+/// The tombstones that delete a consumer group (Kafka's
+/// `createGroupTombstoneRecords`): every member's records, the targets,
+/// the target assignment epoch and the group epoch.
+pub fn deletion_records(group_id: &str, g: &ConsumerGroup) -> Vec<CoordinatorRecord> {
+    let group = || group_id.to_string();
+    let mut out = Vec::new();
+    for m in g.members() {
+        out.push(CoordinatorRecord::ConsumerCurrentMemberAssignment {
+            group: group(),
+            member: m.member_id.clone(),
+            value: None,
+        });
+    }
+    for (id, _) in g.targets() {
+        out.push(CoordinatorRecord::ConsumerTargetAssignmentMember {
+            group: group(),
+            member: id.clone(),
+            value: None,
+        });
+    }
+    out.push(CoordinatorRecord::ConsumerTargetAssignmentMetadata {
+        group: group(),
+        epoch: None,
+    });
+    for m in g.members() {
+        out.push(CoordinatorRecord::ConsumerMemberMetadata {
+            group: group(),
+            member: m.member_id.clone(),
+            value: None,
+        });
+    }
+    out.push(CoordinatorRecord::ConsumerGroupMetadata {
+        group: group(),
+        epoch: None,
+    });
+    out
 }
 
 /// Kafka's info logs for joins, leaves and new target assignments.
@@ -240,8 +419,11 @@ pub(super) fn classic_join(
     waiter: classic::WaiterId,
     now: i64,
 ) -> Outcome {
-    let empty = matches!(&state.group, Group::Consumer(g) if g.is_empty());
-    if !empty {
+    let tombstones = match &state.group {
+        Group::Consumer(g) if g.is_empty() => deletion_records(group_id, g),
+        _ => vec![],
+    };
+    if tombstones.is_empty() {
         return Outcome {
             replies: vec![Reply::Join(
                 waiter,
@@ -260,6 +442,8 @@ pub(super) fn classic_join(
             value: Some(g.to_record()),
         }];
     }
+    // The consumer group's records go first (Kafka's conversion).
+    outcome.records.splice(0..0, tombstones);
     state.group = Group::Classic(g);
     outcome
 }
@@ -272,6 +456,63 @@ pub(super) fn classic_sync(waiter: classic::WaiterId) -> Outcome {
             SyncResult::error(ApiError::UnknownMemberId),
         )],
         records: vec![],
+    }
+}
+
+/// Applies one consumer group record to the group it belongs to.
+pub fn replay_into(g: &mut ConsumerGroup, rec: CoordinatorRecord) {
+    use CoordinatorRecord as R;
+    match rec {
+        R::ConsumerGroupMetadata { epoch: Some(e), .. } => g.replay_group_epoch(e),
+        R::ConsumerTargetAssignmentMetadata { epoch, .. } => {
+            g.replay_assignment_epoch(epoch.unwrap_or(0))
+        }
+        R::ConsumerTargetAssignmentMember { member, value, .. } => g.replay_target(&member, value),
+        R::ConsumerMemberMetadata {
+            member,
+            value: Some(v),
+            ..
+        } => {
+            let m = g.replay_member(&member, true).expect("created");
+            m.instance_id = v.instance_id;
+            m.rack_id = v.rack_id;
+            m.client_id = v.client_id;
+            m.client_host = v.client_host;
+            m.subscribed_topic_names = v.subscribed_topic_names.into_iter().collect();
+            m.rebalance_timeout_ms = v.rebalance_timeout_ms;
+            m.server_assignor = v.server_assignor.as_deref().and_then(Assignor::from_name);
+        }
+        R::ConsumerMemberMetadata {
+            member,
+            value: None,
+            ..
+        } => g.replay_remove_member(&member),
+        R::ConsumerCurrentMemberAssignment { member, value, .. } => {
+            let create = value.is_some();
+            let Some(m) = g.replay_member(&member, create) else {
+                return;
+            };
+            // A tombstone leaves the member with nothing, at epoch -1
+            // (its metadata tombstone removes it).
+            let v = value.unwrap_or(ConsumerCurrentAssignmentValue {
+                member_epoch: super::consumer_protocol::LEAVE_GROUP_MEMBER_EPOCH,
+                previous_member_epoch: super::consumer_protocol::LEAVE_GROUP_MEMBER_EPOCH,
+                ..Default::default()
+            });
+            m.member_epoch = v.member_epoch;
+            m.previous_member_epoch = v.previous_member_epoch;
+            m.state = match v.state {
+                1 => MemberState::UnrevokedPartitions,
+                2 => MemberState::UnreleasedPartitions,
+                _ => MemberState::Stable,
+            };
+            m.assigned = v.assigned;
+            m.pending_revocation = v.pending_revocation;
+        }
+        R::ConsumerGroupMetadata { epoch: None, .. }
+        | R::OffsetCommit { .. }
+        | R::GroupMetadata { .. }
+        | R::Other { .. } => {}
     }
 }
 
@@ -333,11 +574,11 @@ impl GroupCoordinator {
         else {
             return Err(gone());
         };
+        let mut convert = false;
         if let Group::Classic(g) = &entry.state.group {
             let empty = g.state() == classic::ClassicState::Empty;
             if join && empty {
-                tracing::info!(group = %group_id, "converting the empty classic group to a consumer group");
-                entry.state.group = Group::Consumer(ConsumerGroup::new(&group_id, config.clone()));
+                convert = true;
             } else if empty {
                 return Err(gone());
             } else {
@@ -351,13 +592,41 @@ impl GroupCoordinator {
         let mut result = None;
         let applied = self
             .transact(broker, &slot, &mut entry, |s, now| {
-                if let Group::Consumer(g) = &mut s.group {
-                    let before = (g.group_epoch(), g.members().count());
-                    let r = g.heartbeat(&input, &*image, now);
-                    log_change(&group_id, &input, &r, before, g);
-                    result = Some(r);
+                let original = convert.then(|| s.group.clone());
+                let mut records = Vec::new();
+                if convert {
+                    // The classic group's metadata is deleted first.
+                    s.group = Group::Consumer(ConsumerGroup::new(&group_id, config.clone()));
+                    records.push(CoordinatorRecord::GroupMetadata {
+                        group: group_id.clone(),
+                        value: None,
+                    });
                 }
-                Outcome::default()
+                let Group::Consumer(g) = &mut s.group else {
+                    return Outcome::default();
+                };
+                let before = g.clone();
+                let counts = (g.group_epoch(), g.members().count());
+                let r = g.heartbeat(&input, &*image, now);
+                log_change(&group_id, &input, &r, counts, g);
+                if r.is_ok() {
+                    if convert {
+                        tracing::info!(group = %group_id, "converted the empty classic group to a consumer group");
+                    }
+                    records.extend(change_records(&group_id, &before, g));
+                } else {
+                    // A refused heartbeat changes nothing.
+                    records.clear();
+                    match original {
+                        Some(o) => s.group = o,
+                        None => *g = before,
+                    }
+                }
+                result = Some(r);
+                Outcome {
+                    replies: vec![],
+                    records,
+                }
             })
             .await;
         if let Err(e) = applied {
@@ -373,6 +642,59 @@ impl GroupCoordinator {
             }
         }
         Ok(result?)
+    }
+
+    /// Replays one KIP-848 record at load (Kafka's `GroupMetadataManager.replay`
+    /// for consumer group records): a value creates the consumer group (it
+    /// replaces what the id held before, keeping its offsets), the group's
+    /// tombstone deletes it. [`ConsumerGroup::finish_load`] runs once all
+    /// records are in.
+    pub(super) fn replay_consumer(
+        &self,
+        states: &mut std::collections::HashMap<String, GroupState>,
+        rec: CoordinatorRecord,
+    ) {
+        use CoordinatorRecord as R;
+        let Some(group_id) = rec.group().map(str::to_string) else {
+            return;
+        };
+        if let R::ConsumerGroupMetadata { epoch: None, .. } = &rec {
+            let keep = states.get(&group_id).is_some_and(|s| !s.offsets.is_empty());
+            if keep {
+                let fresh = self.new_classic(&group_id).group;
+                states.get_mut(&group_id).expect("present").group = fresh;
+            } else {
+                states.remove(&group_id);
+            }
+            return;
+        }
+        let create = matches!(
+            &rec,
+            R::ConsumerGroupMetadata { epoch: Some(_), .. }
+                | R::ConsumerTargetAssignmentMetadata { epoch: Some(_), .. }
+                | R::ConsumerMemberMetadata { value: Some(_), .. }
+                | R::ConsumerTargetAssignmentMember { value: Some(_), .. }
+                | R::ConsumerCurrentMemberAssignment { value: Some(_), .. }
+        );
+        let fresh = || Group::Consumer(ConsumerGroup::new(&group_id, self.consumer.clone()));
+        let state = match states.get_mut(&group_id) {
+            Some(s) => s,
+            None if create => states.entry(group_id.clone()).or_insert(GroupState {
+                group: fresh(),
+                offsets: Default::default(),
+            }),
+            None => return,
+        };
+        if !matches!(state.group, Group::Consumer(_)) {
+            if !create {
+                return;
+            }
+            state.group = fresh();
+        }
+        let Group::Consumer(g) = &mut state.group else {
+            return;
+        };
+        replay_into(g, rec);
     }
 
     /// ConsumerGroupDescribe for one group.
@@ -398,5 +720,136 @@ impl GroupCoordinator {
             ))
             .into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::groups::consumer_protocol::{Assignment, TopicId};
+
+    fn topics() -> BTreeMap<String, (TopicId, u32)> {
+        BTreeMap::from([
+            ("t".to_string(), (uuid::Uuid::from_u128(1), 6)),
+            ("u".to_string(), (uuid::Uuid::from_u128(2), 2)),
+        ])
+    }
+
+    fn hb(member: &str, epoch: i32, owned: Option<&Assignment>) -> HeartbeatInput {
+        HeartbeatInput {
+            api_version: 1,
+            group_id: "g".into(),
+            member_id: member.into(),
+            member_epoch: epoch,
+            rebalance_timeout_ms: if epoch == 0 { 5_000 } else { -1 },
+            subscribed_topic_names: (epoch == 0).then(|| vec!["t".into(), "u".into()]),
+            owned_partitions: if epoch == 0 {
+                Some(vec![])
+            } else {
+                owned.map(|o| {
+                    o.iter()
+                        .map(|(t, ps)| (*t, ps.iter().copied().collect()))
+                        .collect()
+                })
+            },
+            client_id: "c".into(),
+            client_host: "/127.0.0.1".into(),
+            ..Default::default()
+        }
+    }
+
+    /// Replays every record written so far into a fresh group.
+    fn reload(records: &[CoordinatorRecord], now: i64) -> ConsumerGroup {
+        let mut g = ConsumerGroup::new("g", ConsumerGroupConfig::default());
+        for r in records {
+            let (k, v) = r.encode();
+            replay_into(
+                &mut g,
+                CoordinatorRecord::decode(k.as_deref(), v.as_deref()).unwrap(),
+            );
+        }
+        g.finish_load(&topics(), now);
+        g
+    }
+
+    fn same(a: &ConsumerGroup, b: &ConsumerGroup) {
+        let t = topics();
+        assert_eq!(a.describe(&t), b.describe(&t));
+        let ma: Vec<&Member> = a.members().collect();
+        let mb: Vec<&Member> = b.members().collect();
+        assert_eq!(ma, mb);
+        let ta: Vec<_> = a.targets().collect();
+        let tb: Vec<_> = b.targets().collect();
+        assert_eq!(ta, tb);
+        for m in a.members() {
+            for (t, ps) in m.assigned.iter().chain(m.pending_revocation.iter()) {
+                for p in ps {
+                    assert_eq!(b.owner(*t, *p), Some(m.member_id.as_str()));
+                }
+            }
+        }
+    }
+
+    /// Every step's records, replayed, give back the group as it was; a
+    /// reloaded group goes on exactly like the original.
+    #[test]
+    fn replaying_the_change_records_rebuilds_the_group() {
+        let t = topics();
+        let mut g = ConsumerGroup::new("g", ConsumerGroupConfig::default());
+        let mut log: Vec<CoordinatorRecord> = Vec::new();
+        let mut step = |g: &mut ConsumerGroup, input: HeartbeatInput, now: i64| {
+            let before = g.clone();
+            let out = g.heartbeat(&input, &t, now).unwrap();
+            log.extend(change_records("g", &before, g));
+            let loaded = reload(&log, now);
+            same(g, &loaded);
+            out
+        };
+        let a = step(&mut g, hb("a", 0, None), 0);
+        let a_all = a.assignment.unwrap();
+        let mut static_b = hb("b", 0, None);
+        static_b.instance_id = Some("i-b".into());
+        static_b.server_assignor = Some("range".into());
+        step(&mut g, static_b.clone(), 1);
+        // a is asked to revoke (UnrevokedPartitions), then acknowledges.
+        let r = step(&mut g, hb("a", 1, Some(&a_all)), 2);
+        let a_keep = r.assignment.unwrap();
+        assert_eq!(
+            g.member("a").unwrap().state,
+            MemberState::UnrevokedPartitions
+        );
+        step(&mut g, hb("a", 1, Some(&a_keep)), 3);
+        step(&mut g, hb("b", 2, Some(&Assignment::new())), 4);
+        // b leaves temporarily, then a new incarnation replaces it.
+        let mut leave = hb("b", -2, None);
+        leave.instance_id = Some("i-b".into());
+        step(&mut g, leave, 5);
+        static_b.member_id = "b2".into();
+        step(&mut g, static_b, 6);
+        assert!(g.member("b").is_none() && g.member("b2").is_some());
+        // a leaves for good; the group goes on from the reloaded state.
+        step(&mut g, hb("a", -1, None), 7);
+        let mut loaded = reload(&log, 8);
+        let r1 = g.heartbeat(&hb("b2", 3, None), &t, 8);
+        let r2 = loaded.heartbeat(&hb("b2", 3, None), &t, 8);
+        assert_eq!(r1, r2);
+        same(&g, &loaded);
+        // Session timers start at load.
+        assert_eq!(reload(&log, 100).next_deadline(), Some(100 + 45_000));
+
+        // Expiry and deletion: only tombstones are left.
+        let before = g.clone();
+        assert_eq!(g.expire_members(i64::MAX / 2).len(), 1);
+        log.extend(change_records("g", &before, &g));
+        let loaded = reload(&log, 9);
+        same(&g, &loaded);
+        assert!(loaded.is_empty());
+        let deletion = deletion_records("g", &g);
+        assert!(deletion.iter().any(|r| matches!(
+            r,
+            CoordinatorRecord::ConsumerGroupMetadata { epoch: None, .. }
+        )));
     }
 }

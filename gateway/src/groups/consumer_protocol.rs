@@ -24,8 +24,11 @@
 //! or stays in `UnrevokedPartitions` longer than its rebalance timeout, is
 //! fenced (removed) by [`ConsumerGroup::expire_members`].
 //!
-//! State is in memory only: after a restart members rejoin with epoch 0
-//! (committed offsets are kept by the offsets store, not here).
+//! The coordinator persists every change of a group as Kafka's KIP-848
+//! records (see `consumer_groups::change_records`) before it keeps it, and
+//! rebuilds the group from them at start with the `replay_*` methods and
+//! [`ConsumerGroup::finish_load`]: members, epochs, target and current
+//! assignments come back, and session timers restart from the load time.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -584,6 +587,87 @@ impl ConsumerGroup {
     pub fn target_assignment(&self, member_id: &str) -> Option<&Assignment> {
         self.target.get(member_id)
     }
+    /// Every member's target assignment.
+    pub fn targets(&self) -> impl Iterator<Item = (&String, &Assignment)> {
+        self.target.iter()
+    }
+
+    // ---- replay: rebuilding the group from its records ---------------------
+
+    pub fn replay_group_epoch(&mut self, epoch: i32) {
+        self.group_epoch = epoch;
+    }
+
+    pub fn replay_assignment_epoch(&mut self, epoch: i32) {
+        self.assignment_epoch = epoch;
+    }
+
+    /// A member's target assignment (`None`: removed).
+    pub fn replay_target(&mut self, member_id: &str, target: Option<Assignment>) {
+        match target {
+            Some(t) => {
+                self.target.insert(member_id.to_string(), t);
+            }
+            None => {
+                self.target.remove(member_id);
+            }
+        }
+    }
+
+    /// The member to update from a record, created when `create`. The
+    /// indexes are rebuilt by [`ConsumerGroup::finish_load`].
+    pub fn replay_member(&mut self, member_id: &str, create: bool) -> Option<&mut Member> {
+        if create && !self.members.contains_key(member_id) {
+            self.members
+                .insert(member_id.to_string(), Member::new(member_id));
+        }
+        self.members.get_mut(member_id)
+    }
+
+    pub fn replay_remove_member(&mut self, member_id: &str) {
+        self.members.remove(member_id);
+    }
+
+    /// Ends a load: rebuilds the owners and static member indexes and the
+    /// subscribed topics' metadata (from `topics`, as Kafka derives it), and
+    /// starts every member's session timer (and the rebalance timer of
+    /// members still revoking) at `now_ms`.
+    pub fn finish_load(&mut self, topics: &dyn TopicsView, now_ms: i64) {
+        self.owners.clear();
+        self.static_members.clear();
+        self.timers.clear();
+        for m in self.members.values() {
+            for tp in m.partitions() {
+                self.owners.insert(tp, m.member_id.clone());
+            }
+            if let Some(i) = &m.instance_id {
+                self.static_members.insert(i.clone(), m.member_id.clone());
+            }
+            let rebalance = (m.state == MemberState::UnrevokedPartitions).then(|| {
+                (
+                    now_ms + m.rebalance_timeout_ms.max(0) as i64,
+                    m.member_epoch,
+                )
+            });
+            self.timers.insert(
+                m.member_id.clone(),
+                Timers {
+                    session_deadline: now_ms + self.config.session_timeout_ms as i64,
+                    rebalance,
+                },
+            );
+        }
+        let names: BTreeSet<&String> = self
+            .members
+            .values()
+            .flat_map(|m| m.subscribed_topic_names.iter())
+            .collect();
+        self.subscription_metadata = names
+            .into_iter()
+            .filter_map(|n| topics.topic(n).map(|t| (n.clone(), t)))
+            .collect();
+    }
+
     /// Who holds `(topic, partition)` now (assigned or pending revocation).
     pub fn owner(&self, topic: TopicId, partition: i32) -> Option<&str> {
         self.owners.get(&(topic, partition)).map(String::as_str)

@@ -4,9 +4,10 @@
 //!
 //! Groups of every protocol share one group-id namespace and one offsets
 //! store ([`GroupState`]: a [`Group`] plus its [`GroupOffsets`]). A group's
-//! protocol lives behind the [`Group`] enum (today only the classic protocol,
-//! [`classic::ClassicGroup`]); what offsets and admin requests need from any
-//! kind of group is the [`GroupKind`] trait (commit fencing, fetch checks,
+//! protocol lives behind the [`Group`] enum (the classic protocol,
+//! [`classic::ClassicGroup`], or KIP-848, [`consumer_protocol::ConsumerGroup`]);
+//! what offsets and admin requests need from any kind of group is the
+//! [`GroupKind`] trait (commit fencing, fetch checks,
 //! delete rules, subscriptions, state names).
 //!
 //! Each group has an async lock. A request takes it, runs the pure
@@ -18,8 +19,8 @@
 //! each group's `tick` when its earliest deadline passes.
 //!
 //! At start, [`GroupCoordinator::load`] replays every partition of
-//! `__consumer_offsets` to rebuild groups and offsets, as Kafka does when a
-//! broker becomes a coordinator.
+//! `__consumer_offsets` to rebuild groups (classic and KIP-848) and offsets,
+//! as Kafka does when a broker becomes a coordinator.
 
 pub mod assignors;
 pub mod classic;
@@ -55,7 +56,7 @@ use records::CoordinatorRecord;
 pub enum Group {
     /// JoinGroup / SyncGroup / Heartbeat (and simple groups that only commit offsets).
     Classic(ClassicGroup),
-    /// KIP-848 ConsumerGroupHeartbeat (in memory only, see [`consumer_groups`]).
+    /// KIP-848 ConsumerGroupHeartbeat (persisted as Kafka's records, see [`consumer_groups`]).
     Consumer(consumer_protocol::ConsumerGroup),
 }
 
@@ -186,12 +187,18 @@ impl Group {
 
     /// The records that delete the group (offsets are tombstoned separately).
     fn tombstones(&self, group_id: &str) -> Vec<CoordinatorRecord> {
+        let classic = CoordinatorRecord::GroupMetadata {
+            group: group_id.to_string(),
+            value: None,
+        };
         match self {
-            // A consumer group may replace a classic one that was persisted.
-            Group::Classic(_) | Group::Consumer(_) => vec![CoordinatorRecord::GroupMetadata {
-                group: group_id.to_string(),
-                value: None,
-            }],
+            Group::Classic(_) => vec![classic],
+            // A consumer group may have replaced a classic one that was persisted.
+            Group::Consumer(g) => {
+                let mut records = consumer_groups::deletion_records(group_id, g);
+                records.push(classic);
+                records
+            }
         }
     }
 
@@ -277,6 +284,8 @@ pub(crate) enum Create {
 
 pub struct GroupCoordinator {
     classic: ClassicConfig,
+    /// KIP-848 consumer groups' settings (for groups rebuilt at load).
+    consumer: consumer_protocol::ConsumerGroupConfig,
     offset_metadata_max_bytes: usize,
     groups: parking_lot::Mutex<HashMap<String, Arc<GroupSlot>>>,
     next_waiter: AtomicU64,
@@ -310,6 +319,7 @@ impl GroupCoordinator {
                 min_session_timeout_ms: config.group_min_session_timeout_ms,
                 max_session_timeout_ms: config.group_max_session_timeout_ms,
             },
+            consumer: consumer_groups::consumer_config(config),
             offset_metadata_max_bytes: config.offset_metadata_max_bytes,
             groups: parking_lot::Mutex::new(HashMap::new()),
             next_waiter: AtomicU64::new(1),
@@ -796,6 +806,13 @@ impl GroupCoordinator {
             }
         }
         let offsets: usize = states.values().map(|s| s.offsets.len()).sum();
+        let mut consumer_groups = 0usize;
+        for state in states.values_mut() {
+            if let Group::Consumer(g) = &mut state.group {
+                g.finish_load(&*image, now);
+                consumer_groups += 1;
+            }
+        }
         self.keep_open_txn_offsets(open_txns);
         let mut groups = self.groups.lock();
         groups.clear();
@@ -804,6 +821,7 @@ impl GroupCoordinator {
         }
         tracing::info!(
             groups = groups.len(),
+            consumer_groups,
             offsets,
             records,
             skipped,
@@ -869,6 +887,7 @@ impl GroupCoordinator {
                 }
             },
             CoordinatorRecord::Other { .. } => {}
+            rec => self.replay_consumer(states, rec),
         }
     }
 

@@ -7,9 +7,20 @@
 //! `GroupMetadataKey` type 2, `GroupMetadataValue` v3; a delete is the key
 //! with a null value (tombstone). Read: every value version Kafka defines
 //! (0–4; v4 is the first flexible one), so a log written by Kafka replays.
+//!
+//! KIP-848 consumer groups (all values v0, flexible; unknown tagged fields
+//! are skipped): `ConsumerGroupMetadata` type 3 (group epoch),
+//! `ConsumerGroupMemberMetadata` type 5, `ConsumerGroupTargetAssignmentMetadata`
+//! type 6 (assignment epoch), `ConsumerGroupTargetAssignmentMember` type 7,
+//! `ConsumerGroupCurrentMemberAssignment` type 8. Type 4
+//! (`ConsumerGroupPartitionMetadata`, the subscribed topics' metadata) is
+//! not written: it is derived from the metadata image at load.
+
+use std::collections::{BTreeMap, BTreeSet};
 
 use bytes::{BufMut, Bytes, BytesMut};
 use thiserror::Error;
+use uuid::Uuid;
 
 /// Record type of an offset commit key (Kafka writes 1; 0 is the legacy form, same layout).
 pub const OFFSET_COMMIT_KEY: i16 = 1;
@@ -18,6 +29,40 @@ pub const GROUP_METADATA_KEY: i16 = 2;
 /// Value versions written.
 pub const OFFSET_COMMIT_VALUE_VERSION: i16 = 3;
 pub const GROUP_METADATA_VALUE_VERSION: i16 = 3;
+/// KIP-848 consumer group record types.
+pub const CONSUMER_GROUP_METADATA_KEY: i16 = 3;
+pub const CONSUMER_GROUP_MEMBER_METADATA_KEY: i16 = 5;
+pub const CONSUMER_GROUP_TARGET_ASSIGNMENT_METADATA_KEY: i16 = 6;
+pub const CONSUMER_GROUP_TARGET_ASSIGNMENT_MEMBER_KEY: i16 = 7;
+pub const CONSUMER_GROUP_CURRENT_MEMBER_ASSIGNMENT_KEY: i16 = 8;
+
+/// Partitions by topic id, as the KIP-848 records carry them.
+pub type TopicPartitions = BTreeMap<Uuid, BTreeSet<i32>>;
+
+/// `ConsumerGroupMemberMetadataValue` v0 (the classic member metadata
+/// tagged field is not kept).
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ConsumerMemberMetadataValue {
+    pub instance_id: Option<String>,
+    pub rack_id: Option<String>,
+    pub client_id: String,
+    pub client_host: String,
+    pub subscribed_topic_names: Vec<String>,
+    pub subscribed_topic_regex: Option<String>,
+    pub rebalance_timeout_ms: i32,
+    pub server_assignor: Option<String>,
+}
+
+/// `ConsumerGroupCurrentMemberAssignmentValue` v0.
+#[derive(Clone, Debug, PartialEq, Eq, Default)]
+pub struct ConsumerCurrentAssignmentValue {
+    pub member_epoch: i32,
+    pub previous_member_epoch: i32,
+    /// Kafka's `MemberState`: 0 stable, 1 unrevoked, 2 unreleased partitions.
+    pub state: i8,
+    pub assigned: TopicPartitions,
+    pub pending_revocation: TopicPartitions,
+}
 
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum RecordError {
@@ -85,8 +130,30 @@ pub enum CoordinatorRecord {
         group: String,
         value: Option<GroupMetadataValue>,
     },
-    /// A record type this build does not read (KIP-848 consumer groups,
-    /// share groups): skipped at replay.
+    /// Type 3: a consumer group's epoch.
+    ConsumerGroupMetadata { group: String, epoch: Option<i32> },
+    /// Type 5: a consumer group member's metadata.
+    ConsumerMemberMetadata {
+        group: String,
+        member: String,
+        value: Option<ConsumerMemberMetadataValue>,
+    },
+    /// Type 6: a consumer group's target assignment epoch.
+    ConsumerTargetAssignmentMetadata { group: String, epoch: Option<i32> },
+    /// Type 7: a member's target assignment.
+    ConsumerTargetAssignmentMember {
+        group: String,
+        member: String,
+        value: Option<TopicPartitions>,
+    },
+    /// Type 8: a member's current assignment and epochs.
+    ConsumerCurrentMemberAssignment {
+        group: String,
+        member: String,
+        value: Option<ConsumerCurrentAssignmentValue>,
+    },
+    /// A record type this build does not read (type 4, share and streams
+    /// groups): skipped at replay.
     Other { record_type: i16 },
 }
 
@@ -118,10 +185,79 @@ impl CoordinatorRecord {
                     value.as_ref().map(encode_group_metadata_value),
                 )
             }
+            CoordinatorRecord::ConsumerGroupMetadata { group, epoch } => {
+                key.put_i16(CONSUMER_GROUP_METADATA_KEY);
+                put_string(&mut key, group);
+                (Some(key.freeze()), epoch.map(encode_epoch_value))
+            }
+            CoordinatorRecord::ConsumerMemberMetadata {
+                group,
+                member,
+                value,
+            } => {
+                key.put_i16(CONSUMER_GROUP_MEMBER_METADATA_KEY);
+                put_string(&mut key, group);
+                put_string(&mut key, member);
+                (
+                    Some(key.freeze()),
+                    value.as_ref().map(encode_member_metadata_value),
+                )
+            }
+            CoordinatorRecord::ConsumerTargetAssignmentMetadata { group, epoch } => {
+                key.put_i16(CONSUMER_GROUP_TARGET_ASSIGNMENT_METADATA_KEY);
+                put_string(&mut key, group);
+                (Some(key.freeze()), epoch.map(encode_epoch_value))
+            }
+            CoordinatorRecord::ConsumerTargetAssignmentMember {
+                group,
+                member,
+                value,
+            } => {
+                key.put_i16(CONSUMER_GROUP_TARGET_ASSIGNMENT_MEMBER_KEY);
+                put_string(&mut key, group);
+                put_string(&mut key, member);
+                (
+                    Some(key.freeze()),
+                    value.as_ref().map(|tp| {
+                        let mut b = BytesMut::new();
+                        b.put_i16(0);
+                        put_topic_partitions(&mut b, tp);
+                        b.put_u8(0);
+                        b.freeze()
+                    }),
+                )
+            }
+            CoordinatorRecord::ConsumerCurrentMemberAssignment {
+                group,
+                member,
+                value,
+            } => {
+                key.put_i16(CONSUMER_GROUP_CURRENT_MEMBER_ASSIGNMENT_KEY);
+                put_string(&mut key, group);
+                put_string(&mut key, member);
+                (
+                    Some(key.freeze()),
+                    value.as_ref().map(encode_current_assignment_value),
+                )
+            }
             CoordinatorRecord::Other { record_type } => {
                 key.put_i16(*record_type);
                 (Some(key.freeze()), None)
             }
+        }
+    }
+
+    /// The group the record belongs to (`None` for unknown types).
+    pub fn group(&self) -> Option<&str> {
+        match self {
+            CoordinatorRecord::OffsetCommit { group, .. }
+            | CoordinatorRecord::GroupMetadata { group, .. }
+            | CoordinatorRecord::ConsumerGroupMetadata { group, .. }
+            | CoordinatorRecord::ConsumerMemberMetadata { group, .. }
+            | CoordinatorRecord::ConsumerTargetAssignmentMetadata { group, .. }
+            | CoordinatorRecord::ConsumerTargetAssignmentMember { group, .. }
+            | CoordinatorRecord::ConsumerCurrentMemberAssignment { group, .. } => Some(group),
+            CoordinatorRecord::Other { .. } => None,
         }
     }
 
@@ -151,8 +287,190 @@ impl CoordinatorRecord {
                     value: value.map(decode_group_metadata_value).transpose()?,
                 })
             }
+            CONSUMER_GROUP_METADATA_KEY | CONSUMER_GROUP_TARGET_ASSIGNMENT_METADATA_KEY => {
+                let group = r.string()?;
+                r.finish()?;
+                let epoch = value
+                    .map(|v| decode_epoch_value(v, record_type))
+                    .transpose()?;
+                Ok(if record_type == CONSUMER_GROUP_METADATA_KEY {
+                    CoordinatorRecord::ConsumerGroupMetadata { group, epoch }
+                } else {
+                    CoordinatorRecord::ConsumerTargetAssignmentMetadata { group, epoch }
+                })
+            }
+            CONSUMER_GROUP_MEMBER_METADATA_KEY => {
+                let group = r.string()?;
+                let member = r.string()?;
+                r.finish()?;
+                Ok(CoordinatorRecord::ConsumerMemberMetadata {
+                    group,
+                    member,
+                    value: value.map(decode_member_metadata_value).transpose()?,
+                })
+            }
+            CONSUMER_GROUP_TARGET_ASSIGNMENT_MEMBER_KEY => {
+                let group = r.string()?;
+                let member = r.string()?;
+                r.finish()?;
+                let value = value
+                    .map(|v| {
+                        let mut r =
+                            Reader::flexible_value(v, "ConsumerGroupTargetAssignmentMemberValue")?;
+                        let tp = r.topic_partitions()?;
+                        r.tagged_fields()?;
+                        Ok::<_, RecordError>(tp)
+                    })
+                    .transpose()?;
+                Ok(CoordinatorRecord::ConsumerTargetAssignmentMember {
+                    group,
+                    member,
+                    value,
+                })
+            }
+            CONSUMER_GROUP_CURRENT_MEMBER_ASSIGNMENT_KEY => {
+                let group = r.string()?;
+                let member = r.string()?;
+                r.finish()?;
+                Ok(CoordinatorRecord::ConsumerCurrentMemberAssignment {
+                    group,
+                    member,
+                    value: value.map(decode_current_assignment_value).transpose()?,
+                })
+            }
             other => Ok(CoordinatorRecord::Other { record_type: other }),
         }
+    }
+}
+
+/// `ConsumerGroupMetadataValue` / `ConsumerGroupTargetAssignmentMetadataValue`
+/// v0: one int32 epoch (their tagged fields are left out).
+fn encode_epoch_value(epoch: i32) -> Bytes {
+    let mut b = BytesMut::with_capacity(7);
+    b.put_i16(0);
+    b.put_i32(epoch);
+    b.put_u8(0);
+    b.freeze()
+}
+
+fn decode_epoch_value(bytes: &[u8], record_type: i16) -> Result<i32, RecordError> {
+    let what = if record_type == CONSUMER_GROUP_METADATA_KEY {
+        "ConsumerGroupMetadataValue"
+    } else {
+        "ConsumerGroupTargetAssignmentMetadataValue"
+    };
+    let mut r = Reader::flexible_value(bytes, what)?;
+    let epoch = r.i32()?;
+    r.tagged_fields()?;
+    Ok(epoch)
+}
+
+pub fn encode_member_metadata_value(v: &ConsumerMemberMetadataValue) -> Bytes {
+    let mut b = BytesMut::new();
+    b.put_i16(0);
+    put_compact_nullable_string(&mut b, v.instance_id.as_deref());
+    put_compact_nullable_string(&mut b, v.rack_id.as_deref());
+    put_compact_nullable_string(&mut b, Some(&v.client_id));
+    put_compact_nullable_string(&mut b, Some(&v.client_host));
+    put_uvarint(&mut b, v.subscribed_topic_names.len() as u64 + 1);
+    for n in &v.subscribed_topic_names {
+        put_compact_nullable_string(&mut b, Some(n));
+    }
+    put_compact_nullable_string(&mut b, v.subscribed_topic_regex.as_deref());
+    b.put_i32(v.rebalance_timeout_ms);
+    put_compact_nullable_string(&mut b, v.server_assignor.as_deref());
+    b.put_u8(0);
+    b.freeze()
+}
+
+pub fn decode_member_metadata_value(
+    bytes: &[u8],
+) -> Result<ConsumerMemberMetadataValue, RecordError> {
+    let mut r = Reader::flexible_value(bytes, "ConsumerGroupMemberMetadataValue")?;
+    let instance_id = r.nullable_string()?;
+    let rack_id = r.nullable_string()?;
+    let client_id = r.string()?;
+    let client_host = r.string()?;
+    let n = r.array_len()?;
+    let mut subscribed_topic_names = Vec::with_capacity(n.min(1024));
+    for _ in 0..n {
+        subscribed_topic_names.push(r.string()?);
+    }
+    let subscribed_topic_regex = r.nullable_string()?;
+    let rebalance_timeout_ms = r.i32()?;
+    let server_assignor = r.nullable_string()?;
+    r.tagged_fields()?;
+    Ok(ConsumerMemberMetadataValue {
+        instance_id,
+        rack_id,
+        client_id,
+        client_host,
+        subscribed_topic_names,
+        subscribed_topic_regex,
+        rebalance_timeout_ms,
+        server_assignor,
+    })
+}
+
+pub fn encode_current_assignment_value(v: &ConsumerCurrentAssignmentValue) -> Bytes {
+    let mut b = BytesMut::new();
+    b.put_i16(0);
+    b.put_i32(v.member_epoch);
+    b.put_i32(v.previous_member_epoch);
+    b.put_i8(v.state);
+    put_topic_partitions(&mut b, &v.assigned);
+    put_topic_partitions(&mut b, &v.pending_revocation);
+    b.put_u8(0);
+    b.freeze()
+}
+
+pub fn decode_current_assignment_value(
+    bytes: &[u8],
+) -> Result<ConsumerCurrentAssignmentValue, RecordError> {
+    let mut r = Reader::flexible_value(bytes, "ConsumerGroupCurrentMemberAssignmentValue")?;
+    let member_epoch = r.i32()?;
+    let previous_member_epoch = r.i32()?;
+    let state = r.take(1)?[0] as i8;
+    let assigned = r.topic_partitions()?;
+    let pending_revocation = r.topic_partitions()?;
+    r.tagged_fields()?;
+    Ok(ConsumerCurrentAssignmentValue {
+        member_epoch,
+        previous_member_epoch,
+        state,
+        assigned,
+        pending_revocation,
+    })
+}
+
+fn put_uvarint(b: &mut BytesMut, mut v: u64) {
+    while v >= 0x80 {
+        b.put_u8((v as u8) | 0x80);
+        v >>= 7;
+    }
+    b.put_u8(v as u8);
+}
+
+fn put_compact_nullable_string(b: &mut BytesMut, s: Option<&str>) {
+    match s {
+        Some(s) => {
+            put_uvarint(b, s.len() as u64 + 1);
+            b.put_slice(s.as_bytes());
+        }
+        None => put_uvarint(b, 0),
+    }
+}
+
+/// A compact `[]TopicPartitions` (topic id, compact `[]int32`, tagged fields).
+fn put_topic_partitions(b: &mut BytesMut, tp: &TopicPartitions) {
+    put_uvarint(b, tp.len() as u64 + 1);
+    for (topic, partitions) in tp {
+        b.put_slice(topic.as_bytes());
+        put_uvarint(b, partitions.len() as u64 + 1);
+        for p in partitions {
+            b.put_i32(*p);
+        }
+        b.put_u8(0);
     }
 }
 
@@ -296,6 +614,35 @@ impl<'a> Reader<'a> {
             pos: 0,
             flexible: false,
         }
+    }
+
+    /// A flexible v0 value (the only version of the KIP-848 values).
+    fn flexible_value(buf: &'a [u8], what: &'static str) -> Result<Self, RecordError> {
+        let mut r = Reader::new(buf);
+        let version = r.i16()?;
+        if version != 0 {
+            return Err(RecordError::UnknownVersion { what, version });
+        }
+        r.flexible = true;
+        Ok(r)
+    }
+
+    fn topic_partitions(&mut self) -> Result<TopicPartitions, RecordError> {
+        let n = self.array_len()?;
+        let mut out = TopicPartitions::new();
+        for _ in 0..n {
+            let topic = Uuid::from_bytes(self.take(16)?.try_into().unwrap());
+            let count = self.array_len()?;
+            let mut partitions = BTreeSet::new();
+            for _ in 0..count {
+                partitions.insert(self.i32()?);
+            }
+            self.tagged_fields()?;
+            if !partitions.is_empty() {
+                out.entry(topic).or_default().extend(partitions);
+            }
+        }
+        Ok(out)
     }
 
     fn take(&mut self, n: usize) -> Result<&'a [u8], RecordError> {
@@ -575,8 +922,8 @@ mod tests {
     #[test]
     fn unknown_types_are_skipped_and_garbage_is_refused() {
         assert_eq!(
-            CoordinatorRecord::decode(Some(&[0, 5, 1, 2]), Some(&[0, 0])).unwrap(),
-            CoordinatorRecord::Other { record_type: 5 }
+            CoordinatorRecord::decode(Some(&[0, 4, 1, 2]), Some(&[0, 0])).unwrap(),
+            CoordinatorRecord::Other { record_type: 4 }
         );
         assert!(CoordinatorRecord::decode(None, None).is_err());
         assert_eq!(
@@ -585,5 +932,136 @@ mod tests {
         );
         assert!(decode_offset_commit_value(&[0, 9]).is_err());
         assert!(decode_group_metadata_value(&[0, 3, 0]).is_err());
+    }
+
+    fn tps(v: &[(u128, &[i32])]) -> TopicPartitions {
+        v.iter()
+            .map(|(t, ps)| (Uuid::from_u128(*t), ps.iter().copied().collect()))
+            .collect()
+    }
+
+    #[test]
+    fn consumer_group_records_round_trip_and_tombstone() {
+        let records = vec![
+            CoordinatorRecord::ConsumerGroupMetadata {
+                group: "g".into(),
+                epoch: Some(7),
+            },
+            CoordinatorRecord::ConsumerMemberMetadata {
+                group: "g".into(),
+                member: "m-1".into(),
+                value: Some(ConsumerMemberMetadataValue {
+                    instance_id: Some("i".into()),
+                    rack_id: None,
+                    client_id: "c".into(),
+                    client_host: "/127.0.0.1".into(),
+                    subscribed_topic_names: vec!["a".into(), "b".into()],
+                    subscribed_topic_regex: None,
+                    rebalance_timeout_ms: 30_000,
+                    server_assignor: Some("uniform".into()),
+                }),
+            },
+            CoordinatorRecord::ConsumerTargetAssignmentMetadata {
+                group: "g".into(),
+                epoch: Some(6),
+            },
+            CoordinatorRecord::ConsumerTargetAssignmentMember {
+                group: "g".into(),
+                member: "m-1".into(),
+                value: Some(tps(&[(1, &[0, 2]), (2, &[5])])),
+            },
+            CoordinatorRecord::ConsumerTargetAssignmentMember {
+                group: "g".into(),
+                member: "m-2".into(),
+                value: Some(TopicPartitions::new()),
+            },
+            CoordinatorRecord::ConsumerCurrentMemberAssignment {
+                group: "g".into(),
+                member: "m-1".into(),
+                value: Some(ConsumerCurrentAssignmentValue {
+                    member_epoch: 6,
+                    previous_member_epoch: 5,
+                    state: 1,
+                    assigned: tps(&[(1, &[0])]),
+                    pending_revocation: tps(&[(1, &[1, 3])]),
+                }),
+            },
+        ];
+        for rec in records {
+            let (k, v) = rec.encode();
+            assert!(v.is_some());
+            assert_eq!(
+                CoordinatorRecord::decode(k.as_deref(), v.as_deref()).unwrap(),
+                rec
+            );
+        }
+        let tombstones = vec![
+            CoordinatorRecord::ConsumerGroupMetadata {
+                group: "g".into(),
+                epoch: None,
+            },
+            CoordinatorRecord::ConsumerMemberMetadata {
+                group: "g".into(),
+                member: "m".into(),
+                value: None,
+            },
+            CoordinatorRecord::ConsumerTargetAssignmentMetadata {
+                group: "g".into(),
+                epoch: None,
+            },
+            CoordinatorRecord::ConsumerTargetAssignmentMember {
+                group: "g".into(),
+                member: "m".into(),
+                value: None,
+            },
+            CoordinatorRecord::ConsumerCurrentMemberAssignment {
+                group: "g".into(),
+                member: "m".into(),
+                value: None,
+            },
+        ];
+        for rec in tombstones {
+            let (k, v) = rec.encode();
+            assert!(v.is_none());
+            assert_eq!(CoordinatorRecord::decode(k.as_deref(), None).unwrap(), rec);
+        }
+    }
+
+    #[test]
+    fn consumer_group_bytes_are_kafkas() {
+        let (k, v) = CoordinatorRecord::ConsumerGroupMetadata {
+            group: "g".into(),
+            epoch: Some(5),
+        }
+        .encode();
+        assert_eq!(k.unwrap().as_ref(), &[0, 3, 0, 1, b'g']);
+        assert_eq!(v.unwrap().as_ref(), &[0, 0, 0, 0, 0, 5, 0]);
+        let (k, v) = CoordinatorRecord::ConsumerCurrentMemberAssignment {
+            group: "g".into(),
+            member: "m".into(),
+            value: Some(ConsumerCurrentAssignmentValue {
+                member_epoch: 2,
+                previous_member_epoch: 1,
+                state: 0,
+                assigned: tps(&[(0x0102, &[3])]),
+                pending_revocation: TopicPartitions::new(),
+            }),
+        }
+        .encode();
+        assert_eq!(k.unwrap().as_ref(), &[0, 8, 0, 1, b'g', 0, 1, b'm']);
+        let mut want = vec![0, 0, 0, 0, 0, 2, 0, 0, 0, 1, 0, 2];
+        want.extend_from_slice(&[0; 14]);
+        want.extend_from_slice(&[1, 2, 2, 0, 0, 0, 3, 0, 1, 0]);
+        assert_eq!(v.unwrap().as_ref(), want.as_slice());
+        // Tagged fields Kafka may add (MetadataHash, AssignmentEpochs) are skipped.
+        let with_tags = [0, 0, 0, 0, 0, 9, 1, 0, 8, 0, 0, 0, 0, 0, 0, 0, 1];
+        assert_eq!(
+            CoordinatorRecord::decode(Some(&[0, 3, 0, 1, b'g']), Some(&with_tags)).unwrap(),
+            CoordinatorRecord::ConsumerGroupMetadata {
+                group: "g".into(),
+                epoch: Some(9)
+            }
+        );
+        assert!(decode_current_assignment_value(&[0, 1, 0]).is_err());
     }
 }
