@@ -57,33 +57,53 @@ fn in_sequence(last_seq: i32, next_seq: i32) -> bool {
     next_seq == last_seq.wrapping_add(1) || (next_seq == 0 && last_seq == i32::MAX)
 }
 
-/// All producers of one partition.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// All producers of one partition. Most partitions of a wide range never
+/// see an idempotent producer, so the map is allocated on first use: an
+/// empty state is one pointer wide.
+#[derive(Clone, Debug, Default)]
 pub struct ProducerStates {
-    producers: HashMap<i64, ProducerEntry>,
+    // Boxed so that the empty state is one pointer, not a whole HashMap.
+    #[allow(clippy::box_collection)]
+    producers: Option<Box<HashMap<i64, ProducerEntry>>>,
 }
+
+impl PartialEq for ProducerStates {
+    fn eq(&self, other: &Self) -> bool {
+        // An allocated but empty map equals no map.
+        self.len() == other.len() && self.iter().all(|(id, e)| other.get(id) == Some(e))
+    }
+}
+
+impl Eq for ProducerStates {}
 
 impl ProducerStates {
     pub fn get(&self, producer_id: i64) -> Option<&ProducerEntry> {
-        self.producers.get(&producer_id)
+        self.producers.as_ref()?.get(&producer_id)
     }
 
     pub fn len(&self) -> usize {
-        self.producers.len()
+        self.producers.as_ref().map_or(0, |m| m.len())
     }
 
     pub fn is_empty(&self) -> bool {
-        self.producers.is_empty()
+        self.len() == 0
     }
 
     /// Every producer id with its state (DescribeProducers).
     pub fn iter(&self) -> impl Iterator<Item = (i64, &ProducerEntry)> {
-        self.producers.iter().map(|(id, e)| (*id, e))
+        self.producers
+            .iter()
+            .flat_map(|m| m.iter())
+            .map(|(id, e)| (*id, e))
+    }
+
+    fn map_mut(&mut self) -> &mut HashMap<i64, ProducerEntry> {
+        self.producers.get_or_insert_with(Default::default)
     }
 
     /// Sets a producer's whole entry (loading a snapshot).
     pub(crate) fn insert(&mut self, producer_id: i64, entry: ProducerEntry) {
-        self.producers.insert(producer_id, entry);
+        self.map_mut().insert(producer_id, entry);
     }
 
     /// Checks a client's batch. An unknown producer (no state, e.g. a new
@@ -95,7 +115,7 @@ impl ProducerStates {
         first_seq: i32,
         last_seq: i32,
     ) -> Result<Verdict, SequenceError> {
-        let Some(entry) = self.producers.get(&producer_id) else {
+        let Some(entry) = self.get(producer_id) else {
             return Ok(Verdict::Append);
         };
         if epoch < entry.epoch {
@@ -135,7 +155,7 @@ impl ProducerStates {
 
     /// Records an appended (or replayed) batch.
     pub fn record(&mut self, producer_id: i64, epoch: i16, batch: BatchMetadata) {
-        let entry = self.producers.entry(producer_id).or_default();
+        let entry = self.map_mut().entry(producer_id).or_default();
         if epoch != entry.epoch {
             entry.epoch = epoch;
             entry.batches.clear();

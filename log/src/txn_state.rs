@@ -21,8 +21,16 @@ pub struct AbortedTxn {
     pub last_offset: i64,
 }
 
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+/// Transaction state of one partition. Allocated on first use: most
+/// partitions of a wide range never see a transaction, and an empty state is
+/// one pointer wide.
+#[derive(Clone, Debug, Default)]
 pub struct TxnState {
+    inner: Option<Box<TxnInner>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+struct TxnInner {
     /// first offset -> producer id, for every open transaction.
     ongoing: BTreeMap<i64, i64>,
     /// producer id -> first offset of its open transaction.
@@ -31,45 +39,75 @@ pub struct TxnState {
     aborted: Vec<AbortedTxn>,
 }
 
+static EMPTY: std::sync::LazyLock<TxnInner> = std::sync::LazyLock::new(TxnInner::default);
+
+impl PartialEq for TxnState {
+    fn eq(&self, other: &Self) -> bool {
+        // An allocated but empty state equals no state.
+        self.view() == other.view()
+    }
+}
+
+impl Eq for TxnState {}
+
 impl TxnState {
+    fn view(&self) -> &TxnInner {
+        self.inner.as_deref().unwrap_or(&EMPTY)
+    }
+
+    fn view_mut(&mut self) -> &mut TxnInner {
+        self.inner.get_or_insert_with(Default::default)
+    }
+
     /// Feeds one stored batch.
     pub fn on_batch(&mut self, producer_id: i64, base_offset: i64, last_offset: i64, flags: u8) {
         if producer_id < 0 {
             return;
         }
         if flags & FLAG_CONTROL != 0 {
-            if let Some(first) = self.by_producer.remove(&producer_id) {
-                self.ongoing.remove(&first);
+            if !self.view().by_producer.contains_key(&producer_id) {
+                return;
+            }
+            let state = self.view_mut();
+            if let Some(first) = state.by_producer.remove(&producer_id) {
+                state.ongoing.remove(&first);
                 if flags & FLAG_COMMIT == 0 {
-                    self.aborted.push(AbortedTxn {
+                    state.aborted.push(AbortedTxn {
                         producer_id,
                         first_offset: first,
                         last_offset,
                     });
                 }
             }
-        } else if flags & FLAG_TRANSACTIONAL != 0 && !self.by_producer.contains_key(&producer_id) {
-            self.by_producer.insert(producer_id, base_offset);
-            self.ongoing.insert(base_offset, producer_id);
+        } else if flags & FLAG_TRANSACTIONAL != 0
+            && !self.view().by_producer.contains_key(&producer_id)
+        {
+            let state = self.view_mut();
+            state.by_producer.insert(producer_id, base_offset);
+            state.ongoing.insert(base_offset, producer_id);
         }
         let _ = last_offset;
     }
 
     /// The first offset of the oldest open transaction.
     pub fn first_unstable_offset(&self) -> Option<i64> {
-        self.ongoing.keys().next().copied()
+        self.view().ongoing.keys().next().copied()
     }
 
     /// Open transactions as `(producer id, first offset)`.
     pub fn ongoing(&self) -> impl Iterator<Item = (i64, i64)> + '_ {
-        self.ongoing.iter().map(|(first, pid)| (*pid, *first))
+        self.view()
+            .ongoing
+            .iter()
+            .map(|(first, pid)| (*pid, *first))
     }
 
     /// Aborted transactions that overlap `[from, to)`: their marker is at or
     /// after `from` and they began before `to`.
     pub fn aborted_overlapping(&self, from: i64, to: i64) -> Vec<AbortedTxn> {
-        let start = self.aborted.partition_point(|a| a.last_offset < from);
-        self.aborted[start..]
+        let aborted = &self.view().aborted;
+        let start = aborted.partition_point(|a| a.last_offset < from);
+        aborted[start..]
             .iter()
             .filter(|a| a.first_offset < to)
             .copied()
@@ -78,21 +116,29 @@ impl TxnState {
 
     /// The aborted transactions, in marker order.
     pub(crate) fn aborted(&self) -> &[AbortedTxn] {
-        &self.aborted
+        &self.view().aborted
     }
 
     /// Replaces the aborted transactions (rebuilt from the indexes).
     pub(crate) fn set_aborted(&mut self, aborted: Vec<AbortedTxn>) {
-        self.aborted = aborted;
+        if !aborted.is_empty() || self.inner.is_some() {
+            self.view_mut().aborted = aborted;
+        }
     }
 
     /// The state a child range inherits: the open transactions (aborted ones
     /// stay with the range whose log holds their marker).
     pub fn inherited(&self) -> TxnState {
+        let view = self.view();
+        if view.ongoing.is_empty() {
+            return TxnState::default();
+        }
         TxnState {
-            ongoing: self.ongoing.clone(),
-            by_producer: self.by_producer.clone(),
-            aborted: Vec::new(),
+            inner: Some(Box::new(TxnInner {
+                ongoing: view.ongoing.clone(),
+                by_producer: view.by_producer.clone(),
+                aborted: Vec::new(),
+            })),
         }
     }
 }
