@@ -135,6 +135,49 @@ fn all_partitions<T>(
 }
 
 impl GroupCoordinator {
+    /// Checks each partition of an offset commit against the image (a known
+    /// topic and partition) and `offset.metadata.max.bytes`: the outcome per
+    /// partition, and the offsets accepted, stamped `now`. Shared by plain
+    /// and transactional commits.
+    pub(crate) fn check_commits(
+        &self,
+        image: &tessera_metadata::MetadataImage,
+        topics: &[(String, Vec<PartitionCommit>)],
+        now: i64,
+    ) -> (PartitionResults, Vec<(String, i32, CommittedOffset)>) {
+        let mut results: PartitionResults = Vec::with_capacity(topics.len());
+        let mut accepted: Vec<(String, i32, CommittedOffset)> = Vec::new();
+        for (topic, partitions) in topics {
+            let known = image.topic_by_name(topic);
+            let mut out = Vec::with_capacity(partitions.len());
+            for p in partitions {
+                let metadata = p.metadata.clone().unwrap_or_default();
+                let result = if !known
+                    .is_some_and(|t| p.partition >= 0 && (p.partition as u32) < t.partitions)
+                {
+                    Err(ApiError::UnknownTopicOrPartition)
+                } else if metadata.len() > self.offset_metadata_max_bytes {
+                    Err(ApiError::OffsetMetadataTooLarge)
+                } else {
+                    accepted.push((
+                        topic.clone(),
+                        p.partition,
+                        CommittedOffset {
+                            offset: p.offset,
+                            leader_epoch: p.leader_epoch,
+                            metadata,
+                            commit_timestamp: now,
+                        },
+                    ));
+                    Ok(())
+                };
+                out.push((p.partition, result));
+            }
+            results.push((topic.clone(), out));
+        }
+        (results, accepted)
+    }
+
     /// OffsetCommit: validate, append, then apply.
     pub async fn commit_offsets(&self, broker: &Broker, req: CommitRequest) -> PartitionResults {
         let fail = |e: ApiError| all_partitions(&req.topics, |p| p.partition, &e);
@@ -166,36 +209,7 @@ impl GroupCoordinator {
         }
         let image = broker.image();
         let now = self.wall_now();
-        let mut results: PartitionResults = Vec::with_capacity(req.topics.len());
-        let mut accepted: Vec<(String, i32, CommittedOffset)> = Vec::new();
-        for (topic, partitions) in &req.topics {
-            let known = image.topic_by_name(topic);
-            let mut out = Vec::with_capacity(partitions.len());
-            for p in partitions {
-                let metadata = p.metadata.clone().unwrap_or_default();
-                let result = if !known
-                    .is_some_and(|t| p.partition >= 0 && (p.partition as u32) < t.partitions)
-                {
-                    Err(ApiError::UnknownTopicOrPartition)
-                } else if metadata.len() > self.offset_metadata_max_bytes {
-                    Err(ApiError::OffsetMetadataTooLarge)
-                } else {
-                    accepted.push((
-                        topic.clone(),
-                        p.partition,
-                        CommittedOffset {
-                            offset: p.offset,
-                            leader_epoch: p.leader_epoch,
-                            metadata,
-                            commit_timestamp: now,
-                        },
-                    ));
-                    Ok(())
-                };
-                out.push((p.partition, result));
-            }
-            results.push((topic.clone(), out));
-        }
+        let (mut results, accepted) = self.check_commits(&image, &req.topics, now);
         if accepted.is_empty() {
             return results;
         }

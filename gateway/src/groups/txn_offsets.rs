@@ -137,37 +137,16 @@ impl GroupCoordinator {
         }
         let image = broker.image();
         let now = self.now();
-        let mut results: PartitionResults = Vec::new();
-        let mut accepted: Vec<PendingOffset> = Vec::new();
-        for (t, partitions) in &req.topics {
-            let known = image.topic_by_name(t);
-            let mut out = Vec::new();
-            for p in partitions {
-                let metadata = p.metadata.clone().unwrap_or_default();
-                let result = if !known
-                    .is_some_and(|k| p.partition >= 0 && (p.partition as u32) < k.partitions)
-                {
-                    Err(ApiError::UnknownTopicOrPartition)
-                } else if metadata.len() > self.offset_metadata_max_bytes {
-                    Err(ApiError::OffsetMetadataTooLarge)
-                } else {
-                    accepted.push(PendingOffset {
-                        group: req.group_id.clone(),
-                        topic: t.clone(),
-                        partition: p.partition,
-                        offset: CommittedOffset {
-                            offset: p.offset,
-                            leader_epoch: p.leader_epoch,
-                            metadata,
-                            commit_timestamp: now,
-                        },
-                    });
-                    Ok(())
-                };
-                out.push((p.partition, result));
-            }
-            results.push((t.clone(), out));
-        }
+        let (mut results, accepted) = self.check_commits(&image, &req.topics, now);
+        let accepted: Vec<PendingOffset> = accepted
+            .into_iter()
+            .map(|(topic, partition, offset)| PendingOffset {
+                group: req.group_id.clone(),
+                topic,
+                partition,
+                offset,
+            })
+            .collect();
         if accepted.is_empty() {
             return results;
         }
