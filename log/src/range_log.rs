@@ -431,10 +431,22 @@ impl RangeLog {
     }
 
     fn roll_locked(&self, inner: &mut Inner, now: i64) -> Result<SealedSegment, LogError> {
-        let dir = self.options.dir.clone();
+        let sealed = self.seal_active(inner)?;
+        let next = Segment::create(&self.options.dir, sealed.next_seq, now)?;
+        sync_dir(&self.options.dir)?;
+        inner.active_base_position += sealed.size_bytes;
+        inner.segments.push(next);
+        let position = inner.active_base_position;
+        self.publish_durable(inner, position);
+        Ok(sealed)
+    }
+
+    /// Fsyncs and indexes the active segment, marks it sealed and writes the
+    /// producer-state snapshot for where the next segment starts.
+    fn seal_active(&self, inner: &mut Inner) -> Result<SealedSegment, LogError> {
         let active = inner.active();
         active.file.sync_data()?;
-        active.write_index(&dir)?;
+        active.write_index(&self.options.dir)?;
         active.sealed = true;
         let sealed = SealedSegment {
             seq: active.seq,
@@ -442,13 +454,13 @@ impl RangeLog {
             spans: active.index.spans(),
             next_seq: active.seq + 1,
         };
-        let sealed_size = active.size;
         self.write_snapshot(inner, sealed.next_seq);
-        let next = Segment::create(&dir, sealed.next_seq, now)?;
-        sync_dir(&dir)?;
-        inner.active_base_position += sealed_size;
-        inner.segments.push(next);
-        let position = inner.active_base_position;
+        Ok(sealed)
+    }
+
+    /// Everything up to `position` is on disk: move the high watermarks and
+    /// wake whoever waits for them.
+    fn publish_durable(&self, inner: &mut Inner, position: u64) {
         if inner.advance_durable(position) {
             self.hw_listener.send_modify(|v| *v += 1);
         }
@@ -457,7 +469,6 @@ impl RangeLog {
             *d = (*d).max(position);
             moved
         });
-        Ok(sealed)
     }
 
     /// Seals the active segment now, if it holds anything.
@@ -688,27 +699,9 @@ impl RangeLog {
     pub fn seal(&self) -> Result<SealedSegment, LogError> {
         let mut inner = self.inner.lock();
         self.closed.store(true, Ordering::Relaxed);
-        let dir = self.options.dir.clone();
-        let active = inner.active();
-        active.file.sync_data()?;
-        active.write_index(&dir)?;
-        active.sealed = true;
-        let sealed = SealedSegment {
-            seq: active.seq,
-            size_bytes: active.size,
-            spans: active.index.spans(),
-            next_seq: active.seq + 1,
-        };
-        self.write_snapshot(&inner, sealed.next_seq);
+        let sealed = self.seal_active(&mut inner)?;
         let position = inner.written_position();
-        if inner.advance_durable(position) {
-            self.hw_listener.send_modify(|v| *v += 1);
-        }
-        self.durable.send_if_modified(|d| {
-            let moved = *d < position;
-            *d = (*d).max(position);
-            moved
-        });
+        self.publish_durable(&mut inner, position);
         drop(inner);
         self.flush_wanted.notify_one();
         Ok(sealed)

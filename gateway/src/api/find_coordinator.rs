@@ -68,37 +68,24 @@ pub async fn handle(
 }
 
 async fn find(broker: &Broker, key_type: i8, key: &str) -> Result<(i32, String, i32), ApiError> {
-    match key_type {
-        KEY_TYPE_GROUP => {
-            let topic = GroupCoordinator::ensure_offsets_topic(broker)
-                .await
-                .map_err(|_| ApiError::CoordinatorNotAvailable)?;
-            let image = broker.image();
-            broker
-                .route(&image, &topic, partition_for(key, topic.partitions))
-                .map_err(|_| ApiError::CoordinatorNotAvailable)?;
-            Ok((
-                broker.config.node_id,
-                broker.config.advertised_host.clone(),
-                broker.config.advertised_port as i32,
-            ))
+    // The coordinator is the leader of the internal partition the key hashes to.
+    let topic = match key_type {
+        KEY_TYPE_GROUP => GroupCoordinator::ensure_offsets_topic(broker).await,
+        KEY_TYPE_TRANSACTION => crate::txn::TxnCoordinator::ensure_topic(broker).await,
+        other => {
+            return Err(ApiError::InvalidRequest(format!(
+                "unknown coordinator key type {other}"
+            )))
         }
-        KEY_TYPE_TRANSACTION => {
-            let topic = crate::txn::TxnCoordinator::ensure_topic(broker)
-                .await
-                .map_err(|_| ApiError::CoordinatorNotAvailable)?;
-            let image = broker.image();
-            broker
-                .route(&image, &topic, partition_for(key, topic.partitions))
-                .map_err(|_| ApiError::CoordinatorNotAvailable)?;
-            Ok((
-                broker.config.node_id,
-                broker.config.advertised_host.clone(),
-                broker.config.advertised_port as i32,
-            ))
-        }
-        other => Err(ApiError::InvalidRequest(format!(
-            "unknown coordinator key type {other}"
-        ))),
     }
+    .map_err(|_| ApiError::CoordinatorNotAvailable)?;
+    let image = broker.image();
+    broker
+        .route(&image, &topic, partition_for(key, topic.partitions))
+        .map_err(|_| ApiError::CoordinatorNotAvailable)?;
+    Ok((
+        broker.config.node_id,
+        broker.config.advertised_host.clone(),
+        broker.config.advertised_port as i32,
+    ))
 }
