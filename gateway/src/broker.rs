@@ -70,10 +70,7 @@ fn load_cluster_id(data_dir: &Path, node_id: i32) -> std::io::Result<String> {
     }
     let id = kafka_style_uuid(uuid::Uuid::new_v4());
     let text = format!("version=1\ncluster.id={id}\nnode.id={node_id}\n");
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::File::open(&tmp)?.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
+    tessera_fs::write_atomic(&path, text.as_bytes())?;
     Ok(id)
 }
 

@@ -195,7 +195,9 @@ impl From<tessera_log::LogError> for ApiError {
         match e {
             L::OffsetOutOfRange { .. } => ApiError::OffsetOutOfRange,
             // A range that moved or closed under the request: the client refreshes metadata.
-            L::PartitionNotInRange(_) | L::Closed => ApiError::NotLeaderOrFollower,
+            L::PartitionNotInRange(_) | L::Closed | L::SegmentSealed => {
+                ApiError::NotLeaderOrFollower
+            }
             L::Batch(b) => b.into(),
             L::Sequence(
                 e @ tessera_log::producer_state::SequenceError::InvalidProducerEpoch { .. },

@@ -10,7 +10,7 @@ use indexmap::IndexMap;
 use kafka_protocol::records::{
     Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
 };
-use tessera_log::{batch, now_ms};
+use tessera_log::now_ms;
 use tessera_metadata::TopicImage;
 
 use crate::broker::{Broker, NewTopic};
@@ -110,16 +110,10 @@ impl Broker {
             },
         )
         .map_err(|e| ApiError::Storage(format!("encoding internal records: {e}")))?;
-        let mut bytes = buf.to_vec();
-        batch::validate(&bytes)?;
         let image = self.image();
         let route = self.route(&image, topic, partition)?;
-        let outcome = route.log.append(partition as u32, &mut bytes, None)?;
-        if let Some(sealed) = outcome.rolled {
-            self.notify_roll(route.range_id, sealed);
-        }
-        route.log.wait_durable(outcome.end_position).await?;
-        Ok(outcome.base_offset)
+        self.append_durably(&route, partition as u32, buf.to_vec())
+            .await
     }
 
     /// Reads every record of one partition from its log start to its high

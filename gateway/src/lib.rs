@@ -3,6 +3,7 @@
 
 pub mod admin;
 pub mod api;
+pub mod append;
 pub mod broker;
 pub mod config;
 pub mod error;

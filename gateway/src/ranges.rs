@@ -8,6 +8,10 @@
 //! opened with a higher leader epoch. The children seed each partition's next
 //! offset and producer state from the parent, so offsets continue with no gap
 //! and no reuse. No data is copied.
+//!
+//! A move is all or nothing: if the metadata entry does not commit, every
+//! parent sealed for it is reopened (in a new segment, recorded as a roll)
+//! and serves again.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -16,7 +20,8 @@ use std::time::{Duration, Instant};
 use serde::Serialize;
 use tessera_log::RangeLog;
 use tessera_metadata::{
-    MetadataImage, MetadataRecord, RangeId, RangeRecord, SegmentId, SegmentOpenRecord, TopicImage,
+    MetadataImage, MetadataRecord, RangeId, RangeImage, RangeRecord, SegmentId, SegmentOpenRecord,
+    TopicImage,
 };
 
 use crate::broker::Broker;
@@ -82,10 +87,9 @@ impl Broker {
             )));
         }
         let (left, right) = (image.next_range_id(), image.next_range_id() + 1);
-        let mut records = self.seal_for_move(&image, &range)?;
         let epoch = self.next_epoch(&image, &[range_id]);
         let replicas = vec![self.config.node_id];
-        records.push(MetadataRecord::SealRange { range_id });
+        let mut records = vec![MetadataRecord::SealRange { range_id }];
         for (id, lo, hi) in [(left, range.lo, mid), (right, mid, range.hi)] {
             records.push(MetadataRecord::CreateRange(RangeRecord {
                 range_id: id,
@@ -96,7 +100,7 @@ impl Broker {
             }));
             records.push(open_segment(id, replicas.clone(), epoch));
         }
-        self.commit_move(records).await?;
+        self.commit_move(&image, &[range.clone()], records).await?;
         tracing::info!(range_id, at = mid, left, right, "split range");
         Ok((left, right))
     }
@@ -118,35 +122,90 @@ impl Broker {
             )));
         }
         let child = image.next_range_id();
-        let mut records = self.seal_for_move(&image, &left)?;
-        records.extend(self.seal_for_move(&image, &right)?);
         let epoch = self.next_epoch(&image, &[left_id, right_id]);
-        records.push(MetadataRecord::SealRange { range_id: left_id });
-        records.push(MetadataRecord::SealRange { range_id: right_id });
-        records.push(MetadataRecord::CreateRange(RangeRecord {
-            range_id: child,
-            topic_id: left.topic_id,
-            lo: left.lo,
-            hi: right.hi,
-            parents: vec![left_id, right_id],
-        }));
-        records.push(open_segment(child, vec![self.config.node_id], epoch));
-        self.commit_move(records).await?;
+        let records = vec![
+            MetadataRecord::SealRange { range_id: left_id },
+            MetadataRecord::SealRange { range_id: right_id },
+            MetadataRecord::CreateRange(RangeRecord {
+                range_id: child,
+                topic_id: left.topic_id,
+                lo: left.lo,
+                hi: right.hi,
+                parents: vec![left_id, right_id],
+            }),
+            open_segment(child, vec![self.config.node_id], epoch),
+        ];
+        self.commit_move(&image, &[left.clone(), right.clone()], records)
+            .await?;
         tracing::info!(left_id, right_id, child, "merged ranges");
         Ok(child)
     }
 
-    /// Seals a range's log locally and returns the records that bring the
-    /// metadata log up to date with its segments (including the last one).
-    fn seal_for_move(
+    /// Carries out a move as one transaction: seals the parents' logs, then
+    /// commits the records that bring their segments up to date in the
+    /// metadata log followed by `move_records`, in one entry. If anything
+    /// fails before that entry commits, the parents sealed so far are
+    /// reopened and serve again; once it commits, the children are opened.
+    async fn commit_move(
         &self,
         image: &MetadataImage,
-        range: &tessera_metadata::RangeImage,
-    ) -> Result<Vec<MetadataRecord>, ApiError> {
-        let log = self.log_of(range.id).ok_or(ApiError::NotLeaderOrFollower)?;
-        let epoch = image.active_segment(range.id).map_or(0, |s| s.leader_epoch);
-        log.seal()?;
-        Ok(self.unrecorded_rolls(image, range, &log, epoch))
+        parents: &[Arc<RangeImage>],
+        move_records: Vec<MetadataRecord>,
+    ) -> Result<(), ApiError> {
+        let mut sealed: Vec<(RangeId, Arc<RangeLog>)> = Vec::new();
+        let committed = async {
+            let mut records = Vec::new();
+            for range in parents {
+                let log = self.log_of(range.id).ok_or(ApiError::NotLeaderOrFollower)?;
+                let epoch = image.active_segment(range.id).map_or(0, |s| s.leader_epoch);
+                log.seal()?;
+                sealed.push((range.id, log.clone()));
+                records.extend(self.unrecorded_rolls(image, range, &log, epoch));
+            }
+            records.extend(move_records);
+            self.controller
+                .write_detailed(records)
+                .await
+                .map_err(ApiError::from)
+        }
+        .await;
+        match committed {
+            Ok(outcome) if !outcome.skipped.is_empty() => {
+                // Only possible if the image changed under the admin lock.
+                tracing::error!(skipped = ?outcome.skipped, "range move records were skipped");
+            }
+            Ok(_) => {}
+            Err(e) => {
+                self.reopen_after_failed_move(&sealed);
+                return Err(e);
+            }
+        }
+        self.reconcile()
+            .await
+            .map_err(|e| ApiError::Storage(e.to_string()))
+    }
+
+    /// The move did not commit: every parent it sealed serves again, unless
+    /// the image shows the move after all (then the children take over).
+    fn reopen_after_failed_move(&self, sealed: &[(RangeId, Arc<RangeLog>)]) {
+        let image = self.image();
+        for (range_id, log) in sealed {
+            if image.ranges.get(range_id).is_none_or(|r| !r.active) {
+                continue;
+            }
+            match log.reopen() {
+                Ok(segment) => {
+                    tracing::warn!(
+                        range_id,
+                        "range move did not commit; the range serves again"
+                    );
+                    self.notify_roll(*range_id, segment);
+                }
+                Err(e) => {
+                    tracing::error!(range_id, error = %e, "range move did not commit and the range could not be reopened")
+                }
+            }
+        }
     }
 
     /// A partition's leader epoch grows with every move.
@@ -157,17 +216,6 @@ impl Broker {
             .max()
             .unwrap_or(0)
             + 1
-    }
-
-    async fn commit_move(&self, records: Vec<MetadataRecord>) -> Result<(), ApiError> {
-        let outcome = self.controller.write_detailed(records).await?;
-        if !outcome.skipped.is_empty() {
-            // Only possible if the image changed under the admin lock.
-            tracing::error!(skipped = ?outcome.skipped, "range move records were skipped");
-        }
-        self.reconcile()
-            .await
-            .map_err(|e| ApiError::Storage(e.to_string()))
     }
 
     /// The log holding `offset` of `partition`: the active range's, or the

@@ -260,3 +260,91 @@ async fn the_policy_splits_under_load_and_merges_after() {
     assert!(metrics.contains("tessera_range_splits_total"), "{metrics}");
     running.shutdown().await;
 }
+
+/// A split or merge whose metadata entry fails to commit leaves the parent
+/// open and serving, with offsets continuing; a later move succeeds and
+/// every record stays readable at its offset, also after a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_move_that_fails_to_commit_leaves_the_parent_serving() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut running = start(dir.path()).await;
+    let broker = running.broker.clone();
+    broker
+        .create_topic(
+            NewTopic {
+                name: TOPIC.into(),
+                partitions: PARTITIONS,
+                replication_factor: 1,
+                configs: Default::default(),
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    let mut model: HashMap<u32, Vec<i64>> = HashMap::new();
+    let mut next_id = 0;
+    let mut produce_all = |broker: Arc<Broker>| {
+        let ids: Vec<(u32, i64)> = (0..PARTITIONS)
+            .map(|p| {
+                next_id += 1;
+                (p, next_id)
+            })
+            .collect();
+        for (p, id) in &ids {
+            model.entry(*p).or_default().push(*id);
+        }
+        async move {
+            for (p, id) in ids {
+                produce(&broker, p as i32, id).await;
+            }
+        }
+    };
+    let active = |b: &Broker| {
+        let image = b.image();
+        image.active_ranges(image.topic_by_name(TOPIC).unwrap().id)
+    };
+    produce_all(broker.clone()).await;
+
+    // The split's metadata write fails: an error, and the parent serves on.
+    let root = active(&broker)[0].id;
+    broker.controller.fail_next_writes(1);
+    assert!(broker.split_range(root, None).await.is_err());
+    assert_eq!(active(&broker).len(), 1);
+    assert_eq!(active(&broker)[0].id, root);
+    assert!(!broker.log_of(root).unwrap().is_sealed());
+    produce_all(broker.clone()).await;
+    // The parent's sealed segment is recorded as a roll.
+    common::eventually("the reopened segment is recorded", || {
+        broker.image().active_segment(root).map(|s| s.id.seq) == Some(1)
+    })
+    .await;
+
+    // The same split succeeds once the metadata log takes writes.
+    let (left, right) = broker.split_range(root, None).await.unwrap();
+    produce_all(broker.clone()).await;
+
+    // A merge whose write fails: both parents serve again.
+    broker.controller.fail_next_writes(1);
+    assert!(broker.merge_ranges(left, right).await.is_err());
+    let ids: Vec<_> = active(&broker).iter().map(|r| r.id).collect();
+    assert_eq!(ids, vec![left, right]);
+    produce_all(broker.clone()).await;
+    broker.merge_ranges(left, right).await.unwrap();
+    produce_all(broker.clone()).await;
+
+    let check = |broker: &Broker, model: &HashMap<u32, Vec<i64>>| {
+        for p in 0..PARTITIONS {
+            let want: Vec<(i64, i64)> = model[&p]
+                .iter()
+                .enumerate()
+                .map(|(o, id)| (o as i64, *id))
+                .collect();
+            assert_eq!(read_all(broker, p), want, "partition {p}");
+        }
+    };
+    check(&broker, &model);
+    running.shutdown().await;
+    running = start(dir.path()).await;
+    check(&running.broker, &model);
+    running.shutdown().await;
+}

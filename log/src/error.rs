@@ -30,6 +30,8 @@ pub enum LogError {
     StorageFailed,
     #[error("the range log is closed")]
     Closed,
+    #[error("the segment is sealed and takes no appends")]
+    SegmentSealed,
     #[error(transparent)]
     Batch(#[from] BatchError),
     #[error(transparent)]

@@ -30,8 +30,6 @@
 //! are rebuilt from every segment's index (transactional entries only).
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::fs::File;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use crate::error::LogError;
@@ -324,18 +322,9 @@ pub fn decode(buf: &[u8]) -> Result<Vec<SnapshotSection>, CorruptSnapshot> {
 pub fn write_snapshot(dir: &Path, seq: u32, sections: &[SnapshotSection]) -> Result<(), LogError> {
     let path = snapshot_path(dir, seq);
     if sections.is_empty() {
-        return match std::fs::remove_file(&path) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
-            _ => Ok(()),
-        };
+        return Ok(tessera_fs::remove_durably(&path)?);
     }
-    let tmp = path.with_extension("snapshot.tmp");
-    let mut f = File::create(&tmp)?;
-    f.write_all(&encode(sections))?;
-    f.sync_all()?;
-    std::fs::rename(&tmp, &path)?;
-    File::open(dir)?.sync_all()?;
-    Ok(())
+    Ok(tessera_fs::write_atomic(&path, &encode(sections))?)
 }
 
 /// The snapshot of a whole range at its current end: a section per

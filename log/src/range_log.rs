@@ -112,7 +112,21 @@ struct Pending {
     next_offset: i64,
 }
 
+/// Whether a range log takes appends. Decided under the range lock only, so
+/// an append and a seal are ordered: once `seal` returns, no append succeeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum WriteState {
+    /// Appends are accepted.
+    Open,
+    /// Sealed for a split or merge: appends get `Closed` (clients see
+    /// NOT_LEADER_OR_FOLLOWER); `reopen` undoes it if the move fails.
+    Sealed,
+    /// Shut down or deleted: appends get `Closed`, the flusher stops.
+    Closed,
+}
+
 struct Inner {
+    state: WriteState,
     segments: Vec<Segment>,
     partitions: Vec<PartitionState>,
     /// Idempotent producer state per partition (index `p - lo`).
@@ -174,11 +188,29 @@ pub struct RangeLog {
     flush_wanted: Notify,
     durable: watch::Sender<u64>,
     failed: AtomicBool,
-    closed: AtomicBool,
     /// Batch bytes appended since open, for the load-driven range policy.
     bytes_appended: AtomicU64,
     /// Bumped whenever a high watermark moves, to wake long-polling fetches.
     hw_listener: watch::Sender<u64>,
+    #[cfg(test)]
+    hooks: TestHooks,
+}
+
+/// Points where a test can stop a thread to force an interleaving.
+#[cfg(test)]
+#[derive(Default)]
+struct TestHooks {
+    before_append_lock: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+}
+
+#[cfg(test)]
+impl TestHooks {
+    fn before_append_lock(&self) {
+        let hook = self.before_append_lock.lock().clone();
+        if let Some(hook) = hook {
+            hook();
+        }
+    }
 }
 
 pub fn now_ms() -> i64 {
@@ -204,8 +236,7 @@ fn list_segments(dir: &Path) -> Result<Vec<u32>, LogError> {
 }
 
 fn sync_dir(dir: &Path) -> Result<(), LogError> {
-    File::open(dir)?.sync_all()?;
-    Ok(())
+    Ok(tessera_fs::sync_dir(dir)?)
 }
 
 impl RangeLog {
@@ -284,6 +315,11 @@ impl RangeLog {
         )?;
         let active_base_position = segments[..segments.len() - 1].iter().map(|s| s.size).sum();
         let inner = Inner {
+            state: if options.sealed {
+                WriteState::Sealed
+            } else {
+                WriteState::Open
+            },
             segments,
             partitions,
             producers,
@@ -292,19 +328,20 @@ impl RangeLog {
             pending: VecDeque::new(),
         };
         let written = inner.written_position();
-        let sealed = options.sealed;
         let log = Arc::new(RangeLog {
             options,
             inner: Mutex::new(inner),
             flush_wanted: Notify::new(),
             durable: watch::channel(written).0,
             failed: AtomicBool::new(false),
-            closed: AtomicBool::new(sealed),
             bytes_appended: AtomicU64::new(0),
             hw_listener,
+            #[cfg(test)]
+            hooks: TestHooks::default(),
         });
-        // The flusher owns a reference until `close()`: a range log lives
-        // until it is closed. A sealed range takes no writes and needs none.
+        // The flusher owns a reference until `close()` or `delete()`: a range
+        // log lives until then (also while sealed by a move, which `reopen`
+        // can undo). A range opened sealed takes no writes and needs none.
         if !log.options.sealed {
             tokio::spawn(flusher(log.clone()));
         }
@@ -337,19 +374,23 @@ impl RangeLog {
         batch_bytes: &mut [u8],
         log_append_time: Option<i64>,
     ) -> Result<AppendOutcome, LogError> {
-        if self.failed.load(Ordering::Relaxed) {
-            return Err(LogError::StorageFailed);
-        }
-        if self.closed.load(Ordering::Relaxed) {
-            return Err(LogError::Closed);
-        }
         let pi = self.index_of(partition)?;
         let header = batch::parse_header(batch_bytes)?;
         // Control batches (transaction markers) are written by the broker
         // and carry no sequence.
         let idempotent = header.producer_id >= 0 && !header.is_control();
         let last_seq = increment_sequence(header.base_sequence, header.last_offset_delta);
+        #[cfg(test)]
+        self.hooks.before_append_lock();
         let mut inner = self.inner.lock();
+        // Decided under the lock that `seal` holds: an append that lost the
+        // race to a seal is refused here, never written after it.
+        if self.failed.load(Ordering::Relaxed) {
+            return Err(LogError::StorageFailed);
+        }
+        if inner.state != WriteState::Open {
+            return Err(LogError::Closed);
+        }
         if idempotent {
             let verdict = inner.producers[pi].check(
                 header.producer_id,
@@ -382,12 +423,17 @@ impl RangeLog {
         };
         let flags = batch::index_flags(&header, batch_bytes);
         let entry = IndexEntry::for_batch(&header, base_offset, max_ts, batch_bytes.len(), flags);
-        let result = inner.active().append(partition, batch_bytes, entry);
-        if let Err(e) = result {
-            // A failed write may have left a partial frame: refuse further
-            // writes rather than append after garbage. Restart recovery cuts it.
-            self.failed.store(true, Ordering::Relaxed);
-            return Err(e);
+        match inner.active().append(partition, batch_bytes, entry) {
+            Ok(_) => {}
+            // Nothing was written (a second line of defence; unreachable
+            // while the state check above holds).
+            Err(e @ LogError::SegmentSealed) => return Err(e),
+            Err(e) => {
+                // A failed write may have left a partial frame: refuse further
+                // writes rather than append after garbage. Restart recovery cuts it.
+                self.failed.store(true, Ordering::Relaxed);
+                return Err(e);
+            }
         }
         inner.partitions[pi].next_offset = last_offset + 1;
         self.bytes_appended
@@ -432,13 +478,24 @@ impl RangeLog {
 
     fn roll_locked(&self, inner: &mut Inner, now: i64) -> Result<SealedSegment, LogError> {
         let sealed = self.seal_active(inner)?;
+        self.open_next_segment(inner, &sealed, now)?;
+        Ok(sealed)
+    }
+
+    /// Opens the segment after the sealed active one and makes it active.
+    fn open_next_segment(
+        &self,
+        inner: &mut Inner,
+        sealed: &SealedSegment,
+        now: i64,
+    ) -> Result<(), LogError> {
         let next = Segment::create(&self.options.dir, sealed.next_seq, now)?;
         sync_dir(&self.options.dir)?;
         inner.active_base_position += sealed.size_bytes;
         inner.segments.push(next);
         let position = inner.active_base_position;
         self.publish_durable(inner, position);
-        Ok(sealed)
+        Ok(())
     }
 
     /// Fsyncs and indexes the active segment, marks it sealed and writes the
@@ -688,22 +745,62 @@ impl RangeLog {
         Ok(self.inner.lock().partitions[pi].base_offset)
     }
 
+    /// True once the range takes no more appends (sealed, closed or opened sealed).
     pub fn is_sealed(&self) -> bool {
-        self.options.sealed || self.closed.load(Ordering::Relaxed)
+        self.options.sealed || self.inner.lock().state != WriteState::Open
     }
 
-    /// Seals the whole range for a split or merge: appends stop (they get
-    /// `Closed`, which clients see as NOT_LEADER_OR_FOLLOWER), the active
-    /// segment is fsynced and indexed, and the flusher stops. Returns the
-    /// final segment as the metadata log must record it.
+    /// Seals the whole range for a split or merge: from the moment this
+    /// returns no append succeeds (they get `Closed`, which clients see as
+    /// NOT_LEADER_OR_FOLLOWER); every append that won the race is in the
+    /// final segment, fsynced, indexed and below the high watermark. Returns
+    /// the final segment as the metadata log must record it. An fsync failure
+    /// here latches the log as failed (Kafka takes the log dir offline).
     pub fn seal(&self) -> Result<SealedSegment, LogError> {
         let mut inner = self.inner.lock();
-        self.closed.store(true, Ordering::Relaxed);
-        let sealed = self.seal_active(&mut inner)?;
+        if self.failed.load(Ordering::Relaxed) {
+            return Err(LogError::StorageFailed);
+        }
+        if inner.state != WriteState::Open {
+            return Err(LogError::Closed);
+        }
+        // No append can run while we hold the lock; it stays Open (and
+        // refuses nothing yet) only if sealing fails before the state flips.
+        let sealed = match self.seal_active(&mut inner) {
+            Ok(sealed) => sealed,
+            Err(e) => {
+                self.failed.store(true, Ordering::Relaxed);
+                self.durable.send_modify(|_| {});
+                return Err(e);
+            }
+        };
+        inner.state = WriteState::Sealed;
         let position = inner.written_position();
         self.publish_durable(&mut inner, position);
-        drop(inner);
-        self.flush_wanted.notify_one();
+        Ok(sealed)
+    }
+
+    /// Undoes [`RangeLog::seal`] when the split or merge it was for did not
+    /// commit: the range serves again, in a new segment after the sealed
+    /// one (same leader epoch). Returns the sealed segment, which the
+    /// metadata log records as an ordinary roll.
+    pub fn reopen(&self) -> Result<SealedSegment, LogError> {
+        let mut inner = self.inner.lock();
+        if self.options.sealed || inner.state != WriteState::Sealed {
+            return Err(LogError::Closed);
+        }
+        if self.failed.load(Ordering::Relaxed) {
+            return Err(LogError::StorageFailed);
+        }
+        let last = inner.segments.last().unwrap();
+        let sealed = SealedSegment {
+            seq: last.seq,
+            size_bytes: last.size,
+            spans: last.index.spans(),
+            next_seq: last.seq + 1,
+        };
+        self.open_next_segment(&mut inner, &sealed, now_ms())?;
+        inner.state = WriteState::Open;
         Ok(sealed)
     }
 
@@ -731,9 +828,9 @@ impl RangeLog {
     /// shutdown: the active segment is fsynced and the producer state
     /// snapshotted at the log end, so the next open replays nothing.
     pub fn close(&self) {
-        let was_closed = self.closed.swap(true, Ordering::Relaxed);
-        if !was_closed && !self.options.sealed && !self.failed.load(Ordering::Relaxed) {
-            let inner = self.inner.lock();
+        let mut inner = self.inner.lock();
+        let was = std::mem::replace(&mut inner.state, WriteState::Closed);
+        if was == WriteState::Open && !self.options.sealed && !self.failed.load(Ordering::Relaxed) {
             let active = inner.segments.last().unwrap();
             match active.file.sync_data() {
                 Ok(()) => self.write_snapshot(&inner, active.seq + 1),
@@ -744,6 +841,7 @@ impl RangeLog {
                 ),
             }
         }
+        drop(inner);
         self.flush_wanted.notify_one();
     }
 
@@ -778,7 +876,7 @@ impl RangeLog {
 
     /// Closes the log and removes its files.
     pub fn delete(&self) -> Result<(), LogError> {
-        self.closed.store(true, Ordering::Relaxed);
+        self.inner.lock().state = WriteState::Closed;
         self.flush_wanted.notify_one();
         match std::fs::remove_dir_all(&self.options.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
@@ -835,11 +933,11 @@ fn read_plan(plan: &[(Arc<File>, IndexEntry)]) -> Result<Bytes, LogError> {
 /// that arrived while the previous one ran.
 async fn flusher(log: Arc<RangeLog>) {
     loop {
-        if log.closed.load(Ordering::Relaxed) {
-            return;
-        }
         let (file, position) = {
             let inner = log.inner.lock();
+            if inner.state == WriteState::Closed {
+                return;
+            }
             (
                 inner.segments.last().unwrap().file.clone(),
                 inner.written_position(),
@@ -872,5 +970,171 @@ async fn flusher(log: Arc<RangeLog>) {
             }
             Err(_) => return,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::batch::testing::make_batch;
+    use std::sync::Barrier;
+
+    fn options(dir: &Path) -> RangeLogOptions {
+        RangeLogOptions {
+            dir: dir.to_path_buf(),
+            lo: 0,
+            hi: 2,
+            segment_bytes: 1 << 30,
+            segment_ms: i64::MAX,
+            leader_epoch: 0,
+            log_start_offsets: vec![],
+            seed: None,
+            sealed: false,
+        }
+    }
+
+    fn open(dir: &Path) -> Arc<RangeLog> {
+        RangeLog::open(options(dir), watch::channel(0).0).unwrap()
+    }
+
+    /// Every offset of partition 0 readable below the high watermark.
+    fn read_offsets(log: &RangeLog) -> Vec<i64> {
+        let read = log.read(0, 0, usize::MAX).unwrap();
+        let mut out = Vec::new();
+        for r in batch::split_batches(&read.records).unwrap() {
+            let h = batch::parse_header(&read.records[r]).unwrap();
+            out.extend(h.base_offset..=h.last_offset());
+        }
+        out
+    }
+
+    /// The interleaving that used to lose records: an append gets past its
+    /// checks, a seal runs to completion, then the append continues. It
+    /// must be refused, not written into the sealed segment.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_append_that_loses_the_race_to_a_seal_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(dir.path());
+        let first = log.append(0, &mut make_batch(2, 1), None).unwrap();
+        log.wait_durable(first.end_position).await.unwrap();
+
+        let barrier = Arc::new(Barrier::new(2));
+        let hook_barrier = barrier.clone();
+        *log.hooks.before_append_lock.lock() = Some(Arc::new(move || {
+            hook_barrier.wait(); // reached the lock
+            hook_barrier.wait(); // the seal is done
+        }));
+        let racer = {
+            let log = log.clone();
+            std::thread::spawn(move || log.append(0, &mut make_batch(3, 2), None))
+        };
+        barrier.wait();
+        let sealed = log.seal().unwrap();
+        barrier.wait();
+        let raced = racer.join().unwrap();
+        *log.hooks.before_append_lock.lock() = None;
+
+        assert!(matches!(raced, Err(LogError::Closed)), "{raced:?}");
+        assert_eq!(sealed.spans, vec![(0, 0, 2)]);
+        let offsets = log.offsets(0).unwrap();
+        assert_eq!((offsets.log_end, offsets.high_watermark), (2, 2));
+        assert_eq!(read_offsets(&log), vec![0, 1]);
+        // And after the seal nothing gets in by any path.
+        assert!(matches!(
+            log.append(0, &mut make_batch(1, 3), None),
+            Err(LogError::Closed)
+        ));
+        log.close();
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn appends_racing_seals_never_strand_a_record() {
+        // Many appenders against a seal: every append that succeeded is
+        // durable, readable and inside the sealed spans; every other one
+        // was refused. Offsets are dense.
+        for round in 0..20 {
+            let dir = tempfile::tempdir().unwrap();
+            let log = open(dir.path());
+            let appenders: Vec<_> = (0..4)
+                .map(|t| {
+                    let log = log.clone();
+                    std::thread::spawn(move || {
+                        let mut ok = Vec::new();
+                        for i in 0..200 {
+                            match log.append(0, &mut make_batch(1, t * 1000 + i), None) {
+                                Ok(out) => ok.push(out),
+                                Err(LogError::Closed) => break,
+                                Err(e) => panic!("unexpected {e}"),
+                            }
+                        }
+                        ok
+                    })
+                })
+                .collect();
+            std::thread::sleep(std::time::Duration::from_micros(50 * round));
+            let sealed = log.seal().unwrap();
+            let mut acked: Vec<i64> = Vec::new();
+            for a in appenders {
+                for out in a.join().unwrap() {
+                    log.wait_durable(out.end_position).await.unwrap();
+                    acked.push(out.base_offset);
+                }
+            }
+            acked.sort_unstable();
+            let end = acked.len() as i64;
+            assert_eq!(acked, (0..end).collect::<Vec<_>>());
+            let expected_spans = if end == 0 { vec![] } else { vec![(0, 0, end)] };
+            assert_eq!(sealed.spans, expected_spans);
+            assert_eq!(log.offsets(0).unwrap().high_watermark, end);
+            assert_eq!(read_offsets(&log), (0..end).collect::<Vec<_>>());
+            log.close();
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn reopen_undoes_a_seal_in_a_new_segment() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(dir.path());
+        log.append(0, &mut make_batch(3, 1), None).unwrap();
+        let sealed = log.seal().unwrap();
+        assert!(log.is_sealed());
+        let recorded = log.reopen().unwrap();
+        assert_eq!(recorded, sealed);
+        assert!(!log.is_sealed());
+        assert!(matches!(log.reopen(), Err(LogError::Closed)));
+        let out = log.append(0, &mut make_batch(2, 2), None).unwrap();
+        assert_eq!(out.base_offset, 3);
+        log.wait_durable(out.end_position).await.unwrap();
+        assert_eq!(log.segment_count(), 2);
+        assert_eq!(read_offsets(&log), vec![0, 1, 2, 3, 4]);
+        log.close();
+        // Restart: both segments recovered, offsets continue.
+        let log = open(dir.path());
+        assert_eq!(read_offsets(&log), vec![0, 1, 2, 3, 4]);
+        assert_eq!(
+            log.append(0, &mut make_batch(1, 3), None)
+                .unwrap()
+                .base_offset,
+            5
+        );
+        log.close();
+    }
+
+    #[test]
+    fn a_sealed_segment_refuses_appends() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut segment = Segment::create(dir.path(), 0, 0).unwrap();
+        let b = make_batch(1, 1);
+        let h = batch::parse_header(&b).unwrap();
+        let entry = IndexEntry::for_batch(&h, 0, 1, b.len(), 0);
+        segment.append(0, &b, entry).unwrap();
+        segment.sealed = true;
+        let size = segment.size;
+        assert!(matches!(
+            segment.append(0, &b, entry),
+            Err(LogError::SegmentSealed)
+        ));
+        assert_eq!(segment.size, size);
+        assert_eq!(segment.file.metadata().unwrap().len(), size);
     }
 }

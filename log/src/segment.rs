@@ -176,12 +176,16 @@ impl Segment {
 
     /// Appends one framed batch. The caller holds the range lock, so appends
     /// are serialized; the write goes to the page cache and the flusher makes it durable.
+    /// A sealed segment refuses the append and writes nothing.
     pub fn append(
         &mut self,
         partition: u32,
         batch_bytes: &[u8],
         mut entry: IndexEntry,
     ) -> Result<u64, LogError> {
+        if self.sealed {
+            return Err(LogError::SegmentSealed);
+        }
         let mut frame = Vec::with_capacity(FRAME_HEADER_LEN as usize + batch_bytes.len());
         frame.extend_from_slice(&(batch_bytes.len() as u32).to_be_bytes());
         frame.extend_from_slice(&partition.to_be_bytes());
@@ -197,7 +201,7 @@ impl Segment {
         Ok(self.size)
     }
 
-    /// Writes the sidecar index (atomically: temp file, fsync, rename).
+    /// Writes the sidecar index (atomically: temp file, fsync, rename, directory fsync).
     pub fn write_index(&self, dir: &Path) -> Result<(), LogError> {
         let mut buf = Vec::new();
         buf.extend_from_slice(INDEX_MAGIC);
@@ -223,12 +227,7 @@ impl Segment {
         }
         let crc = crc32c::crc32c(&buf);
         buf.extend_from_slice(&crc.to_be_bytes());
-        let final_path = index_path(dir, self.seq);
-        let tmp = final_path.with_extension("idx.tmp");
-        let mut f = File::create(&tmp)?;
-        f.write_all(&buf)?;
-        f.sync_all()?;
-        std::fs::rename(&tmp, &final_path)?;
+        tessera_fs::write_atomic(&index_path(dir, self.seq), &buf)?;
         Ok(())
     }
 

@@ -101,6 +101,8 @@ pub struct Controller {
     /// write the same log.
     lock: Mutex<Option<File>>,
     shut_down: AtomicBool,
+    /// Writes still to fail on purpose (fault-injection tests only).
+    failing_writes: std::sync::atomic::AtomicU32,
 }
 
 impl std::fmt::Debug for Controller {
@@ -181,6 +183,7 @@ impl Controller {
             shared,
             lock: Mutex::new(Some(lock)),
             shut_down: AtomicBool::new(false),
+            failing_writes: std::sync::atomic::AtomicU32::new(0),
         };
         if let Err(e) = controller.join_quorum().await {
             controller.shutdown().await;
@@ -289,7 +292,20 @@ impl Controller {
         Ok(self.submit(values).await?.offset)
     }
 
+    /// Fault injection for tests: the next `count` writes fail before they
+    /// reach the log, as a write that lost its quorum would.
+    #[doc(hidden)]
+    pub fn fail_next_writes(&self, count: u32) {
+        self.failing_writes.store(count, Ordering::SeqCst);
+    }
+
     async fn submit(&self, values: Vec<Vec<u8>>) -> Result<WriteOutcome, MetadataError> {
+        let injected = self
+            .failing_writes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if injected.is_ok() {
+            return Err(MetadataError::Raft("injected write failure".into()));
+        }
         if self.is_failed() {
             return Err(self.failure_or(MetadataError::Failed));
         }

@@ -59,33 +59,29 @@ fn sto_write(e: impl std::fmt::Display) -> StoErr {
 }
 
 pub(crate) fn fsync_dir(dir: &Path) -> Result<(), MetadataError> {
-    File::open(dir)
-        .and_then(|d| d.sync_all())
-        .map_err(io_err(format!("fsync directory {}", dir.display())))
+    tessera_fs::sync_dir(dir).map_err(io_err(format!("fsync directory {}", dir.display())))
 }
 
 /// Replaces `dir/name` with `bytes` atomically (temp file + rename). With
-/// `durable`, the data and the rename are fsynced before returning.
+/// `durable`, the data and the rename are fsynced before returning (the
+/// shared `tessera_fs::write_atomic`); without, only the replacement is
+/// atomic (for hints such as the committed index, which may lag after a crash).
 pub(crate) fn write_atomic(
     dir: &Path,
     name: &str,
     bytes: &[u8],
     durable: bool,
 ) -> Result<(), MetadataError> {
-    let tmp = dir.join(format!("{name}.tmp"));
     let dst = dir.join(name);
     let ctx = format!("write {}", dst.display());
+    if durable {
+        return tessera_fs::write_atomic(&dst, bytes).map_err(io_err(ctx));
+    }
+    let tmp = tessera_fs::temp_path(&dst);
     let mut f = File::create(&tmp).map_err(io_err(ctx.clone()))?;
     f.write_all(bytes).map_err(io_err(ctx.clone()))?;
-    if durable {
-        f.sync_all().map_err(io_err(ctx.clone()))?;
-    }
     drop(f);
-    fs::rename(&tmp, &dst).map_err(io_err(ctx))?;
-    if durable {
-        fsync_dir(dir)?;
-    }
-    Ok(())
+    fs::rename(&tmp, &dst).map_err(io_err(ctx))
 }
 
 fn read_optional(path: &Path) -> Result<Option<Vec<u8>>, MetadataError> {

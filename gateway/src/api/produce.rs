@@ -3,21 +3,23 @@
 //! that covers the partition, then acknowledge by `acks` once the appends are
 //! durable (group commit: the range's flusher covers many requests per fsync).
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
-use tessera_log::{batch, now_ms, RangeLog};
+use tessera_log::{batch, now_ms};
 use tessera_metadata::RangeId;
 
+use crate::append::DurabilityWaits;
 use crate::broker::{Broker, PartitionRoute};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
 struct AppendedBatch {
+    /// The range the batches went to: its durability decides the answer.
+    range_id: RangeId,
     base_offset: i64,
     log_append_time: i64,
     log_start_offset: i64,
@@ -26,7 +28,7 @@ struct AppendedBatch {
 /// A produce request whose batches are appended, waiting to be acknowledged.
 pub struct Appended {
     request: ProduceRequest,
-    waits: HashMap<RangeId, (Arc<RangeLog>, u64)>,
+    waits: DurabilityWaits,
     outcomes: Vec<(usize, i32, Result<AppendedBatch, ApiError>)>,
     /// Set when the request is answered without appending (bad acks).
     early: Option<ProduceResponse>,
@@ -59,7 +61,7 @@ pub async fn append(
         let early = Some(ProduceResponse::default().with_responses(responses));
         return Appended {
             request,
-            waits: HashMap::new(),
+            waits: DurabilityWaits::default(),
             outcomes: Vec::new(),
             early,
         };
@@ -67,7 +69,7 @@ pub async fn append(
 
     // Append everything first, remembering the furthest position per range;
     // then wait once per range for durability.
-    let mut waits: HashMap<RangeId, (Arc<RangeLog>, u64)> = HashMap::new();
+    let mut waits = DurabilityWaits::default();
     let mut outcomes: Vec<(usize, i32, Result<AppendedBatch, ApiError>)> = Vec::new();
     for (ti, topic) in request.topic_data.iter().enumerate() {
         let name = topic.name.0.as_str();
@@ -83,16 +85,14 @@ pub async fn append(
                 Err(e) => Err(e.clone()),
                 Ok(t) => match broker.route(&image, t, p.index) {
                     Err(e) => Err(e),
-                    Ok(route) => {
-                        append_partition(broker, &route, name, p.index as u32, p.records.as_deref())
-                            .map(|(appended, end)| {
-                                let entry = waits
-                                    .entry(route.range_id)
-                                    .or_insert((route.log.clone(), 0));
-                                entry.1 = entry.1.max(end);
-                                appended
-                            })
-                    }
+                    Ok(route) => append_partition(
+                        broker,
+                        &route,
+                        &mut waits,
+                        name,
+                        p.index as u32,
+                        p.records.as_deref(),
+                    ),
                 },
             };
             outcomes.push((ti, p.index, result));
@@ -119,37 +119,17 @@ pub async fn acknowledge(broker: &Arc<Broker>, appended: Appended) -> Option<Pro
     if early.is_some() {
         return early;
     }
-    if request.acks != 0 {
-        let timeout = Duration::from_millis(request.timeout_ms.max(0) as u64);
-        let mut failed: HashMap<RangeId, ApiError> = HashMap::new();
-        for (range, (log, position)) in &waits {
-            match tokio::time::timeout(timeout, log.wait_durable(*position)).await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    failed.insert(*range, e.into());
-                }
-                Err(_) => {
-                    failed.insert(*range, ApiError::RequestTimedOut);
-                }
-            }
-        }
-        if !failed.is_empty() {
-            // Report the failure on every partition of the ranges that failed.
-            let image = broker.image();
-            for (ti, index, result) in outcomes.iter_mut() {
-                let topic = &request.topic_data[*ti];
-                let Some(t) = image.topic_by_name(topic.name.0.as_str()) else {
-                    continue;
-                };
-                if let Some(range) = image.active_range_for(t.id, *index as u32) {
-                    if let Some(e) = failed.get(&range.id) {
-                        *result = Err(e.clone());
-                    }
-                }
-            }
-        }
-    } else {
+    if request.acks == 0 {
         return None;
+    }
+    let timeout = Duration::from_millis(request.timeout_ms.max(0) as u64);
+    let failed = waits.wait(Some(timeout)).await;
+    // A failure is reported on every partition whose batches went to the
+    // range that failed (the range appended to, whatever the image says now).
+    for (_, _, result) in outcomes.iter_mut() {
+        if let Some(e) = result.as_ref().ok().and_then(|a| failed.get(&a.range_id)) {
+            *result = Err(e.clone());
+        }
     }
 
     let mut responses: Vec<TopicProduceResponse> = request
@@ -185,14 +165,15 @@ fn error_response(index: i32, e: &ApiError) -> PartitionProduceResponse {
 }
 
 /// Validates all batches of one partition, then appends them. Returns the
-/// first batch's offsets and the position to wait for.
+/// first batch's offsets; what to wait for goes into `waits`.
 fn append_partition(
     broker: &Broker,
     route: &PartitionRoute,
+    waits: &mut DurabilityWaits,
     topic: &str,
     partition: u32,
     records: Option<&[u8]>,
-) -> Result<(AppendedBatch, u64), ApiError> {
+) -> Result<AppendedBatch, ApiError> {
     let records = records.filter(|r| !r.is_empty()).ok_or_else(|| {
         ApiError::CorruptMessage("produce request carries no record batch for the partition".into())
     })?;
@@ -224,20 +205,17 @@ fn append_partition(
     }
     let log_append_time = route.config.log_append_time.then(now_ms);
     let mut first: Option<AppendedBatch> = None;
-    let mut end = 0;
     for r in ranges {
         let mut bytes = records[r].to_vec();
-        let outcome = route.log.append(partition, &mut bytes, log_append_time)?;
-        if let Some(sealed) = outcome.rolled {
-            broker.notify_roll(route.range_id, sealed);
-        }
+        let outcome = broker.append_batch(route, partition, &mut bytes, log_append_time)?;
+        waits.add(route, &outcome);
         if !outcome.duplicate {
             Metrics::add(&broker.metrics.produced_batches, 1);
             Metrics::add(&broker.metrics.produced_bytes, bytes.len() as u64);
         }
-        end = outcome.end_position;
         if first.is_none() {
             first = Some(AppendedBatch {
+                range_id: route.range_id,
                 base_offset: outcome.base_offset,
                 log_append_time: log_append_time.unwrap_or(-1),
                 log_start_offset: route
@@ -248,5 +226,5 @@ fn append_partition(
             });
         }
     }
-    Ok((first.expect("at least one batch"), end))
+    Ok(first.expect("at least one batch"))
 }

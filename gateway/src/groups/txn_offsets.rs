@@ -188,7 +188,7 @@ impl GroupCoordinator {
                 tessera_log::now_ms(),
                 &kv,
             );
-            crate::txn::append_batch(broker, &route, partition, bytes).await
+            broker.append_durably(&route, partition as u32, bytes).await
         }
         .await;
         if let Err(e) = appended {

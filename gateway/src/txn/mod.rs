@@ -31,9 +31,9 @@ use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-use tessera_log::batch;
 use tessera_metadata::TopicImage;
 
+use crate::append::DurabilityWaits;
 use crate::broker::{Broker, PartitionRoute};
 use crate::config::BrokerConfig;
 use crate::error::ApiError;
@@ -46,22 +46,6 @@ use state::{EndDecision, InitDecision, TxnError, TxnMetadata, TxnState};
 /// (`transaction.state.log.num.partitions`).
 pub const TRANSACTION_STATE: &str = "__transaction_state";
 pub const TXN_TOPIC_PARTITIONS: u32 = 50;
-
-/// Appends one validated batch to a partition and waits until it is durable.
-pub(crate) async fn append_batch(
-    broker: &Broker,
-    route: &PartitionRoute,
-    partition: i32,
-    mut bytes: Vec<u8>,
-) -> Result<i64, ApiError> {
-    batch::validate(&bytes)?;
-    let outcome = route.log.append(partition as u32, &mut bytes, None)?;
-    if let Some(sealed) = outcome.rolled {
-        broker.notify_roll(route.range_id, sealed);
-    }
-    route.log.wait_durable(outcome.end_position).await?;
-    Ok(outcome.base_offset)
-}
 
 impl From<TxnError> for ApiError {
     fn from(e: TxnError) -> Self {
@@ -414,7 +398,7 @@ impl TxnCoordinator {
         let (_, _, coordinator) = self.coordinator_partition(broker, &m.transactional_id)?;
         let image = broker.image();
         let now = Self::now();
-        let mut waits = Vec::new();
+        let mut waits = DurabilityWaits::default();
         for (topic, partition) in &m.partitions {
             let Some(t) = image.topic_by_name(topic) else {
                 continue; // deleted meanwhile
@@ -430,16 +414,10 @@ impl TxnCoordinator {
                 coordinator.leader_epoch,
                 now,
             );
-            let outcome = route.log.append(*partition as u32, &mut bytes, None)?;
-            if let Some(sealed) = outcome.rolled {
-                broker.notify_roll(route.range_id, sealed);
-            }
-            waits.push((route.log.clone(), outcome.end_position));
+            let outcome = broker.append_batch(&route, *partition as u32, &mut bytes, None)?;
+            waits.add(&route, &outcome);
         }
-        for (log, position) in waits {
-            log.wait_durable(position).await?;
-        }
-        Ok(())
+        waits.wait_all().await
     }
 
     // ---- admin -------------------------------------------------------------
