@@ -29,6 +29,10 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 REPO = Path(__file__).resolve().parents[1]
+# Brokers are started through the compat tests' process registry: killed at
+# exit, on SIGTERM, and by the kernel if this process dies (procguard.py).
+sys.path.insert(0, str(REPO / "compat-tests" / "python"))
+import procguard  # noqa: E402
 RECORD_SIZE = 1024
 MB = 1_000_000
 PACED_RATE = 5_000  # records/s for the latency-at-moderate-load phase
@@ -64,8 +68,8 @@ class BrokerProc:
             url = f"tcp://{self.bootstrap}"
             cmd = [str(self.binary), "broker", "--storage-engine=memory://tansu/",
                    f"--kafka-listener-url={url}", f"--kafka-advertised-listener-url={url}"]
-        self.proc = subprocess.Popen(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL,
-                                     cwd=self.workdir, env=env)
+        self.proc = procguard.spawn(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL,
+                                    cwd=self.workdir, env=env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -302,6 +306,7 @@ def markdown(results, n, partitions, repeat):
 
 
 def main():
+    procguard.install_sigterm_handler()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--partitions", type=int, default=3)

@@ -44,6 +44,7 @@ from confluent_kafka import Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench import create_topic, free_port  # noqa: E402
+import procguard  # noqa: E402  (on sys.path through bench)
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD_SIZE = 1024
@@ -74,8 +75,8 @@ class Tessera:
         cmd = [str(self.binary), "--data-dir", str(self.data),
                "--listeners", self.bootstrap, "--admin-listener", f"127.0.0.1:{self.admin_port}",
                "-o", "range.policy.enable=false"]
-        self.proc = subprocess.Popen(cmd, stdout=self.logf, stderr=self.logf, stdin=subprocess.DEVNULL,
-                                     cwd=self.workdir, env=env)
+        self.proc = procguard.spawn(cmd, stdout=self.logf, stderr=self.logf, stdin=subprocess.DEVNULL,
+                                    cwd=self.workdir, env=env)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
@@ -175,7 +176,7 @@ class FsyncCounter:
     def __enter__(self):
         if self.enabled:
             self.out = tempfile.NamedTemporaryFile(prefix="perf-stat-", suffix=".csv", delete=False)
-            self.proc = subprocess.Popen(
+            self.proc = procguard.spawn(
                 ["perf", "stat", "-a", "-x,", "-o", self.out.name,
                  "-e", "syscalls:sys_enter_fdatasync,syscalls:sys_enter_fsync"],
                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -402,7 +403,7 @@ def thread_group(comm: str) -> str:
 def profile_run(b: Tessera, topic: str, n: int, partitions: int, pool, keys, max_s: float):
     """perf record (whole machine, cpu-clock) during one produce run."""
     data = Path(tempfile.mkdtemp(prefix="perf-ranges-")) / "perf.data"
-    rec = subprocess.Popen(["perf", "record", "-a", "-e", "cpu-clock", "-F", "499", "-o", str(data)],
+    rec = procguard.spawn(["perf", "record", "-a", "-e", "cpu-clock", "-F", "499", "-o", str(data)],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     time.sleep(0.5)
     try:
@@ -546,6 +547,7 @@ def bottleneck(tp: dict) -> str:
 
 
 def main():
+    procguard.install_sigterm_handler()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--partitions", type=int, default=10_000)
     ap.add_argument("--topics", type=int, default=3, help="topics created in the footprint phase")

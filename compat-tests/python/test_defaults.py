@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+import procguard
 from conftest import tessera_bin
 
 
@@ -28,7 +29,7 @@ def test_no_arguments_serves_9092_with_data_under_cwd():
         pytest.skip("127.0.0.1:9092 or :9644 is taken on this machine")
     workdir = Path(tempfile.mkdtemp(prefix="tessera-defaults-"))
     log = open(workdir / "tessera.log", "wb")
-    proc = subprocess.Popen([str(tessera_bin())], cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+    proc = procguard.spawn([str(tessera_bin())], cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -49,7 +50,5 @@ def test_no_arguments_serves_9092_with_data_under_cwd():
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        procguard.kill(proc)
         log.close()

@@ -20,6 +20,7 @@ import time
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
 
+import procguard
 from helpers import create_topic, unique_topic
 
 # Short rebalance delays and a lower session-timeout floor keep the
@@ -397,8 +398,8 @@ def test_silent_member_expires_after_session_timeout(broker_factory):
     a = GroupMember(broker, group, topic, None, "a")
     a.start()
     wait_for(lambda: a.snapshot() == set(range(6)), 30, "a to own everything")
-    child = subprocess.Popen([sys.executable, "-c", CHILD_CONSUMER, broker.bootstrap, group, topic],
-                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    child = procguard.spawn([sys.executable, "-c", CHILD_CONSUMER, broker.bootstrap, group, topic],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         assert child.stdout.readline().startswith("assigned"), "the child joined"
         wait_for(lambda: len(a.snapshot()) == 3, 30, "a to give up half")

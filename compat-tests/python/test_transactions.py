@@ -17,6 +17,7 @@ import uuid
 import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
+import procguard
 from helpers import create_topic, unique_topic
 
 N_TXNS = 100
@@ -283,7 +284,7 @@ def test_consume_transform_produce_exactly_once_through_app_kill(broker, tmp_pat
     args = [sys.executable, str(app), broker.bootstrap, src, dst, group, txn_id]
 
     def run_until(predicate, timeout):
-        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        proc = procguard.spawn(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         try:
             while time.monotonic() < deadline:

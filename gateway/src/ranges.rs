@@ -100,7 +100,8 @@ impl Broker {
             }));
             records.push(open_segment(id, replicas.clone(), epoch));
         }
-        self.commit_move(&image, &[range.clone()], records).await?;
+        self.commit_move(&image, std::slice::from_ref(&range), records)
+            .await?;
         tracing::info!(range_id, at = mid, left, right, "split range");
         Ok((left, right))
     }

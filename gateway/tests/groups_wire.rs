@@ -553,3 +553,63 @@ async fn group_subscribed_to_topic_keeps_its_offsets() {
     );
     running.shutdown().await;
 }
+
+/// Many commits of one member pipelined on one connection, then a fetch on
+/// the same connection, without waiting in between: the commits apply in
+/// the order sent (the last one wins) and the fetch sees the last one, as a
+/// Kafka broker, which runs a connection's requests one at a time, answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pipelined_commits_apply_in_order_and_the_last_one_wins() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = start(dir.path()).await;
+    let mut c = Client::connect(running.kafka_addr).await;
+    create_topic(&mut c).await;
+    let _ = c
+        .call(3, &FindCoordinatorRequest::default().with_key(s("burst")))
+        .await;
+    let commit = |offset: i64| {
+        OffsetCommitRequest::default()
+            .with_group_id(group("burst"))
+            .with_generation_id_or_member_epoch(-1)
+            .with_topics(vec![OffsetCommitRequestTopic::default()
+                .with_name(topic(TOPIC))
+                .with_partitions(
+                    (0..2)
+                        .map(|p| {
+                            OffsetCommitRequestPartition::default()
+                                .with_partition_index(p)
+                                .with_committed_offset(offset + p as i64)
+                        })
+                        .collect(),
+                )])
+    };
+    let fetch = OffsetFetchRequest::default()
+        .with_group_id(group("burst"))
+        .with_topics(Some(vec![OffsetFetchRequestTopic::default()
+            .with_name(topic(TOPIC))
+            .with_partition_indexes(vec![0, 1])]));
+    for round in 0..5i64 {
+        let mut ids = Vec::new();
+        for i in 1..=200 {
+            ids.push(c.send(8, &commit(round * 1000 + i)).await);
+        }
+        let fetch_id = c.send(7, &fetch).await;
+        for id in ids {
+            let r = c.receive::<OffsetCommitRequest>(8, id).await;
+            assert!(r.topics[0].partitions.iter().all(|p| p.error_code == 0));
+        }
+        let r = c.receive::<OffsetFetchRequest>(7, fetch_id).await;
+        let got: Vec<i64> = r.topics[0]
+            .partitions
+            .iter()
+            .map(|p| p.committed_offset)
+            .collect();
+        let last = round * 1000 + 200;
+        assert_eq!(got, vec![last, last + 1], "round {round}");
+        // A fetch on another connection agrees.
+        let mut other = Client::connect(running.kafka_addr).await;
+        let r = other.call(7, &fetch).await;
+        assert_eq!(r.topics[0].partitions[0].committed_offset, last);
+    }
+    running.shutdown().await;
+}

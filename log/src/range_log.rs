@@ -431,7 +431,7 @@ impl RangeLog {
             Err(e) => {
                 // A failed write may have left a partial frame: refuse further
                 // writes rather than append after garbage. Restart recovery cuts it.
-                self.failed.store(true, Ordering::Relaxed);
+                self.latch_failure("appending", &e);
                 return Err(e);
             }
         }
@@ -477,9 +477,25 @@ impl RangeLog {
     }
 
     fn roll_locked(&self, inner: &mut Inner, now: i64) -> Result<SealedSegment, LogError> {
-        let sealed = self.seal_active(inner)?;
-        self.open_next_segment(inner, &sealed, now)?;
-        Ok(sealed)
+        let rolled = self
+            .seal_active(inner)
+            .and_then(|sealed| self.open_next_segment(inner, &sealed, now).map(|()| sealed));
+        rolled.inspect_err(|e| self.latch_failure("rolling a segment", e))
+    }
+
+    /// A write, fsync or file operation failed: from now on the log refuses
+    /// every append and every durability wait fails (Kafka takes the log
+    /// dir offline). Never retried in place: after a failed fsync the kernel
+    /// may have dropped the dirty pages and report the next fsync as a
+    /// success, so nothing written before it may ever be acknowledged.
+    fn latch_failure(&self, what: &str, e: &LogError) {
+        if !self.failed.swap(true, Ordering::SeqCst) {
+            tracing::error!(
+                dir = %self.options.dir.display(), error = %e,
+                "{what} failed; range log stops accepting writes"
+            );
+        }
+        self.durable.send_modify(|_| {});
     }
 
     /// Opens the segment after the sealed active one and makes it active.
@@ -531,6 +547,12 @@ impl RangeLog {
     /// Seals the active segment now, if it holds anything.
     pub fn roll(&self) -> Result<Option<SealedSegment>, LogError> {
         let mut inner = self.inner.lock();
+        if self.failed.load(Ordering::Relaxed) {
+            return Err(LogError::StorageFailed);
+        }
+        if inner.state != WriteState::Open {
+            return Err(LogError::Closed);
+        }
         if inner.segments.last().unwrap().size == 0 {
             return Ok(None);
         }
@@ -766,14 +788,9 @@ impl RangeLog {
         }
         // No append can run while we hold the lock; it stays Open (and
         // refuses nothing yet) only if sealing fails before the state flips.
-        let sealed = match self.seal_active(&mut inner) {
-            Ok(sealed) => sealed,
-            Err(e) => {
-                self.failed.store(true, Ordering::Relaxed);
-                self.durable.send_modify(|_| {});
-                return Err(e);
-            }
-        };
+        let sealed = self
+            .seal_active(&mut inner)
+            .inspect_err(|e| self.latch_failure("sealing the range", e))?;
         inner.state = WriteState::Sealed;
         let position = inner.written_position();
         self.publish_durable(&mut inner, position);
@@ -799,7 +816,8 @@ impl RangeLog {
             spans: last.index.spans(),
             next_seq: last.seq + 1,
         };
-        self.open_next_segment(&mut inner, &sealed, now_ms())?;
+        self.open_next_segment(&mut inner, &sealed, now_ms())
+            .inspect_err(|e| self.latch_failure("reopening the range", e))?;
         inner.state = WriteState::Open;
         Ok(sealed)
     }
@@ -963,9 +981,7 @@ async fn flusher(log: Arc<RangeLog>) {
                 }
             }
             Ok(Err(e)) => {
-                tracing::error!(dir = %strong.options.dir.display(), error = %e, "fsync failed; range log stops accepting writes");
-                strong.failed.store(true, Ordering::Relaxed);
-                strong.durable.send_modify(|_| {});
+                strong.latch_failure("fsync", &LogError::Io(e));
                 return;
             }
             Err(_) => return,

@@ -167,8 +167,9 @@ pub async fn handle_frame(broker: &Arc<Broker>, frame: Bytes) -> Reply {
 }
 
 /// Starts one request frame. The part that must follow request order on a
-/// connection (decoding, and a produce's appends) runs before this returns;
-/// the returned future does the rest (waiting for durability, long polls).
+/// connection (decoding, a produce's appends, and the whole of an offset
+/// commit, fetch or delete) runs before this returns; the returned future
+/// does the rest (waiting for durability, long polls).
 pub async fn start_frame(broker: &Arc<Broker>, mut frame: Bytes) -> InFlight {
     if frame.len() < 8 {
         return ready(Reply::Close("request shorter than a request header".into()));
@@ -217,6 +218,20 @@ async fn dispatch(
     let v = header.request_api_version;
     let id = header.correlation_id;
     let broker = broker.clone();
+    // Runs the whole request before the connection reads the next one, as
+    // Kafka runs every request of a connection: for offset commits and
+    // fetches, whose order matters (two pipelined commits of one member
+    // apply in the order sent, and a fetch after a commit sees it).
+    macro_rules! in_order {
+        ($module:ident) => {{
+            let request = match decode(&mut body, v) {
+                Ok(r) => r,
+                Err(reply) => return ready(reply),
+            };
+            let response = $module::handle(&broker, &header, request).await;
+            ready(frame(api, v, id, &response))
+        }};
+    }
     macro_rules! call {
         ($module:ident) => {{
             let request = match decode(&mut body, v) {
@@ -268,9 +283,9 @@ async fn dispatch(
         ApiKey::SyncGroup => call!(sync_group),
         ApiKey::Heartbeat => call!(heartbeat),
         ApiKey::LeaveGroup => call!(leave_group),
-        ApiKey::OffsetCommit => call!(offset_commit),
-        ApiKey::OffsetFetch => call!(offset_fetch),
-        ApiKey::OffsetDelete => call!(offset_delete),
+        ApiKey::OffsetCommit => in_order!(offset_commit),
+        ApiKey::OffsetFetch => in_order!(offset_fetch),
+        ApiKey::OffsetDelete => in_order!(offset_delete),
         ApiKey::DescribeGroups => call!(describe_groups),
         ApiKey::ListGroups => call!(list_groups),
         ApiKey::DeleteGroups => call!(delete_groups),
@@ -279,7 +294,7 @@ async fn dispatch(
         ApiKey::AddPartitionsToTxn => call!(add_partitions_to_txn),
         ApiKey::AddOffsetsToTxn => call!(add_offsets_to_txn),
         ApiKey::EndTxn => call!(end_txn),
-        ApiKey::TxnOffsetCommit => call!(txn_offset_commit),
+        ApiKey::TxnOffsetCommit => in_order!(txn_offset_commit),
         ApiKey::DescribeProducers => call!(describe_producers),
         ApiKey::DescribeTransactions => call!(describe_transactions),
         ApiKey::ListTransactions => call!(list_transactions),

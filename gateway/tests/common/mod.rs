@@ -58,6 +58,13 @@ impl WireClient {
     /// Sends one request and decodes its response, checking the correlation
     /// id and that the response has no trailing bytes.
     pub async fn call<R: Request>(&mut self, version: i16, body: &R) -> R::Response {
+        let id = self.send(version, body).await;
+        self.receive::<R>(version, id).await
+    }
+
+    /// Sends one request without waiting for its response (pipelining);
+    /// returns its correlation id for [`WireClient::receive`].
+    pub async fn send<R: Request>(&mut self, version: i16, body: &R) -> i32 {
         let id = self.next_id;
         self.next_id += 1;
         let header = RequestHeader::default()
@@ -72,6 +79,11 @@ impl WireClient {
         let len = (buf.len() - 4) as i32;
         buf[0..4].copy_from_slice(&len.to_be_bytes());
         self.stream.write_all(&buf).await.unwrap();
+        id
+    }
+
+    /// Reads the next response, which must answer request `id`.
+    pub async fn receive<R: Request>(&mut self, version: i16, id: i32) -> R::Response {
         let mut size = [0u8; 4];
         tokio::time::timeout(IO_TIMEOUT, self.stream.read_exact(&mut size))
             .await
