@@ -1,12 +1,25 @@
 //! The metadata controller: an openraft node whose log carries metadata
 //! records and whose state machine is the [`MetadataImage`].
 //!
-//! Today the quorum is a single voter (this node). The raft types, the
-//! storage and the network factory are the pieces a multi-voter quorum
-//! needs; only the transport ([`NetworkFactory`]) and cluster formation in
-//! [`Controller::start`] would change.
+//! The quorum is static, Kafka style (`controller.quorum.voters`): 1, 3 or
+//! 5 voters named in [`ControllerConfig::voters`], each listening on its
+//! controller address. The voters talk over the TCP transport of
+//! [`crate::network`]. On first start every voter initializes the raft
+//! membership with the whole voter map (the same membership everywhere, so
+//! any of them may do it first); later starts check that the stored voter
+//! set is still the configured one (changing it is not supported). With an
+//! empty voter map the controller is a single voter with no listener, as
+//! Tessera ran before clusters.
+//!
+//! [`Controller::start`] returns once some leader is confirmed and this node
+//! has applied everything committed before (on a follower: the leader's
+//! read index, asked over the transport). Writes go to the leader:
+//! [`Controller::write`] on a follower forwards the entry to the leader and
+//! returns once it is applied here too; [`Controller::write_on_leader`]
+//! refuses with [`MetadataError::NotLeader`], naming the leader and its
+//! address.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::Cursor;
 use std::path::PathBuf;
@@ -14,18 +27,18 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use openraft::error::{ClientWriteError, InstallSnapshotError, RPCError, RaftError, Unreachable};
-use openraft::network::RPCOption;
-use openraft::raft::{
-    AppendEntriesRequest, AppendEntriesResponse, InstallSnapshotRequest, InstallSnapshotResponse,
-    VoteRequest, VoteResponse,
-};
-use openraft::{BasicNode, Config, RaftNetwork, RaftNetworkFactory, ServerState, SnapshotPolicy};
+use openraft::error::{ClientWriteError, RaftError};
+use openraft::metrics::WaitError;
+use openraft::{BasicNode, Config, ServerState, SnapshotPolicy};
 use parking_lot::Mutex;
+use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tokio::time::Instant;
 
 use crate::error::MetadataError;
 use crate::image::MetadataImage;
+use crate::network::{spawn_server, NetworkFactory, ServiceCallError, Transport};
 use crate::records::MetadataRecord;
 use crate::storage::{LogStore, Shared, StateMachineStore};
 
@@ -64,17 +77,69 @@ pub struct ControllerConfig {
     /// Data directory (log, vote, snapshot). One controller at a time.
     pub dir: PathBuf,
     /// Snapshot (and purge the log) after this many entries since the last
-    /// snapshot. Default 1000.
+    /// snapshot. Default 1000. With several voters the leader keeps this
+    /// many entries behind the snapshot too, for followers that lag a
+    /// little; one further behind is sent the snapshot.
     pub snapshot_interval_entries: u64,
+    /// The controller quorum, Kafka's `controller.quorum.voters`: node id
+    /// -> `host:port` of its controller listener. `node_id` must be in it;
+    /// this node listens at its own entry. Empty (the default): a single
+    /// voter, this node, with no listener. See
+    /// [`ControllerConfig::parse_voters`].
+    pub voters: BTreeMap<u64, String>,
+    /// How long [`Controller::start`] waits for a leader and catch-up
+    /// before failing with [`MetadataError::StartTimeout`]. Default 30 s.
+    /// With several voters a start needs a quorum of them running.
+    pub start_timeout: Duration,
 }
 
 impl ControllerConfig {
+    /// A single-voter controller (no listener), snapshotting every 1000
+    /// entries.
     pub fn new(node_id: u64, dir: impl Into<PathBuf>) -> Self {
         ControllerConfig {
             node_id,
             dir: dir.into(),
             snapshot_interval_entries: 1000,
+            voters: BTreeMap::new(),
+            start_timeout: DEFAULT_START_TIMEOUT,
         }
+    }
+
+    /// The same configuration with the voter map `voters`.
+    pub fn with_voters(mut self, voters: BTreeMap<u64, String>) -> Self {
+        self.voters = voters;
+        self
+    }
+
+    /// Parses Kafka's `controller.quorum.voters` syntax,
+    /// `1@127.0.0.1:9093,2@127.0.0.1:9094,3@host:9095`.
+    pub fn parse_voters(spec: &str) -> Result<BTreeMap<u64, String>, MetadataError> {
+        let bad = |why: String| MetadataError::Config(format!("controller voters {spec:?}: {why}"));
+        let mut voters = BTreeMap::new();
+        for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let (id, addr) = item
+                .split_once('@')
+                .ok_or_else(|| bad(format!("{item:?} is not id@host:port")))?;
+            let id: u64 = id
+                .trim()
+                .parse()
+                .map_err(|_| bad(format!("{id:?} is not a node id")))?;
+            let addr = addr.trim();
+            let port_ok = addr
+                .rsplit_once(':')
+                .is_some_and(|(host, port)| !host.is_empty() && port.parse::<u16>().is_ok());
+            if !port_ok {
+                return Err(bad(format!("{addr:?} is not host:port")));
+            }
+            if voters.insert(id, addr.to_string()).is_some() {
+                return Err(bad(format!("node {id} is named twice")));
+            }
+        }
+        if voters.is_empty() {
+            return Err(bad("no voters".into()));
+        }
+        Ok(voters)
     }
 }
 
@@ -88,14 +153,48 @@ pub struct WriteOutcome {
     pub skipped: Vec<usize>,
 }
 
-/// How long [`Controller::start`] waits for leadership and catch-up.
-const START_TIMEOUT: Duration = Duration::from_secs(30);
+/// The leader of the controller quorum as this node knows it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ControllerLeader {
+    pub node_id: u64,
+    /// Its controller address (`host:port`, from the voter map); `None` for
+    /// a single voter configured without one.
+    pub address: Option<String>,
+}
+
+impl std::fmt::Display for ControllerLeader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.address {
+            Some(a) => write!(f, "controller {} at {a}", self.node_id),
+            None => write!(f, "controller {}", self.node_id),
+        }
+    }
+}
+
+/// Default of [`ControllerConfig::start_timeout`].
+const DEFAULT_START_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long [`Controller::catch_up`] waits.
+const CATCH_UP_TIMEOUT: Duration = Duration::from_secs(30);
+/// How long a write waits for a leader (elections included).
+const WRITE_TIMEOUT: Duration = Duration::from_secs(20);
+/// At least this long a forwarded write that committed waits to apply here.
+const MIN_APPLY_WAIT: Duration = Duration::from_secs(5);
+/// One read-index request to the leader.
+const READ_INDEX_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pause before asking again after a leader change or a failed request.
+const RETRY_PAUSE: Duration = Duration::from_millis(50);
 
 /// A running metadata controller. Share it as `Arc<Controller>`.
 pub struct Controller {
     node_id: u64,
     raft: MetadataRaft,
     shared: Arc<Shared>,
+    /// The configured voter map (empty: single voter, no listener).
+    voters: BTreeMap<u64, String>,
+    /// Client side of the transport (forwarded writes, read index).
+    transport: Arc<Transport>,
+    /// The controller listener's task, if this node listens.
+    server: Mutex<Option<JoinHandle<()>>>,
     /// Holds an exclusive lock on `dir/LOCK` until shutdown (the log store
     /// holds a second handle while raft runs), so two controllers never
     /// write the same log.
@@ -110,18 +209,28 @@ impl std::fmt::Debug for Controller {
         f.debug_struct("Controller")
             .field("node_id", &self.node_id)
             .field("dir", &self.shared.dir)
+            .field("voters", &self.voters)
             .field("offset", &self.image().offset)
             .finish()
     }
 }
 
 impl Controller {
-    /// Opens (or creates) the controller in `cfg.dir` with the single voter
-    /// `{cfg.node_id}`: initializes the cluster on first start; on restart
-    /// loads the newest snapshot and replays the committed tail (all through
-    /// [`crate::decode_committed_value`]). Returns once this node is leader
-    /// and everything committed before is applied to [`Controller::image`].
+    /// Opens (or creates) the controller in `cfg.dir`. On first start it
+    /// initializes the quorum with the configured voters (or the single
+    /// voter `{cfg.node_id}`); on restart it loads the newest snapshot and
+    /// replays the committed tail (all through
+    /// [`crate::decode_committed_value`]). With a voter map it listens on
+    /// its own address. Returns once a leader is confirmed and everything
+    /// committed before is applied to [`Controller::image`] (catching up
+    /// from the leader, by log or snapshot, if this node is behind).
     pub async fn start(cfg: ControllerConfig) -> Result<Controller, MetadataError> {
+        if !cfg.voters.is_empty() && !cfg.voters.contains_key(&cfg.node_id) {
+            return Err(MetadataError::Config(format!(
+                "node {} is not one of the controller voters {:?}",
+                cfg.node_id, cfg.voters
+            )));
+        }
         let dir = cfg.dir.clone();
         std::fs::create_dir_all(&dir)
             .map_err(|e| MetadataError::io(format!("create {}", dir.display()), e))?;
@@ -143,6 +252,14 @@ impl Controller {
             }
         }
 
+        // Listen before raft runs: a taken port fails the start cleanly.
+        let listener = match cfg.voters.get(&cfg.node_id) {
+            Some(addr) => Some(TcpListener::bind(addr.as_str()).await.map_err(|e| {
+                MetadataError::io(format!("listen on controller address {addr}"), e)
+            })?),
+            None => None,
+        };
+
         let shared = Shared::new(dir.clone());
         let lock_dup = lock
             .try_clone()
@@ -150,24 +267,44 @@ impl Controller {
         let log_store = LogStore::open(&dir, lock_dup)?;
         let state_machine = StateMachineStore::open(shared.clone())?;
 
-        let config = Config {
-            cluster_name: "tessera-metadata".into(),
-            heartbeat_interval: 50,
-            election_timeout_min: 150,
-            election_timeout_max: 300,
-            snapshot_policy: SnapshotPolicy::LogsSinceLast(cfg.snapshot_interval_entries.max(1)),
-            // Single voter: no follower needs the log behind a snapshot.
-            max_in_snapshot_log_to_keep: 0,
-            ..Default::default()
+        let interval = cfg.snapshot_interval_entries.max(1);
+        let config = if cfg.voters.len() > 1 {
+            Config {
+                cluster_name: "tessera-metadata".into(),
+                // The heartbeat interval is also openraft's deadline for one
+                // AppendEntries round trip (the follower's fsync included).
+                heartbeat_interval: 250,
+                election_timeout_min: 1000,
+                election_timeout_max: 2000,
+                install_snapshot_timeout: 10_000,
+                snapshot_max_chunk_size: 1 << 20,
+                snapshot_policy: SnapshotPolicy::LogsSinceLast(interval),
+                // Followers a little behind catch up from the log; further
+                // behind, from the snapshot.
+                max_in_snapshot_log_to_keep: interval,
+                ..Default::default()
+            }
+        } else {
+            Config {
+                cluster_name: "tessera-metadata".into(),
+                heartbeat_interval: 50,
+                election_timeout_min: 150,
+                election_timeout_max: 300,
+                snapshot_policy: SnapshotPolicy::LogsSinceLast(interval),
+                // Single voter: no follower needs the log behind a snapshot.
+                max_in_snapshot_log_to_keep: 0,
+                ..Default::default()
+            }
         }
         .validate()
         .map_err(|e| MetadataError::Raft(e.to_string()))?;
 
+        let transport = Arc::new(Transport::new(cfg.node_id, cfg.voters.clone()));
         // Raft::new replays the committed tail into the state machine.
         let raft = openraft::Raft::new(
             cfg.node_id,
             Arc::new(config),
-            NetworkFactory,
+            NetworkFactory::new(transport.clone()),
             log_store,
             state_machine,
         )
@@ -181,61 +318,173 @@ impl Controller {
             node_id: cfg.node_id,
             raft,
             shared,
+            voters: cfg.voters,
+            transport,
+            server: Mutex::new(None),
             lock: Mutex::new(Some(lock)),
             shut_down: AtomicBool::new(false),
             failing_writes: std::sync::atomic::AtomicU32::new(0),
         };
-        if let Err(e) = controller.join_quorum().await {
+        if let Err(e) = controller.join_quorum(listener, cfg.start_timeout).await {
             controller.shutdown().await;
             return Err(e);
         }
         Ok(controller)
     }
 
-    async fn join_quorum(&self) -> Result<(), MetadataError> {
+    fn voter_ids(&self) -> BTreeSet<u64> {
+        if self.voters.is_empty() {
+            BTreeSet::from([self.node_id])
+        } else {
+            self.voters.keys().copied().collect()
+        }
+    }
+
+    async fn join_quorum(
+        &self,
+        listener: Option<TcpListener>,
+        start_timeout: Duration,
+    ) -> Result<(), MetadataError> {
         let initialized = self
             .raft
             .is_initialized()
             .await
             .map_err(|e| self.raft_err(e))?;
         if !initialized {
-            let members = BTreeMap::from([(self.node_id, BasicNode::default())]);
+            // Every voter initializes with the same membership; whichever
+            // does it first, the logs agree (openraft allows this).
+            let members: BTreeMap<u64, BasicNode> = if self.voters.is_empty() {
+                BTreeMap::from([(self.node_id, BasicNode::default())])
+            } else {
+                self.voters
+                    .iter()
+                    .map(|(id, addr)| (*id, BasicNode::new(addr)))
+                    .collect()
+            };
             match self.raft.initialize(members).await {
                 Ok(()) | Err(RaftError::APIError(_)) => {}
                 Err(RaftError::Fatal(f)) => return Err(self.raft_err(f)),
             }
         }
-        // Wait until this node leads and has applied its whole log. A leader
-        // commits everything in its log (with one voter at once: a node that
-        // restarts as the leader of its old term appends nothing new), so
-        // this covers every entry committed before the restart, even when
-        // the persisted committed index was stale.
+        let stored: BTreeSet<u64> = self
+            .raft
+            .with_raft_state(|s| s.membership_state.effective().voter_ids().collect())
+            .await
+            .map_err(|e| self.raft_err(e))?;
+        let configured = self.voter_ids();
+        if !stored.is_empty() && stored != configured {
+            return Err(MetadataError::Config(format!(
+                "the metadata log in {} has controller voters {stored:?} but the \
+                 configuration names {configured:?}; changing the voter set is not supported",
+                self.shared.dir.display()
+            )));
+        }
+        if let Some(listener) = listener {
+            *self.server.lock() = Some(spawn_server(listener, self.node_id, self.raft.clone()));
+        }
+        self.catch_up_within(start_timeout, true)
+            .await
+            .map_err(|e| match e {
+                MetadataError::Timeout(_) => MetadataError::StartTimeout,
+                e => e,
+            })
+    }
+
+    /// Waits until a leader is confirmed and this node has applied
+    /// everything committed before the call: the leader confirms its
+    /// leadership with a quorum and reports its read index (asked over the
+    /// transport when it is another node), then this node waits to apply
+    /// up to it. With `whole_leader_log`, a leader also waits for its whole
+    /// log (a restarted single voter may have committed entries after its
+    /// stale committed index).
+    async fn catch_up_within(
+        &self,
+        limit: Duration,
+        whole_leader_log: bool,
+    ) -> Result<(), MetadataError> {
+        let deadline = Instant::now() + limit;
+        let timeout = || MetadataError::Timeout("no leader confirmed, or not caught up".into());
         let mut metrics = self.raft.metrics();
-        let node_id = self.node_id;
-        let wait = async {
-            loop {
-                {
-                    let m = metrics.borrow_and_update();
-                    if let Err(f) = &m.running_state {
-                        return Err(self.raft_err(f.clone()));
-                    }
-                    let caught_up = m.last_log_index.is_some()
-                        && m.last_applied.map(|l| l.index) == m.last_log_index;
-                    if m.state == ServerState::Leader
-                        && m.current_leader == Some(node_id)
-                        && caught_up
-                    {
-                        return Ok(());
+        loop {
+            if self.shut_down.load(Ordering::SeqCst) {
+                return Err(self.failure_or(MetadataError::Shutdown));
+            }
+            let (leader, state) = {
+                let m = metrics.borrow_and_update();
+                if let Err(f) = &m.running_state {
+                    return Err(self.raft_err(f.clone()));
+                }
+                (m.current_leader, m.state)
+            };
+            // `Some(index)`: apply up to `index` and done. `None`: ask again.
+            let target: Option<Option<u64>> = match leader {
+                Some(l) if l == self.node_id && state == ServerState::Leader => {
+                    match tokio::time::timeout_at(deadline, self.raft.ensure_linearizable()).await {
+                        Err(_) => return Err(timeout()),
+                        Ok(Ok(read)) => {
+                            let mut index = read.map(|l| l.index);
+                            if whole_leader_log {
+                                index = index.max(self.raft.metrics().borrow().last_log_index);
+                            }
+                            Some(index)
+                        }
+                        Ok(Err(RaftError::APIError(e))) => {
+                            tracing::debug!("metadata leadership not confirmed: {e}");
+                            None
+                        }
+                        Ok(Err(RaftError::Fatal(f))) => return Err(self.raft_err(f)),
                     }
                 }
-                if metrics.changed().await.is_err() {
+                Some(l) if l != self.node_id => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    match self
+                        .transport
+                        .read_index(l, left.min(READ_INDEX_TIMEOUT))
+                        .await
+                    {
+                        Ok(index) => Some(index),
+                        Err(e) => {
+                            tracing::debug!("read index from metadata leader {l}: {e}");
+                            None
+                        }
+                    }
+                }
+                _ => None,
+            };
+            match target {
+                Some(None) => return Ok(()),
+                Some(Some(index)) => {
+                    let left = deadline.saturating_duration_since(Instant::now());
+                    return match self
+                        .raft
+                        .wait(Some(left))
+                        .applied_index_at_least(Some(index), "catch up")
+                        .await
+                    {
+                        Ok(_) => Ok(()),
+                        Err(WaitError::Timeout(..)) => Err(timeout()),
+                        Err(WaitError::ShuttingDown) => {
+                            Err(self.failure_or(MetadataError::Shutdown))
+                        }
+                    };
+                }
+                None => {}
+            }
+            // No leader yet, or it could not be asked: wait for news (or a
+            // short while), then ask again.
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(timeout());
+            }
+            if leader.is_some() {
+                tokio::time::sleep(RETRY_PAUSE.min(deadline - now)).await;
+            } else {
+                let pause = (now + Duration::from_millis(200)).min(deadline);
+                if let Ok(Err(_)) = tokio::time::timeout_at(pause, metrics.changed()).await {
                     return Err(self.failure_or(MetadataError::Shutdown));
                 }
             }
-        };
-        tokio::time::timeout(START_TIMEOUT, wait)
-            .await
-            .map_err(|_| MetadataError::StartTimeout)?
+        }
     }
 
     fn failure_or(&self, other: MetadataError) -> MetadataError {
@@ -249,10 +498,64 @@ impl Controller {
         self.failure_or(MetadataError::Raft(e.to_string()))
     }
 
+    /// This node's id.
+    pub fn node_id(&self) -> u64 {
+        self.node_id
+    }
+
+    /// The configured voter map (empty for a single voter without one).
+    pub fn voters(&self) -> &BTreeMap<u64, String> {
+        &self.voters
+    }
+
+    fn leader_info(&self, node_id: u64) -> ControllerLeader {
+        let address = self.voters.get(&node_id).cloned().or_else(|| {
+            let m = self.raft.metrics();
+            let m = m.borrow();
+            m.membership_config
+                .membership()
+                .get_node(&node_id)
+                .map(|n| n.addr.clone())
+                .filter(|a| !a.is_empty())
+        });
+        ControllerLeader { node_id, address }
+    }
+
+    /// The current leader as this node last heard (`None` during an
+    /// election or before one), with its controller address.
+    pub fn leader(&self) -> Option<ControllerLeader> {
+        let id = self.raft.metrics().borrow().current_leader?;
+        Some(self.leader_info(id))
+    }
+
+    /// True while this node is the leader (as far as it knows: a leader cut
+    /// off from the quorum learns it lost leadership only later).
+    pub fn is_leader(&self) -> bool {
+        let m = self.raft.metrics();
+        let m = m.borrow();
+        m.state == ServerState::Leader && m.current_leader == Some(self.node_id)
+    }
+
+    /// Waits until this node's image holds every entry committed before
+    /// the call (a linearizable read point: the leader confirms it still
+    /// leads and reports its commit index) and returns that image. Fails
+    /// with [`MetadataError::Timeout`] when no leader answers in 30 s.
+    pub async fn catch_up(&self) -> Result<Arc<MetadataImage>, MetadataError> {
+        self.catch_up_within(CATCH_UP_TIMEOUT, false).await?;
+        Ok(self.image())
+    }
+
     /// Appends one raft entry carrying `records` and returns its offset
     /// (raft log index) once it is committed and applied to the published
     /// image. Records that the image skips (they lost a race to an earlier
     /// write) do not fail the write; see [`Controller::write_detailed`].
+    ///
+    /// Works on every voter: a follower forwards the entry to the leader
+    /// and returns once the entry is applied to its own image as well
+    /// (during an election it waits up to 20 s for a leader, then fails with
+    /// [`MetadataError::NotLeader`]). If the connection to the leader fails
+    /// after the entry was sent, the write fails with
+    /// [`MetadataError::Raft`] and may or may not have been committed.
     ///
     /// Each record is checked first with [`MetadataRecord::validate`] and an
     /// encode/decode round trip, because a committed record that does not
@@ -266,6 +569,22 @@ impl Controller {
         &self,
         records: Vec<MetadataRecord>,
     ) -> Result<WriteOutcome, MetadataError> {
+        let values = Self::encode_checked(&records)?;
+        self.submit(values, true).await
+    }
+
+    /// [`Controller::write_detailed`] without forwarding: on a node that is
+    /// not the leader it fails with [`MetadataError::NotLeader`], naming the
+    /// leader and its address when known.
+    pub async fn write_on_leader(
+        &self,
+        records: Vec<MetadataRecord>,
+    ) -> Result<WriteOutcome, MetadataError> {
+        let values = Self::encode_checked(&records)?;
+        self.submit(values, false).await
+    }
+
+    fn encode_checked(records: &[MetadataRecord]) -> Result<Vec<Vec<u8>>, MetadataError> {
         let mut values = Vec::with_capacity(records.len());
         for (index, r) in records.iter().enumerate() {
             r.validate()
@@ -282,14 +601,14 @@ impl Controller {
                 Err(reason) => return Err(MetadataError::InvalidRecord { index, reason }),
             }
         }
-        self.submit(values).await
+        Ok(values)
     }
 
-    /// Appends raw values without any check. Only for tests of the
-    /// undecodable-record path.
+    /// Appends raw values without any check, on the leader only. Only for
+    /// tests of the undecodable-record path.
     #[doc(hidden)]
     pub async fn write_raw(&self, values: Vec<Vec<u8>>) -> Result<i64, MetadataError> {
-        Ok(self.submit(values).await?.offset)
+        Ok(self.submit(values, false).await?.offset)
     }
 
     /// Fault injection for tests: the next `count` writes fail before they
@@ -299,43 +618,103 @@ impl Controller {
         self.failing_writes.store(count, Ordering::SeqCst);
     }
 
-    async fn submit(&self, values: Vec<Vec<u8>>) -> Result<WriteOutcome, MetadataError> {
+    async fn submit(
+        &self,
+        values: Vec<Vec<u8>>,
+        forward: bool,
+    ) -> Result<WriteOutcome, MetadataError> {
         let injected = self
             .failing_writes
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
         if injected.is_ok() {
             return Err(MetadataError::Raft("injected write failure".into()));
         }
-        if self.is_failed() {
-            return Err(self.failure_or(MetadataError::Failed));
-        }
-        if self.shut_down.load(Ordering::SeqCst) {
-            return Err(MetadataError::Shutdown);
-        }
-        match self
-            .raft
-            .client_write(MetadataBatch { records: values })
-            .await
-        {
-            Ok(resp) => Ok(WriteOutcome {
-                offset: resp.log_id.index as i64,
-                skipped: resp.data.skipped.iter().map(|i| *i as usize).collect(),
-            }),
-            Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => {
-                Err(MetadataError::NotLeader {
-                    leader: f.leader_id,
-                })
+        let deadline = Instant::now() + WRITE_TIMEOUT;
+        loop {
+            if self.is_failed() {
+                return Err(self.failure_or(MetadataError::Failed));
             }
-            Err(RaftError::APIError(e)) => Err(MetadataError::Raft(e.to_string())),
-            Err(RaftError::Fatal(f)) => {
-                if self.is_failed() {
-                    Err(MetadataError::Failed)
-                } else if self.shut_down.load(Ordering::SeqCst) {
-                    Err(MetadataError::Shutdown)
-                } else {
-                    Err(MetadataError::Raft(f.to_string()))
+            if self.shut_down.load(Ordering::SeqCst) {
+                return Err(MetadataError::Shutdown);
+            }
+            let batch = MetadataBatch {
+                records: values.clone(),
+            };
+            let leader = match self.raft.client_write(batch).await {
+                Ok(resp) => {
+                    return Ok(WriteOutcome {
+                        offset: resp.log_id.index as i64,
+                        skipped: resp.data.skipped.iter().map(|i| *i as usize).collect(),
+                    })
+                }
+                // Not appended here (or appended and then truncated by a new
+                // leader): nothing of it will commit.
+                Err(RaftError::APIError(ClientWriteError::ForwardToLeader(f))) => f.leader_id,
+                Err(RaftError::APIError(e)) => return Err(MetadataError::Raft(e.to_string())),
+                Err(RaftError::Fatal(f)) => {
+                    return Err(if self.is_failed() {
+                        MetadataError::Failed
+                    } else if self.shut_down.load(Ordering::SeqCst) {
+                        MetadataError::Shutdown
+                    } else {
+                        MetadataError::Raft(f.to_string())
+                    })
+                }
+            };
+            if !forward || self.voters.len() <= 1 {
+                return Err(MetadataError::NotLeader {
+                    leader: leader.map(|l| self.leader_info(l)),
+                });
+            }
+            if let Some(l) = leader.filter(|l| *l != self.node_id) {
+                let left = deadline.saturating_duration_since(Instant::now());
+                match self.transport.forward_write(l, &values, left).await {
+                    Ok(reply) => {
+                        self.wait_applied(reply.offset, deadline).await?;
+                        return Ok(WriteOutcome {
+                            offset: reply.offset as i64,
+                            skipped: reply.skipped.iter().map(|i| *i as usize).collect(),
+                        });
+                    }
+                    // Nothing was appended: ask again once the leader is known.
+                    Err(e @ (ServiceCallError::NotLeader(_) | ServiceCallError::NotSent(_))) => {
+                        tracing::debug!("forwarding a metadata write to {l}: {e}");
+                    }
+                    Err(e) => {
+                        return Err(MetadataError::Raft(format!(
+                            "metadata write forwarded to {}: {e}",
+                            self.leader_info(l)
+                        )))
+                    }
                 }
             }
+            let now = Instant::now();
+            if now + RETRY_PAUSE >= deadline {
+                return Err(MetadataError::NotLeader {
+                    leader: self.leader(),
+                });
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// Waits until the entry at `index` (committed by the leader) is
+    /// applied here.
+    async fn wait_applied(&self, index: u64, deadline: Instant) -> Result<(), MetadataError> {
+        let left = deadline
+            .saturating_duration_since(Instant::now())
+            .max(MIN_APPLY_WAIT);
+        match self
+            .raft
+            .wait(Some(left))
+            .applied_index_at_least(Some(index), "forwarded write")
+            .await
+        {
+            Ok(_) => Ok(()),
+            Err(WaitError::Timeout(..)) => Err(MetadataError::Timeout(format!(
+                "the write committed at offset {index} but is not applied on this node yet"
+            ))),
+            Err(WaitError::ShuttingDown) => Err(self.failure_or(MetadataError::Shutdown)),
         }
     }
 
@@ -364,11 +743,20 @@ impl Controller {
         &self.raft
     }
 
-    /// Stops the raft node and releases the data directory. Idempotent.
+    /// Stops listening, stops the raft node and releases the data
+    /// directory. Idempotent.
     pub async fn shutdown(&self) {
         if self.shut_down.swap(true, Ordering::SeqCst) {
             return;
         }
+        // Close the listener and every served connection first (peers see
+        // this node as unreachable), and wait so the port is free again.
+        let server = self.server.lock().take();
+        if let Some(server) = server {
+            server.abort();
+            let _ = server.await;
+        }
+        self.transport.close();
         if let Err(e) = self.raft.shutdown().await {
             tracing::warn!("metadata raft shutdown: {e}");
         }
@@ -378,63 +766,5 @@ impl Controller {
         // The raft core has stopped and dropped its handle on the lock file;
         // closing ours releases the directory.
         drop(self.lock.lock().take());
-    }
-}
-
-/// Network of the metadata quorum. With a single voter nothing is ever
-/// sent; every client reports the peer unreachable. A multi-voter quorum
-/// replaces this with a real transport.
-#[derive(Clone, Debug, Default)]
-pub struct NetworkFactory;
-
-/// A client to a peer that cannot be reached (see [`NetworkFactory`]).
-#[derive(Clone, Debug)]
-pub struct UnreachablePeer {
-    target: u64,
-}
-
-impl UnreachablePeer {
-    fn err(&self) -> Unreachable {
-        Unreachable::new(&std::io::Error::new(
-            std::io::ErrorKind::NotConnected,
-            format!("no transport to metadata node {}", self.target),
-        ))
-    }
-}
-
-impl RaftNetworkFactory<TypeConfig> for NetworkFactory {
-    type Network = UnreachablePeer;
-
-    async fn new_client(&mut self, target: u64, _node: &BasicNode) -> Self::Network {
-        UnreachablePeer { target }
-    }
-}
-
-impl RaftNetwork<TypeConfig> for UnreachablePeer {
-    async fn append_entries(
-        &mut self,
-        _rpc: AppendEntriesRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<AppendEntriesResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        Err(RPCError::Unreachable(self.err()))
-    }
-
-    async fn install_snapshot(
-        &mut self,
-        _rpc: InstallSnapshotRequest<TypeConfig>,
-        _option: RPCOption,
-    ) -> Result<
-        InstallSnapshotResponse<u64>,
-        RPCError<u64, BasicNode, RaftError<u64, InstallSnapshotError>>,
-    > {
-        Err(RPCError::Unreachable(self.err()))
-    }
-
-    async fn vote(
-        &mut self,
-        _rpc: VoteRequest<u64>,
-        _option: RPCOption,
-    ) -> Result<VoteResponse<u64>, RPCError<u64, BasicNode, RaftError<u64>>> {
-        Err(RPCError::Unreachable(self.err()))
     }
 }

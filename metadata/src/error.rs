@@ -76,14 +76,28 @@ pub enum MetadataError {
     /// The controller stopped on an undecodable committed record.
     #[error("metadata controller failed: an undecodable record stopped it")]
     Failed,
-    /// This node is not the leader of the controller quorum.
-    #[error("not the metadata leader (leader: {leader:?})")]
-    NotLeader { leader: Option<u64> },
+    /// This node is not the leader of the controller quorum. `leader` is
+    /// the leader it knows of (id and controller address), if any.
+    #[error("not the metadata leader ({})", match leader {
+        Some(l) => format!("the leader is {l}"),
+        None => "no leader known".to_string(),
+    })]
+    NotLeader {
+        leader: Option<crate::controller::ControllerLeader>,
+    },
     /// Another controller holds the data directory.
     #[error("metadata directory {0} is locked by another controller")]
     Locked(PathBuf),
-    #[error("timed out waiting for the controller to become leader and catch up")]
+    #[error("timed out waiting for a metadata leader and for this controller to catch up")]
     StartTimeout,
+    /// A wait on the quorum (catch-up, applying a forwarded write) timed
+    /// out.
+    #[error("metadata controller timed out: {0}")]
+    Timeout(String),
+    /// The controller configuration is invalid, or does not match the
+    /// metadata log (another voter set).
+    #[error("invalid metadata controller configuration: {0}")]
+    Config(String),
     #[error("metadata controller is shut down")]
     Shutdown,
     /// Any other error reported by openraft.

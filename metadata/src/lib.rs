@@ -2,7 +2,8 @@
 //!
 //! Every metadata change is a [`MetadataRecord`] encoded with an explicit,
 //! versioned binary codec ([`records`]), appended to an openraft log by the
-//! [`Controller`] ([`controller`]) and replayed into an immutable
+//! [`Controller`] ([`controller`]; a quorum of 1, 3 or 5 voters talking over
+//! the TCP transport in [`network`]) and replayed into an immutable
 //! [`MetadataImage`] ([`image`]). All replay paths (live apply, restart
 //! recovery, snapshot load) go through one function,
 //! [`decode_committed_value`] ([`replay`]), so that every replica and every
@@ -11,6 +12,7 @@
 pub mod controller;
 pub mod error;
 pub mod image;
+pub mod network;
 pub mod records;
 pub mod replay;
 

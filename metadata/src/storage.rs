@@ -108,7 +108,7 @@ fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<Option<T>, M
 /// u64 index, u8 kind`, then for a normal entry `u32 count` of
 /// `u32 length + record bytes` (the records keep their own codec), for a
 /// membership entry its JSON.
-fn encode_entry(e: &Ent) -> Vec<u8> {
+pub(crate) fn encode_entry(e: &Ent) -> Vec<u8> {
     let mut b = Vec::with_capacity(64);
     b.extend_from_slice(&e.log_id.leader_id.term.to_be_bytes());
     b.extend_from_slice(&e.log_id.leader_id.node_id.to_be_bytes());
@@ -131,7 +131,7 @@ fn encode_entry(e: &Ent) -> Vec<u8> {
     b
 }
 
-fn decode_entry(b: &[u8]) -> Result<Ent, String> {
+pub(crate) fn decode_entry(b: &[u8]) -> Result<Ent, String> {
     fn take<'a>(b: &mut &'a [u8], n: usize) -> Result<&'a [u8], String> {
         if b.len() < n {
             return Err("truncated entry".into());

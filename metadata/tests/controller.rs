@@ -12,9 +12,8 @@ fn tid(n: u128) -> TopicId {
 
 fn cfg(dir: &Path, snapshot_interval_entries: u64) -> ControllerConfig {
     ControllerConfig {
-        node_id: 1,
-        dir: dir.to_path_buf(),
         snapshot_interval_entries,
+        ..ControllerConfig::new(1, dir)
     }
 }
 
