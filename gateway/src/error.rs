@@ -67,6 +67,8 @@ pub enum ApiError {
     UnknownServerError(String),
     #[error("the coordinator is not available")]
     CoordinatorNotAvailable,
+    #[error("the coordinator is loading and cannot serve requests yet")]
+    CoordinatorLoadInProgress,
     #[error("this is not the correct coordinator")]
     NotCoordinator,
     #[error("invalid group id")]
@@ -143,6 +145,7 @@ impl ApiError {
             ApiError::Metadata(_) => K::UnknownServerError,
             ApiError::UnknownServerError(_) => K::UnknownServerError,
             ApiError::CoordinatorNotAvailable => K::CoordinatorNotAvailable,
+            ApiError::CoordinatorLoadInProgress => K::CoordinatorLoadInProgress,
             ApiError::NotCoordinator => K::NotCoordinator,
             ApiError::InvalidGroupId => K::InvalidGroupId,
             ApiError::UnknownMemberId => K::UnknownMemberId,
@@ -209,6 +212,22 @@ impl From<tessera_log::LogError> for ApiError {
     }
 }
 
+impl From<tessera_planner::PlanError> for ApiError {
+    fn from(e: tessera_planner::PlanError) -> Self {
+        use tessera_planner::PlanError as P;
+        match e {
+            P::TopicAlreadyExists(name) => ApiError::TopicAlreadyExists(name),
+            e @ P::CollidingTopicName(_) => ApiError::InvalidTopic(e.to_string()),
+            P::InvalidPartitions(m) => ApiError::InvalidPartitions(m),
+            P::InvalidReplicationFactor(m) => ApiError::InvalidReplicationFactor(m),
+            P::UnknownTopic => ApiError::UnknownTopicOrPartition,
+            e @ (P::UnknownRange(_) | P::RangeSealed(_) | P::InvalidMove(_)) => {
+                ApiError::InvalidRequest(e.to_string())
+            }
+        }
+    }
+}
+
 impl From<tessera_metadata::MetadataError> for ApiError {
     fn from(e: tessera_metadata::MetadataError) -> Self {
         ApiError::Metadata(e.to_string())
@@ -234,6 +253,7 @@ mod tests {
         assert_eq!(ApiError::OffsetOutOfRange.code(), 1);
         assert_eq!(ApiError::UnknownTopicId.code(), 100);
         assert_eq!(ApiError::CoordinatorNotAvailable.code(), 15);
+        assert_eq!(ApiError::CoordinatorLoadInProgress.code(), 14);
         assert_eq!(ApiError::NotCoordinator.code(), 16);
         assert_eq!(ApiError::IllegalGeneration.code(), 22);
         assert_eq!(ApiError::UnknownMemberId.code(), 25);

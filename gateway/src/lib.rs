@@ -6,6 +6,7 @@ pub mod api;
 pub mod append;
 pub mod broker;
 pub mod config;
+pub mod coordinator;
 pub mod error;
 pub mod groups;
 pub mod internal_topics;

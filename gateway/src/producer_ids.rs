@@ -1,7 +1,7 @@
 //! Producer ids, handed out from blocks recorded in the metadata log (as
 //! KRaft's ProducerIdsRecord), so no id is ever reused, also across restarts.
 
-use tessera_metadata::{Controller, MetadataRecord};
+use tessera_metadata::Controller;
 
 use crate::error::ApiError;
 
@@ -25,13 +25,12 @@ impl ProducerIdManager {
                     "could not allocate a producer id block".into(),
                 ));
             }
-            let first = controller.image().next_producer_id;
+            let image = controller.image();
+            let first = image.next_producer_id;
             let outcome = controller
-                .write_detailed(vec![MetadataRecord::AllocateProducerIds {
-                    broker_id,
-                    first_producer_id: first,
-                    count: BLOCK_SIZE,
-                }])
+                .write_detailed(vec![tessera_planner::allocate_producer_ids(
+                    &image, broker_id, BLOCK_SIZE,
+                )])
                 .await?;
             // Skipped means another allocation won the race: try the next block.
             if outcome.skipped.is_empty() {

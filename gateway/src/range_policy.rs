@@ -31,7 +31,16 @@ pub struct RangeLoad {
     pub id: RangeId,
     pub lo: u32,
     pub hi: u32,
-    pub bytes_per_sec: f64,
+    /// `None` in the first interval a range is seen (a new topic, or a
+    /// split or merge child): it has no rate yet and builds no streak, so a
+    /// pair just split is not judged cold and merged straight back.
+    pub bytes_per_sec: Option<f64>,
+}
+
+impl RangeLoad {
+    fn rate(&self) -> f64 {
+        self.bytes_per_sec.unwrap_or(0.0)
+    }
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -54,14 +63,17 @@ impl PolicyState {
         let mut ranges: Vec<&RangeLoad> = ranges.iter().collect();
         ranges.sort_by_key(|r| r.lo);
         for r in &ranges {
+            let Some(rate) = r.bytes_per_sec else {
+                continue;
+            };
             let hot = self.hot.entry(r.id).or_default();
-            *hot = if r.bytes_per_sec > config.split_bytes_per_sec {
+            *hot = if rate > config.split_bytes_per_sec {
                 *hot + 1
             } else {
                 0
             };
             let cold = self.cold.entry(r.id).or_default();
-            *cold = if r.bytes_per_sec < config.merge_bytes_per_sec {
+            *cold = if rate < config.merge_bytes_per_sec {
                 *cold + 1
             } else {
                 0
@@ -73,7 +85,7 @@ impl PolicyState {
             let hottest = ranges
                 .iter()
                 .filter(|r| r.hi - r.lo >= 2 && sustained(self.hot.get(&r.id)))
-                .max_by(|a, b| a.bytes_per_sec.total_cmp(&b.bytes_per_sec));
+                .max_by(|a, b| a.rate().total_cmp(&b.rate()));
             if let Some(r) = hottest {
                 self.hot.remove(&r.id);
                 return Some(Decision::Split { range: r.id });
@@ -86,13 +98,8 @@ impl PolicyState {
                 .filter(|w| {
                     sustained(self.cold.get(&w[0].id)) && sustained(self.cold.get(&w[1].id))
                 })
-                .filter(|w| {
-                    w[0].bytes_per_sec + w[1].bytes_per_sec < config.split_bytes_per_sec / 2.0
-                })
-                .min_by(|a, b| {
-                    (a[0].bytes_per_sec + a[1].bytes_per_sec)
-                        .total_cmp(&(b[0].bytes_per_sec + b[1].bytes_per_sec))
-                });
+                .filter(|w| w[0].rate() + w[1].rate() < config.split_bytes_per_sec / 2.0)
+                .min_by(|a, b| (a[0].rate() + a[1].rate()).total_cmp(&(b[0].rate() + b[1].rate())));
             if let Some(w) = coldest_pair {
                 self.cold.remove(&w[0].id);
                 self.cold.remove(&w[1].id);
@@ -132,8 +139,38 @@ mod tests {
             id,
             lo,
             hi,
-            bytes_per_sec: rate,
+            bytes_per_sec: Some(rate),
         }
+    }
+
+    #[test]
+    fn a_pair_just_split_is_not_merged_back_before_it_is_measured() {
+        let config = PolicyConfig {
+            sustain_intervals: 1,
+            ..config()
+        };
+        let mut state = PolicyState::default();
+        let hot = config.split_bytes_per_sec * 2.0;
+        assert_eq!(
+            state.decide(&[load(1, 0, 8, hot)], &config),
+            Some(Decision::Split { range: 1 })
+        );
+        // The children's first interval: no rate yet, no decision.
+        let unmeasured = |id, lo, hi| RangeLoad {
+            id,
+            lo,
+            hi,
+            bytes_per_sec: None,
+        };
+        assert_eq!(
+            state.decide(&[unmeasured(2, 0, 4), unmeasured(3, 4, 8)], &config),
+            None
+        );
+        // Measured hot, they split further rather than merge.
+        assert_eq!(
+            state.decide(&[load(2, 0, 4, hot), load(3, 4, 8, hot / 2.0)], &config),
+            Some(Decision::Split { range: 2 })
+        );
     }
 
     #[test]
@@ -214,7 +251,7 @@ mod tests {
             for _ in 0..intervals {
                 // The same total rate spread evenly over the current ranges.
                 let per = rate / ranges.len() as f64;
-                for r in &mut ranges { r.bytes_per_sec = per; }
+                for r in &mut ranges { r.bytes_per_sec = Some(per); }
                 match s.decide(&ranges, &cfg) {
                     Some(Decision::Split { range }) => {
                         let i = ranges.iter().position(|r| r.id == range).unwrap();

@@ -19,12 +19,10 @@ use std::time::{Duration, Instant};
 
 use serde::Serialize;
 use tessera_log::RangeLog;
-use tessera_metadata::{
-    MetadataImage, MetadataRecord, RangeId, RangeImage, RangeRecord, SegmentId, SegmentOpenRecord,
-    TopicImage,
-};
+use tessera_metadata::{MetadataImage, RangeId, TopicImage};
+use tessera_planner::MovePlan;
 
-use crate::broker::Broker;
+use crate::broker::{local_segment_records, Broker};
 use crate::config::RangePolicyConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -78,31 +76,10 @@ impl Broker {
     ) -> Result<(RangeId, RangeId), ApiError> {
         let _guard = self.admin.lock().await;
         let image = self.image();
-        let range = active_range(&image, range_id)?;
-        let mid = at.unwrap_or(range.lo + (range.hi - range.lo) / 2);
-        if mid <= range.lo || mid >= range.hi {
-            return Err(ApiError::InvalidRequest(format!(
-                "cannot split range {range_id} [{}, {}) at {mid}: both children need at least one partition",
-                range.lo, range.hi
-            )));
-        }
-        let (left, right) = (image.next_range_id(), image.next_range_id() + 1);
-        let epoch = self.next_epoch(&image, &[range_id]);
-        let replicas = vec![self.config.node_id];
-        let mut records = vec![MetadataRecord::SealRange { range_id }];
-        for (id, lo, hi) in [(left, range.lo, mid), (right, mid, range.hi)] {
-            records.push(MetadataRecord::CreateRange(RangeRecord {
-                range_id: id,
-                topic_id: range.topic_id,
-                lo,
-                hi,
-                parents: vec![range_id],
-            }));
-            records.push(open_segment(id, replicas.clone(), epoch));
-        }
-        self.commit_move(&image, std::slice::from_ref(&range), records)
-            .await?;
-        tracing::info!(range_id, at = mid, left, right, "split range");
+        let plan = tessera_planner::split_range(&image, range_id, at)?;
+        let (left, right) = (plan.children[0], plan.children[1]);
+        self.commit_move(&image, plan).await?;
+        tracing::info!(range_id, left, right, "split range");
         Ok((left, right))
     }
 
@@ -114,76 +91,48 @@ impl Broker {
     ) -> Result<RangeId, ApiError> {
         let _guard = self.admin.lock().await;
         let image = self.image();
-        let left = active_range(&image, left_id)?;
-        let right = active_range(&image, right_id)?;
-        if left.topic_id != right.topic_id || left.hi != right.lo {
-            return Err(ApiError::InvalidRequest(format!(
-                "ranges {left_id} [{}, {}) and {right_id} [{}, {}) are not adjacent ranges of one topic",
-                left.lo, left.hi, right.lo, right.hi
-            )));
-        }
-        let child = image.next_range_id();
-        let epoch = self.next_epoch(&image, &[left_id, right_id]);
-        let records = vec![
-            MetadataRecord::SealRange { range_id: left_id },
-            MetadataRecord::SealRange { range_id: right_id },
-            MetadataRecord::CreateRange(RangeRecord {
-                range_id: child,
-                topic_id: left.topic_id,
-                lo: left.lo,
-                hi: right.hi,
-                parents: vec![left_id, right_id],
-            }),
-            open_segment(child, vec![self.config.node_id], epoch),
-        ];
-        self.commit_move(&image, &[left.clone(), right.clone()], records)
-            .await?;
+        let plan = tessera_planner::merge_ranges(&image, left_id, right_id)?;
+        let child = plan.children[0];
+        self.commit_move(&image, plan).await?;
         tracing::info!(left_id, right_id, child, "merged ranges");
         Ok(child)
     }
 
-    /// Carries out a move as one transaction: seals the parents' logs, then
-    /// commits the records that bring their segments up to date in the
-    /// metadata log followed by `move_records`, in one entry. If anything
+    /// Carries out a planned move as one transaction: seals the parents'
+    /// logs, then commits the records that bring their segments up to date
+    /// in the metadata log followed by the plan's, in one entry. If anything
     /// fails before that entry commits, the parents sealed so far are
-    /// reopened and serve again; once it commits, the children are opened.
-    async fn commit_move(
-        &self,
-        image: &MetadataImage,
-        parents: &[Arc<RangeImage>],
-        move_records: Vec<MetadataRecord>,
-    ) -> Result<(), ApiError> {
+    /// reopened and serve again; once it commits, the children are opened
+    /// (this broker's logs follow the image) before it returns.
+    async fn commit_move(&self, image: &MetadataImage, plan: MovePlan) -> Result<(), ApiError> {
         let mut sealed: Vec<(RangeId, Arc<RangeLog>)> = Vec::new();
         let committed = async {
             let mut records = Vec::new();
-            for range in parents {
-                let log = self.log_of(range.id).ok_or(ApiError::NotLeaderOrFollower)?;
-                let epoch = image.active_segment(range.id).map_or(0, |s| s.leader_epoch);
+            for range in &plan.parents {
+                let log = self.log_of(*range).ok_or(ApiError::NotLeaderOrFollower)?;
                 log.seal()?;
-                sealed.push((range.id, log.clone()));
-                records.extend(self.unrecorded_rolls(image, range, &log, epoch));
+                sealed.push((*range, log.clone()));
+                records.extend(local_segment_records(image, *range, &log));
             }
-            records.extend(move_records);
+            records.extend(plan.records);
             self.controller
                 .write_detailed(records)
                 .await
                 .map_err(ApiError::from)
         }
         .await;
-        match committed {
-            Ok(outcome) if !outcome.skipped.is_empty() => {
-                // Only possible if the image changed under the admin lock.
-                tracing::error!(skipped = ?outcome.skipped, "range move records were skipped");
-            }
-            Ok(_) => {}
+        let outcome = match committed {
+            Ok(outcome) => outcome,
             Err(e) => {
                 self.reopen_after_failed_move(&sealed);
                 return Err(e);
             }
+        };
+        if !outcome.skipped.is_empty() {
+            // Only possible if the image changed under the admin lock.
+            tracing::error!(skipped = ?outcome.skipped, "range move records were skipped");
         }
-        self.reconcile()
-            .await
-            .map_err(|e| ApiError::Storage(e.to_string()))
+        self.await_reconciled(outcome.offset).await
     }
 
     /// The move did not commit: every parent it sealed serves again, unless
@@ -207,16 +156,6 @@ impl Broker {
                 }
             }
         }
-    }
-
-    /// A partition's leader epoch grows with every move.
-    fn next_epoch(&self, image: &MetadataImage, parents: &[RangeId]) -> i32 {
-        parents
-            .iter()
-            .filter_map(|id| image.segments_of(*id).last().map(|s| s.leader_epoch))
-            .max()
-            .unwrap_or(0)
-            + 1
     }
 
     /// The log holding `offset` of `partition`: the active range's, or the
@@ -263,17 +202,6 @@ impl Broker {
     }
 }
 
-fn active_range(
-    image: &MetadataImage,
-    id: RangeId,
-) -> Result<Arc<tessera_metadata::RangeImage>, ApiError> {
-    match image.ranges.get(&id) {
-        Some(r) if r.active => Ok(r.clone()),
-        Some(_) => Err(ApiError::InvalidRequest(format!("range {id} is sealed"))),
-        None => Err(ApiError::InvalidRequest(format!("no range {id}"))),
-    }
-}
-
 fn parent_covering(
     image: &MetadataImage,
     range: &tessera_metadata::RangeImage,
@@ -285,14 +213,6 @@ fn parent_covering(
         .filter_map(|id| image.ranges.get(id))
         .find(|r| r.lo <= partition && partition < r.hi)
         .cloned()
-}
-
-fn open_segment(range: RangeId, replicas: Vec<i32>, leader_epoch: i32) -> MetadataRecord {
-    MetadataRecord::OpenSegment(SegmentOpenRecord {
-        segment: SegmentId { range, seq: 0 },
-        replicas,
-        leader_epoch,
-    })
 }
 
 /// The policy's thresholds for one topic: its own `range.*` configs where
@@ -337,12 +257,10 @@ pub async fn run_range_policy(broker: Arc<Broker>) {
                 .filter_map(|r| {
                     let bytes = broker.log_of(r.id)?.bytes_appended();
                     let now = Instant::now();
-                    let rate = match last.insert(r.id, (bytes, now)) {
-                        Some((before, at)) => {
-                            bytes.saturating_sub(before) as f64 / (now - at).as_secs_f64().max(1e-3)
-                        }
-                        None => 0.0,
-                    };
+                    // A range seen for the first time has no rate yet.
+                    let rate = last.insert(r.id, (bytes, now)).map(|(before, at)| {
+                        bytes.saturating_sub(before) as f64 / (now - at).as_secs_f64().max(1e-3)
+                    });
                     Some(RangeLoad {
                         id: r.id,
                         lo: r.lo,
@@ -362,7 +280,8 @@ pub async fn run_range_policy(broker: Arc<Broker>) {
                 loads
                     .iter()
                     .find(|l| l.id == id)
-                    .map_or(0.0, |l| l.bytes_per_sec)
+                    .and_then(|l| l.bytes_per_sec)
+                    .unwrap_or(0.0)
             };
             match decision {
                 Decision::Split { range } => {

@@ -294,6 +294,9 @@ pub struct GroupCoordinator {
     started_wall: i64,
     /// Transactional offsets waiting for their transaction to end.
     pub(crate) txn_pending: txn_offsets::TxnPending,
+    /// The `__consumer_offsets` partitions whose groups are loaded here
+    /// (they load and unload with this broker's leadership of them).
+    loaded: crate::coordinator::LoadedPartitions,
 }
 
 /// Maps an append failure to what a group request reports (Kafka's
@@ -327,6 +330,7 @@ impl GroupCoordinator {
             started: Instant::now(),
             started_wall: tessera_log::now_ms(),
             txn_pending: Default::default(),
+            loaded: Default::default(),
         }
     }
 
@@ -358,6 +362,7 @@ impl GroupCoordinator {
         broker
             .route(&image, &topic, partition)
             .map_err(|_| ApiError::NotCoordinator)?;
+        self.loaded.check(partition)?;
         Ok((topic, partition))
     }
 
@@ -759,9 +764,10 @@ impl GroupCoordinator {
 
     // ---- load and timers ---------------------------------------------------
 
-    /// Replays `__consumer_offsets` (every partition this broker leads) to
-    /// rebuild groups and committed offsets.
-    pub async fn load(&self, broker: &Broker) -> anyhow::Result<()> {
+    /// Replays `partitions` of `__consumer_offsets` (which this broker
+    /// now leads) to rebuild their groups and committed offsets; requests
+    /// for their groups are served from then on.
+    pub async fn load_partitions(&self, broker: &Broker, partitions: &[i32]) -> anyhow::Result<()> {
         let started = Instant::now();
         let image = broker.image();
         let Some(topic) = image.topic_by_name(CONSUMER_OFFSETS).cloned() else {
@@ -772,7 +778,7 @@ impl GroupCoordinator {
         let (mut records, mut skipped) = (0usize, 0usize);
         // Transactional offset commits wait for their marker.
         let mut open_txns = txn_offsets::LoadPending::default();
-        for partition in 0..topic.partitions as i32 {
+        for &partition in partitions {
             let stored = match broker.read_records(&topic, partition) {
                 Ok(r) => r,
                 Err(ApiError::NotLeaderOrFollower) => continue,
@@ -815,12 +821,14 @@ impl GroupCoordinator {
         }
         self.keep_open_txn_offsets(open_txns);
         let mut groups = self.groups.lock();
-        groups.clear();
+        let loaded = states.len();
         for (id, state) in states {
             groups.insert(id.clone(), self.new_slot(&id, state, true));
         }
+        self.loaded.add(partitions);
         tracing::info!(
-            groups = groups.len(),
+            partitions = partitions.len(),
+            groups = loaded,
             consumer_groups,
             offsets,
             records,
@@ -831,6 +839,20 @@ impl GroupCoordinator {
         drop(groups);
         self.wake.notify_one();
         Ok(())
+    }
+
+    /// Drops the groups of `partitions` (this broker no longer leads them):
+    /// requests for them get NOT_COORDINATOR and clients find the new one.
+    pub fn unload_partitions(&self, partitions: &[i32]) {
+        self.loaded.remove(partitions);
+        let mut groups = self.groups.lock();
+        let before = groups.len();
+        groups.retain(|id, _| !partitions.contains(&partition_for(id, OFFSETS_TOPIC_PARTITIONS)));
+        tracing::info!(
+            partitions = partitions.len(),
+            groups = before - groups.len(),
+            "unloaded consumer groups"
+        );
     }
 
     fn replay(&self, states: &mut HashMap<String, GroupState>, rec: CoordinatorRecord, now: i64) {

@@ -98,6 +98,9 @@ pub struct TxnCoordinator {
     expiration_ms: i64,
     txns: parking_lot::Mutex<HashMap<String, Slot>>,
     views: parking_lot::RwLock<HashMap<i64, ProducerView>>,
+    /// The `__transaction_state` partitions loaded here (they load and
+    /// unload with this broker's leadership of them).
+    loaded: crate::coordinator::LoadedPartitions,
 }
 
 impl TxnCoordinator {
@@ -108,6 +111,7 @@ impl TxnCoordinator {
             expiration_ms: config.transactional_id_expiration_ms,
             txns: parking_lot::Mutex::new(HashMap::new()),
             views: parking_lot::RwLock::new(HashMap::new()),
+            loaded: Default::default(),
         }
     }
 
@@ -133,6 +137,7 @@ impl TxnCoordinator {
         let route = broker
             .route(&image, &topic, partition)
             .map_err(|_| ApiError::NotCoordinator)?;
+        self.loaded.check(partition)?;
         Ok((topic, partition, route))
     }
 
@@ -454,8 +459,9 @@ impl TxnCoordinator {
 
     // ---- load and timers ---------------------------------------------------
 
-    /// Replays `__transaction_state` (every partition this broker leads).
-    pub async fn load(&self, broker: &Broker) -> anyhow::Result<()> {
+    /// Replays `partitions` of `__transaction_state` (which this broker now
+    /// leads); requests for their ids are served from then on.
+    pub async fn load_partitions(&self, broker: &Broker, partitions: &[i32]) -> anyhow::Result<()> {
         let started = Instant::now();
         let image = broker.image();
         let Some(topic) = image.topic_by_name(TRANSACTION_STATE).cloned() else {
@@ -463,7 +469,7 @@ impl TxnCoordinator {
         };
         let mut loaded: HashMap<String, Option<TxnMetadata>> = HashMap::new();
         let mut skipped = 0usize;
-        for partition in 0..topic.partitions as i32 {
+        for &partition in partitions {
             let stored = match broker.read_records(&topic, partition) {
                 Ok(r) => r,
                 Err(ApiError::NotLeaderOrFollower) => continue,
@@ -509,7 +515,9 @@ impl TxnCoordinator {
             let mut guard = slot.lock().await;
             self.apply(&mut guard, m);
         }
+        self.loaded.add(partitions);
         tracing::info!(
+            partitions = partitions.len(),
             transactional_ids = count,
             open,
             skipped,
@@ -517,6 +525,20 @@ impl TxnCoordinator {
             "loaded transactions from {TRANSACTION_STATE}"
         );
         Ok(())
+    }
+
+    /// Drops the transactional ids of `partitions` (this broker no longer
+    /// leads them): their requests get NOT_COORDINATOR.
+    pub fn unload_partitions(&self, partitions: &[i32]) {
+        self.loaded.remove(partitions);
+        let mut txns = self.txns.lock();
+        let before = txns.len();
+        txns.retain(|id, _| !partitions.contains(&partition_for(id, TXN_TOPIC_PARTITIONS)));
+        tracing::info!(
+            partitions = partitions.len(),
+            transactional_ids = before - txns.len(),
+            "unloaded transactions"
+        );
     }
 
     /// Starts the task that aborts timed-out transactions, finishes

@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Range-moves benchmark: produce throughput and latency to a 32-partition
+# topic with no moves, with splits/merges forced every 100 ms, and with the
+# automatic policy at low thresholds (see bench/README.md). Not a test;
+# scripts/test.sh does not run it.
+#
+#   ./bench/range_moves.sh                           # 200k x 1 KiB per run, median of 3
+#   ./bench/range_moves.sh --records 50000 --repeat 1
+#   TESSERA_BIN=/path/to/tessera ./bench/range_moves.sh   # skip the cargo build
+#
+# Markdown results go to stdout (and bench-results/range_moves.md), progress to
+# stderr, raw JSON to bench-results/range_moves.json.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+ROOT=$(pwd)
+VENV="$ROOT/.venv"
+
+PY=${PYTHON:-python3}
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+"$VENV/bin/python" -c 'import confluent_kafka' 2>/dev/null ||
+    "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r compat-tests/python/requirements.txt
+
+if [ -z "${TESSERA_BIN:-}" ]; then
+    echo "==> cargo build --release -p tessera-gateway" >&2
+    cargo build --release -p tessera-gateway >&2
+    export TESSERA_BIN="$ROOT/target/release/tessera"
+fi
+
+mkdir -p bench-results
+"$VENV/bin/python" bench/range_moves.py --json bench-results/range_moves.json "$@" | tee bench-results/range_moves.md

@@ -1,0 +1,350 @@
+//! Brokers follow the image they subscribe to. Every image the controller
+//! publishes runs one reconcile pass (serialized; a failed pass is retried):
+//!
+//! 1. logs: open a log for every active range whose active segment this
+//!    broker is primary of (a split or merge child seeded from its parents),
+//!    keep sealed ranges open read-only for their history, seal a log whose
+//!    range the image sealed, delete logs (and topic directories) the image
+//!    no longer has, and record segment rolls a crash left unrecorded;
+//! 2. coordinators: the group and transaction coordinators load the
+//!    internal partitions (`__consumer_offsets`, `__transaction_state`) this
+//!    broker now leads and drop those it no longer leads.
+//!
+//! A write that must be served by this broker before it is answered (a new
+//! topic, a split) waits with [`Broker::await_reconciled`] for the pass that
+//! covers its offset.
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use tessera_log::{RangeLog, RangeLogOptions, RangeSeed, SealedSegment};
+use tessera_metadata::{
+    MetadataImage, PartitionSpan, RangeId, RangeImage, SegmentId, SegmentSealRecord,
+};
+use tokio::sync::{mpsc, watch};
+
+use super::Broker;
+use crate::error::ApiError;
+use crate::internal_topics::CONSUMER_OFFSETS;
+use crate::topic_config::EffectiveTopicConfig;
+use crate::txn::TRANSACTION_STATE;
+
+/// How long a failed pass waits before it is tried again.
+const RETRY_FAILED_PASS: Duration = Duration::from_secs(1);
+
+/// Where reconciliation stands.
+#[derive(Default)]
+pub(super) struct Reconciler {
+    /// One pass at a time.
+    pass: tokio::sync::Mutex<()>,
+    /// The image offset the last pass covered, and its error if it failed.
+    done: watch::Sender<Reconciled>,
+    /// Internal partitions whose coordinator state is loaded here.
+    led: parking_lot::Mutex<Led>,
+    /// Set at shutdown: no pass runs after it.
+    stopped: AtomicBool,
+}
+
+#[derive(Clone, Debug, Default)]
+struct Reconciled {
+    offset: i64,
+    error: Option<String>,
+}
+
+#[derive(Default)]
+struct Led {
+    groups: BTreeSet<i32>,
+    txns: BTreeSet<i32>,
+}
+
+impl Broker {
+    /// One reconcile pass against the current image.
+    pub(crate) async fn reconcile(&self) -> anyhow::Result<()> {
+        let _pass = self.reconciler.pass.lock().await;
+        if self.reconciler.stopped.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        let image = self.image();
+        let mut result = self.reconcile_logs(&image).await;
+        if result.is_ok() {
+            result = self.reconcile_coordinators(&image).await;
+        }
+        self.reconciler.done.send_replace(Reconciled {
+            offset: image.offset,
+            error: result.as_ref().err().map(|e| format!("{e:#}")),
+        });
+        result
+    }
+
+    /// Waits until a reconcile pass covered image offset `offset` (the
+    /// offset of a committed write). Its error, if that pass failed.
+    pub(crate) async fn await_reconciled(&self, offset: i64) -> Result<(), ApiError> {
+        let mut done = self.reconciler.done.subscribe();
+        loop {
+            {
+                let r = done.borrow_and_update();
+                if r.offset >= offset {
+                    return match &r.error {
+                        None => Ok(()),
+                        Some(e) => Err(ApiError::Storage(e.clone())),
+                    };
+                }
+            }
+            if self.reconciler.stopped.load(Ordering::Acquire) {
+                return Err(ApiError::Storage("the broker is shutting down".into()));
+            }
+            if done.changed().await.is_err() {
+                return Err(ApiError::Storage("the broker is shutting down".into()));
+            }
+        }
+    }
+
+    /// No pass runs after this returns (the one running, if any, finished).
+    pub(super) async fn stop_reconciling(&self) {
+        self.reconciler.stopped.store(true, Ordering::Release);
+        let _pass = self.reconciler.pass.lock().await;
+        self.reconciler.done.send_modify(|_| {});
+    }
+
+    async fn reconcile_logs(&self, image: &MetadataImage) -> anyhow::Result<()> {
+        let mut missing_records = Vec::new();
+        let gone: Vec<RangeId> = self
+            .logs
+            .read()
+            .keys()
+            .filter(|id| !image.ranges.contains_key(id))
+            .copied()
+            .collect();
+        for id in gone {
+            if let Some(log) = self.logs.write().remove(&id) {
+                log.delete()?;
+            }
+        }
+        // Topic directories no longer in the image (deleted while we were down).
+        if let Ok(entries) = std::fs::read_dir(self.topics_dir()) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().to_string();
+                let known = image
+                    .topics
+                    .values()
+                    .any(|t| name == format!("{}-{}", t.name, t.id.simple()));
+                if !known {
+                    tracing::info!(dir = %entry.path().display(), "removing data of deleted topic");
+                    std::fs::remove_dir_all(entry.path())?;
+                }
+            }
+        }
+        // Ranges in id order: a split or merge child always has a larger id
+        // than its parents, so parents are open before their children seed
+        // from them. Sealed ranges stay open read-only: they hold history.
+        for range in image.ranges.values() {
+            if let Some(log) = self.logs.read().get(&range.id) {
+                if !range.active && !log.is_sealed() {
+                    log.seal()?;
+                }
+                continue;
+            }
+            let Some(topic) = image.topics.get(&range.topic_id) else {
+                continue;
+            };
+            let segments = image.segments_of(range.id);
+            let Some(last) = segments.last() else {
+                continue;
+            };
+            if last.primary() != Some(self.config.node_id) {
+                continue;
+            }
+            let effective = EffectiveTopicConfig::resolve(&topic.configs, &self.config);
+            let seed = if range.parents.is_empty() {
+                None
+            } else {
+                Some(self.seed_from_parents(image, range)?)
+            };
+            let log = RangeLog::open(
+                RangeLogOptions {
+                    dir: self.range_dir(topic, range.id),
+                    lo: range.lo,
+                    hi: range.hi,
+                    segment_bytes: effective.segment_bytes,
+                    segment_ms: effective.segment_ms,
+                    leader_epoch: last.leader_epoch,
+                    log_start_offsets: (range.lo..range.hi)
+                        .map(|p| image.log_start_offset(topic.id, p))
+                        .collect(),
+                    seed,
+                    sealed: !range.active,
+                },
+                self.hw_events.clone(),
+            )?;
+            if range.active {
+                missing_records.extend(local_segment_records(image, range.id, &log));
+            }
+            self.logs.write().insert(range.id, log);
+        }
+        if !missing_records.is_empty() {
+            self.controller.write(missing_records).await?;
+        }
+        Ok(())
+    }
+
+    /// What a split or merge child inherits: for each of its partitions, the
+    /// next offset and producer state of the parent that held it.
+    fn seed_from_parents(
+        &self,
+        image: &MetadataImage,
+        range: &RangeImage,
+    ) -> anyhow::Result<RangeSeed> {
+        let width = (range.hi - range.lo) as usize;
+        let mut seed = RangeSeed {
+            next_offsets: vec![0; width],
+            producers: vec![Default::default(); width],
+            txns: vec![Default::default(); width],
+        };
+        for parent_id in &range.parents {
+            let Some(parent) = image.ranges.get(parent_id) else {
+                continue;
+            };
+            let (lo, hi) = (parent.lo.max(range.lo), parent.hi.min(range.hi));
+            if lo >= hi {
+                continue;
+            }
+            let log = self.logs.read().get(parent_id).cloned().ok_or_else(|| {
+                anyhow::anyhow!("parent range {parent_id} of range {} is not open", range.id)
+            })?;
+            let part = log.seed_for(lo, hi)?;
+            let at = (lo - range.lo) as usize;
+            seed.next_offsets[at..at + part.next_offsets.len()].copy_from_slice(&part.next_offsets);
+            for (i, p) in part.producers.into_iter().enumerate() {
+                seed.producers[at + i] = p;
+            }
+            for (i, t) in part.txns.into_iter().enumerate() {
+                seed.txns[at + i] = t;
+            }
+        }
+        Ok(seed)
+    }
+
+    /// Loads the coordinator state of the internal partitions this broker
+    /// leads now and did not before (groups first: transactions complete
+    /// the pending offsets they load), and drops the state of those it lost.
+    async fn reconcile_coordinators(&self, image: &MetadataImage) -> anyhow::Result<()> {
+        let groups = self.led_partitions(image, CONSUMER_OFFSETS);
+        let txns = self.led_partitions(image, TRANSACTION_STATE);
+        let (groups_before, txns_before) = {
+            let led = self.reconciler.led.lock();
+            (led.groups.clone(), led.txns.clone())
+        };
+        let lost: Vec<i32> = groups_before.difference(&groups).copied().collect();
+        if !lost.is_empty() {
+            self.groups.unload_partitions(&lost);
+        }
+        let gained: Vec<i32> = groups.difference(&groups_before).copied().collect();
+        if !gained.is_empty() {
+            self.groups.load_partitions(self, &gained).await?;
+        }
+        self.reconciler.led.lock().groups = groups;
+        let lost: Vec<i32> = txns_before.difference(&txns).copied().collect();
+        if !lost.is_empty() {
+            self.txns.unload_partitions(&lost);
+        }
+        let gained: Vec<i32> = txns.difference(&txns_before).copied().collect();
+        if !gained.is_empty() {
+            self.txns.load_partitions(self, &gained).await?;
+        }
+        self.reconciler.led.lock().txns = txns;
+        Ok(())
+    }
+
+    /// The partitions of internal topic `name` this broker leads in `image`.
+    fn led_partitions(&self, image: &MetadataImage, name: &str) -> BTreeSet<i32> {
+        let Some(topic) = image.topic_by_name(name) else {
+            return BTreeSet::new();
+        };
+        (0..topic.partitions as i32)
+            .filter(|p| self.route(image, topic, *p).is_ok())
+            .collect()
+    }
+}
+
+/// The records that bring the image up to date with `log`'s local segments
+/// (see [`tessera_planner::record_local_segments`]).
+pub(crate) fn local_segment_records(
+    image: &MetadataImage,
+    range: RangeId,
+    log: &RangeLog,
+) -> Vec<tessera_metadata::MetadataRecord> {
+    let (sealed, active_seq) = log.local_segments();
+    let seals: Vec<SegmentSealRecord> = sealed.iter().map(|s| seal_of(range, s)).collect();
+    let active = (!log.is_sealed()).then_some(active_seq);
+    tessera_planner::record_local_segments(image, range, &seals, active)
+}
+
+/// The metadata form of a segment the log sealed.
+pub(crate) fn seal_of(range: RangeId, s: &SealedSegment) -> SegmentSealRecord {
+    SegmentSealRecord {
+        segment: SegmentId { range, seq: s.seq },
+        size_bytes: s.size_bytes,
+        spans: s
+            .spans
+            .iter()
+            .map(|&(partition, start_offset, end_offset)| PartitionSpan {
+                partition,
+                start_offset,
+                end_offset,
+            })
+            .collect(),
+    }
+}
+
+/// Runs a reconcile pass for every image the controller publishes, and
+/// again after a delay while the last pass failed. Ends with the broker.
+pub(super) async fn follow_images(broker: Arc<Broker>) {
+    let mut images = broker.controller.subscribe();
+    let weak: Weak<Broker> = Arc::downgrade(&broker);
+    drop(broker);
+    loop {
+        let Some(broker) = weak.upgrade() else { return };
+        if broker.reconciler.stopped.load(Ordering::Acquire) {
+            return;
+        }
+        let (behind, failed) = {
+            let done = broker.reconciler.done.borrow();
+            (done.offset < broker.image().offset, done.error.is_some())
+        };
+        if behind || failed {
+            if let Err(e) = broker.reconcile().await {
+                tracing::warn!(error = %format!("{e:#}"), "reconcile pass failed; retrying");
+            }
+        }
+        let failed = broker.reconciler.done.borrow().error.is_some();
+        drop(broker);
+        tokio::select! {
+            changed = images.changed() => if changed.is_err() { return },
+            _ = tokio::time::sleep(RETRY_FAILED_PASS), if failed => {}
+        }
+    }
+}
+
+/// Records local segment rolls in the metadata log, in the order they happened.
+pub(super) async fn record_rolls(
+    broker: Arc<Broker>,
+    mut rx: mpsc::UnboundedReceiver<(RangeId, SealedSegment)>,
+) {
+    while let Some((range, sealed)) = rx.recv().await {
+        let image = broker.image();
+        let records = tessera_planner::record_local_segments(
+            &image,
+            range,
+            &[seal_of(range, &sealed)],
+            Some(sealed.next_seq),
+        );
+        if records.is_empty() {
+            continue;
+        }
+        if let Err(e) = broker.controller.write(records).await {
+            tracing::error!(range, seq = sealed.seq, error = %e, "could not record segment roll in the metadata log; it is retried at restart");
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! Topic administration: requests validated as Kafka validates them, turned
+//! into the controller's plans ([`tessera_planner`]) against the committed
+//! image, written to the metadata log, and answered once this broker's logs
+//! follow the image that holds them.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tessera_metadata::{TopicId, TopicImage};
+use tessera_planner::TopicSpec;
+
+use super::Broker;
+use crate::error::ApiError;
+use crate::topic_config::validate_topic_name;
+
+/// A topic creation request, already decoded.
+pub struct NewTopic {
+    pub name: String,
+    pub partitions: u32,
+    pub replication_factor: i16,
+    pub configs: BTreeMap<String, String>,
+}
+
+impl Broker {
+    /// Validates a new topic against the committed image; with `validate_only`
+    /// nothing is written.
+    pub async fn create_topic(
+        &self,
+        topic: NewTopic,
+        validate_only: bool,
+    ) -> Result<Arc<TopicImage>, ApiError> {
+        validate_topic_name(&topic.name)?;
+        let _guard = self.admin.lock().await;
+        let image = self.image();
+        let spec = TopicSpec {
+            topic_id: uuid::Uuid::new_v4(),
+            name: topic.name,
+            partitions: topic.partitions,
+            replication_factor: topic.replication_factor,
+            configs: topic.configs,
+        };
+        let records = tessera_planner::create_topic(&image, spec.clone())?;
+        if validate_only {
+            return Ok(Arc::new(TopicImage {
+                id: spec.topic_id,
+                name: spec.name,
+                partitions: spec.partitions,
+                replication_factor: spec.replication_factor,
+                configs: spec.configs,
+            }));
+        }
+        let offset = self.controller.write(records).await?;
+        self.await_reconciled(offset).await?;
+        self.image()
+            .topics
+            .get(&spec.topic_id)
+            .cloned()
+            .ok_or(ApiError::UnknownTopicOrPartition)
+    }
+
+    /// Creates a topic with the broker's defaults, for auto-creation.
+    pub async fn auto_create_topic(&self, name: &str) -> Result<Arc<TopicImage>, ApiError> {
+        let new = NewTopic {
+            name: name.to_string(),
+            partitions: self.config.num_partitions,
+            replication_factor: self.config.default_replication_factor,
+            configs: BTreeMap::new(),
+        };
+        match self.create_topic(new, false).await {
+            // Lost a race with another creator: use theirs.
+            Err(ApiError::TopicAlreadyExists(_)) => self
+                .image()
+                .topic_by_name(name)
+                .cloned()
+                .ok_or(ApiError::UnknownTopicOrPartition),
+            other => other,
+        }
+    }
+
+    /// Deletes a topic: its metadata goes first; its files go when this
+    /// broker's logs follow the image without it.
+    pub async fn delete_topic(&self, topic_id: TopicId) -> Result<(), ApiError> {
+        let _guard = self.admin.lock().await;
+        let records = tessera_planner::delete_topic(&self.image(), topic_id)?;
+        let offset = self.controller.write(records).await?;
+        self.await_reconciled(offset).await
+    }
+}

@@ -1,0 +1,365 @@
+//! What the active controller decides: pure functions from the committed
+//! [`MetadataImage`] and a request to the [`MetadataRecord`]s that carry it
+//! out. No I/O and no clock: the caller validates wire input, appends the
+//! records to the metadata log in one entry, and every broker acts on the
+//! image once they are committed (reconciling its logs with it).
+//!
+//! Each plan checks what only the committed image can tell (a name taken, a
+//! range already sealed, too few live brokers). A plan made against one
+//! image can lose a race to another write still in flight; replay then
+//! skips the stale records the same way on every replica
+//! (`decode_committed_value`), which is why the writers look at the
+//! skipped positions.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use tessera_metadata::{
+    BrokerRegistration, MetadataImage, MetadataRecord, RangeId, RangeImage, RangeRecord, SegmentId,
+    SegmentOpenRecord, SegmentSealRecord, TopicId, TopicRecord,
+};
+use tessera_replication::{place_replicas, BrokerCandidate, PlacementError};
+use thiserror::Error;
+
+/// Largest partition count a topic may have.
+pub const MAX_PARTITIONS: u32 = 1_000_000;
+
+/// Why a plan cannot be made. Mapped to Kafka error codes in the gateway's
+/// one error table.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+pub enum PlanError {
+    #[error("topic {0:?} already exists")]
+    TopicAlreadyExists(String),
+    #[error("topic {0:?} collides with an existing topic ('.' and '_' are interchangeable in metric names)")]
+    CollidingTopicName(String),
+    #[error("{0}")]
+    InvalidPartitions(String),
+    #[error("{0}")]
+    InvalidReplicationFactor(String),
+    #[error("unknown topic")]
+    UnknownTopic,
+    #[error("no range {0}")]
+    UnknownRange(RangeId),
+    #[error("range {0} is sealed")]
+    RangeSealed(RangeId),
+    #[error("{0}")]
+    InvalidMove(String),
+}
+
+/// A topic to create, its wire form already validated (name rules, configs).
+#[derive(Clone, Debug)]
+pub struct TopicSpec {
+    pub topic_id: TopicId,
+    pub name: String,
+    pub partitions: u32,
+    pub replication_factor: i16,
+    pub configs: BTreeMap<String, String>,
+}
+
+/// Live brokers as placement candidates, loaded by the active segments they
+/// are primary of.
+pub fn candidates(image: &MetadataImage) -> Vec<BrokerCandidate> {
+    image
+        .brokers
+        .values()
+        .map(|b| BrokerCandidate {
+            broker_id: b.registration.broker_id,
+            rack: b.registration.rack.clone(),
+            fenced: b.fenced,
+            load: image
+                .segments
+                .values()
+                .filter(|s| !s.is_sealed() && s.primary() == Some(b.registration.broker_id))
+                .count() as u64,
+        })
+        .collect()
+}
+
+fn live_brokers(image: &MetadataImage) -> usize {
+    image.brokers.values().filter(|b| !b.fenced).count()
+}
+
+/// A new topic: one range over all its partitions (a topic's files follow
+/// its ranges, not its partition count) with its first segment placed on
+/// `replication_factor` live brokers.
+pub fn create_topic(
+    image: &MetadataImage,
+    spec: TopicSpec,
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    if spec.partitions == 0 {
+        return Err(PlanError::InvalidPartitions(
+            "number of partitions must be larger than 0".into(),
+        ));
+    }
+    if spec.partitions > MAX_PARTITIONS {
+        return Err(PlanError::InvalidPartitions(format!(
+            "number of partitions is above {MAX_PARTITIONS}"
+        )));
+    }
+    if spec.replication_factor < 1 {
+        return Err(PlanError::InvalidReplicationFactor(
+            "replication factor must be larger than 0".into(),
+        ));
+    }
+    if image.topic_by_name(&spec.name).is_some() {
+        return Err(PlanError::TopicAlreadyExists(spec.name));
+    }
+    let live = live_brokers(image);
+    if spec.replication_factor as usize > live {
+        return Err(PlanError::InvalidReplicationFactor(format!(
+            "unable to replicate the partition {} time(s): the number of brokers is {live}",
+            spec.replication_factor
+        )));
+    }
+    if colliding_name(image, &spec.name) {
+        return Err(PlanError::CollidingTopicName(spec.name));
+    }
+    let range_id = image.next_range_id();
+    // One replica until segments are replicated (the replication factor is
+    // recorded and checked against live brokers, as Kafka does).
+    let replicas = place(image, SegmentId::new(range_id, 0), 1)?;
+    Ok(vec![
+        MetadataRecord::CreateTopic(TopicRecord {
+            topic_id: spec.topic_id,
+            name: spec.name,
+            partitions: spec.partitions,
+            replication_factor: spec.replication_factor,
+            configs: spec.configs,
+        }),
+        MetadataRecord::CreateRange(RangeRecord {
+            range_id,
+            topic_id: spec.topic_id,
+            lo: 0,
+            hi: spec.partitions,
+            parents: vec![],
+        }),
+        open_segment(SegmentId::new(range_id, 0), replicas, 0),
+    ])
+}
+
+/// Kafka refuses a name that differs from an existing one only by '.' vs '_'.
+fn colliding_name(image: &MetadataImage, name: &str) -> bool {
+    let normal = name.replace('.', "_");
+    image
+        .topic_names
+        .keys()
+        .any(|n| n != name && n.replace('.', "_") == normal)
+}
+
+fn place(
+    image: &MetadataImage,
+    segment: SegmentId,
+    replication_factor: usize,
+) -> Result<Vec<i32>, PlanError> {
+    place_replicas(&segment.to_string(), &candidates(image), replication_factor).map_err(
+        |e| match e {
+            PlacementError::NotEnoughBrokers { .. } | PlacementError::InvalidReplicationFactor => {
+                PlanError::InvalidReplicationFactor(e.to_string())
+            }
+        },
+    )
+}
+
+pub fn delete_topic(
+    image: &MetadataImage,
+    topic_id: TopicId,
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    if !image.topics.contains_key(&topic_id) {
+        return Err(PlanError::UnknownTopic);
+    }
+    Ok(vec![MetadataRecord::DeleteTopic { topic_id }])
+}
+
+/// A broker (re)starting. It registers fenced, as in Kafka; with no
+/// heartbeats yet the controller unfences it at once.
+pub fn register_broker(registration: BrokerRegistration) -> Vec<MetadataRecord> {
+    let broker_id = registration.broker_id;
+    vec![
+        MetadataRecord::RegisterBroker(registration),
+        MetadataRecord::UnfenceBroker { broker_id },
+    ]
+}
+
+/// A block of producer ids for `broker_id`, the next one after the image's.
+pub fn allocate_producer_ids(image: &MetadataImage, broker_id: i32, count: i32) -> MetadataRecord {
+    MetadataRecord::AllocateProducerIds {
+        broker_id,
+        first_producer_id: image.next_producer_id,
+        count,
+    }
+}
+
+/// A segment of `range` opened at `seq` on `replicas` (the first is the primary).
+pub fn open_segment(segment: SegmentId, replicas: Vec<i32>, leader_epoch: i32) -> MetadataRecord {
+    MetadataRecord::OpenSegment(SegmentOpenRecord {
+        segment,
+        replicas,
+        leader_epoch,
+    })
+}
+
+/// The records that bring the image up to date with the segments a
+/// primary sealed locally (by rolling, or for a move) and the one it has
+/// active now: each segment the image never saw opened is opened, each seal
+/// it lacks is recorded, in seq order. New segments open on the replicas and
+/// with the leader epoch of the range's newest segment in the image (a plain
+/// roll keeps leadership where it is, as a Kafka leader keeps its epoch
+/// across segment rolls). Nothing is repeated that the image holds already,
+/// so a roll recorded twice (a crash, or a move racing the roll's own
+/// record) writes it once.
+pub fn record_local_segments(
+    image: &MetadataImage,
+    range: RangeId,
+    sealed: &[SegmentSealRecord],
+    active_seq: Option<u32>,
+) -> Vec<MetadataRecord> {
+    let Some(newest) = image.segments_of(range).last().cloned() else {
+        return Vec::new(); // the range is gone (its topic was deleted)
+    };
+    let open = |seq: u32| {
+        open_segment(
+            SegmentId::new(range, seq),
+            newest.replicas.clone(),
+            newest.leader_epoch,
+        )
+    };
+    let mut records = Vec::new();
+    let mut opened = std::collections::BTreeSet::new();
+    for seal in sealed {
+        match image.segments.get(&seal.segment) {
+            Some(s) if s.is_sealed() => continue,
+            Some(_) => {}
+            None => {
+                records.push(open(seal.segment.seq));
+                opened.insert(seal.segment.seq);
+            }
+        }
+        records.push(MetadataRecord::SealSegment(seal.clone()));
+    }
+    if let Some(seq) = active_seq {
+        if !image.segments.contains_key(&SegmentId::new(range, seq)) && !opened.contains(&seq) {
+            records.push(open(seq));
+        }
+    }
+    records
+}
+
+fn active_range(image: &MetadataImage, id: RangeId) -> Result<Arc<RangeImage>, PlanError> {
+    match image.ranges.get(&id) {
+        Some(r) if r.active => Ok(r.clone()),
+        Some(_) => Err(PlanError::RangeSealed(id)),
+        None => Err(PlanError::UnknownRange(id)),
+    }
+}
+
+/// A partition's leader epoch grows with every move: one above the
+/// parents' newest segments.
+pub fn next_epoch(image: &MetadataImage, parents: &[RangeId]) -> i32 {
+    parents
+        .iter()
+        .filter_map(|id| image.segments_of(*id).last().map(|s| s.leader_epoch))
+        .max()
+        .unwrap_or(0)
+        + 1
+}
+
+/// The replicas of a range's active segment (where its data and producer
+/// state are: the children of a move open there, seeded from it).
+fn replicas_of(image: &MetadataImage, range: RangeId) -> Result<Vec<i32>, PlanError> {
+    image
+        .active_segment(range)
+        .map(|s| s.replicas.clone())
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| PlanError::InvalidMove(format!("range {range} has no active segment")))
+}
+
+/// A planned split or merge: the records after the parents' own seals, and
+/// the ranges it creates.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MovePlan {
+    pub parents: Vec<RangeId>,
+    pub children: Vec<RangeId>,
+    pub records: Vec<MetadataRecord>,
+}
+
+/// Splits an active range at partition `at` (default: the middle) into
+/// `[lo, at)` and `[at, hi)`, opened where the parent is with the leader
+/// epoch one above it.
+pub fn split_range(
+    image: &MetadataImage,
+    range_id: RangeId,
+    at: Option<u32>,
+) -> Result<MovePlan, PlanError> {
+    let range = active_range(image, range_id)?;
+    let mid = at.unwrap_or(range.lo + (range.hi - range.lo) / 2);
+    if mid <= range.lo || mid >= range.hi {
+        return Err(PlanError::InvalidMove(format!(
+            "cannot split range {range_id} [{}, {}) at {mid}: both children need at least one partition",
+            range.lo, range.hi
+        )));
+    }
+    let replicas = replicas_of(image, range_id)?;
+    let epoch = next_epoch(image, &[range_id]);
+    let (left, right) = (image.next_range_id(), image.next_range_id() + 1);
+    let mut records = vec![MetadataRecord::SealRange { range_id }];
+    for (id, lo, hi) in [(left, range.lo, mid), (right, mid, range.hi)] {
+        records.push(MetadataRecord::CreateRange(RangeRecord {
+            range_id: id,
+            topic_id: range.topic_id,
+            lo,
+            hi,
+            parents: vec![range_id],
+        }));
+        records.push(open_segment(SegmentId::new(id, 0), replicas.clone(), epoch));
+    }
+    Ok(MovePlan {
+        parents: vec![range_id],
+        children: vec![left, right],
+        records,
+    })
+}
+
+/// Merges two adjacent active ranges of one topic into one, opened where
+/// they are (both must be led by the same broker: their state seeds the
+/// child), with the leader epoch one above both.
+pub fn merge_ranges(
+    image: &MetadataImage,
+    left_id: RangeId,
+    right_id: RangeId,
+) -> Result<MovePlan, PlanError> {
+    let left = active_range(image, left_id)?;
+    let right = active_range(image, right_id)?;
+    if left.topic_id != right.topic_id || left.hi != right.lo {
+        return Err(PlanError::InvalidMove(format!(
+            "ranges {left_id} [{}, {}) and {right_id} [{}, {}) are not adjacent ranges of one topic",
+            left.lo, left.hi, right.lo, right.hi
+        )));
+    }
+    let replicas = replicas_of(image, left_id)?;
+    if replicas.first() != replicas_of(image, right_id)?.first() {
+        return Err(PlanError::InvalidMove(format!(
+            "ranges {left_id} and {right_id} are led by different brokers"
+        )));
+    }
+    let child = image.next_range_id();
+    let epoch = next_epoch(image, &[left_id, right_id]);
+    Ok(MovePlan {
+        parents: vec![left_id, right_id],
+        children: vec![child],
+        records: vec![
+            MetadataRecord::SealRange { range_id: left_id },
+            MetadataRecord::SealRange { range_id: right_id },
+            MetadataRecord::CreateRange(RangeRecord {
+                range_id: child,
+                topic_id: left.topic_id,
+                lo: left.lo,
+                hi: right.hi,
+                parents: vec![left_id, right_id],
+            }),
+            open_segment(SegmentId::new(child, 0), replicas, epoch),
+        ],
+    })
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,367 @@
+//! Plans against images built by replaying records through the same
+//! decoder every replica uses: a plan's records must apply with nothing
+//! skipped, and keep the range invariants.
+
+use super::*;
+use proptest::prelude::*;
+use tessera_metadata::{decode_committed_value, PartitionSpan};
+
+/// Commits `records` to `image` as one entry; returns how many were skipped.
+fn commit(image: &mut MetadataImage, records: &[MetadataRecord]) -> usize {
+    let offset = image.offset + 1;
+    let mut skipped = 0;
+    for r in records {
+        match decode_committed_value(&r.encode(), image, offset).unwrap() {
+            Some(r) => image.apply(&r, offset),
+            None => skipped += 1,
+        }
+    }
+    skipped
+}
+
+fn registration(broker_id: i32, rack: Option<&str>) -> BrokerRegistration {
+    BrokerRegistration {
+        broker_id,
+        incarnation_id: uuid::Uuid::new_v4(),
+        host: "127.0.0.1".into(),
+        port: 9092 + broker_id as u16,
+        rack: rack.map(String::from),
+    }
+}
+
+fn cluster(brokers: i32) -> MetadataImage {
+    let mut image = MetadataImage::empty();
+    for b in 1..=brokers {
+        assert_eq!(
+            commit(&mut image, &register_broker(registration(b, None))),
+            0
+        );
+    }
+    image
+}
+
+fn spec(name: &str, partitions: u32, rf: i16) -> TopicSpec {
+    TopicSpec {
+        topic_id: uuid::Uuid::new_v4(),
+        name: name.into(),
+        partitions,
+        replication_factor: rf,
+        configs: BTreeMap::new(),
+    }
+}
+
+fn with_topic(partitions: u32) -> (MetadataImage, TopicId) {
+    let mut image = cluster(1);
+    let s = spec("t", partitions, 1);
+    let id = s.topic_id;
+    let records = create_topic(&image, s).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    (image, id)
+}
+
+fn seal(range: RangeId, seq: u32, spans: &[(u32, i64, i64)]) -> SegmentSealRecord {
+    SegmentSealRecord {
+        segment: SegmentId::new(range, seq),
+        size_bytes: 100,
+        spans: spans
+            .iter()
+            .map(|&(partition, start_offset, end_offset)| PartitionSpan {
+                partition,
+                start_offset,
+                end_offset,
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn a_new_topic_is_one_range_with_one_segment() {
+    let (image, id) = with_topic(12);
+    let ranges = image.active_ranges(id);
+    assert_eq!(ranges.len(), 1);
+    assert_eq!((ranges[0].lo, ranges[0].hi), (0, 12));
+    let segment = image.active_segment(ranges[0].id).unwrap();
+    assert_eq!(
+        (segment.replicas.clone(), segment.leader_epoch),
+        (vec![1], 0)
+    );
+}
+
+#[test]
+fn topic_creation_checks_what_the_image_knows() {
+    let (image, _) = with_topic(3);
+    assert_eq!(
+        create_topic(&image, spec("t", 1, 1)),
+        Err(PlanError::TopicAlreadyExists("t".into()))
+    );
+    let (image, _) = {
+        let mut image = cluster(1);
+        let records = create_topic(&image, spec("a.b", 1, 1)).unwrap();
+        commit(&mut image, &records);
+        (image, ())
+    };
+    assert_eq!(
+        create_topic(&image, spec("a_b", 1, 1)),
+        Err(PlanError::CollidingTopicName("a_b".into()))
+    );
+    assert!(matches!(
+        create_topic(&image, spec("x", 0, 1)),
+        Err(PlanError::InvalidPartitions(_))
+    ));
+    assert!(matches!(
+        create_topic(&image, spec("x", MAX_PARTITIONS + 1, 1)),
+        Err(PlanError::InvalidPartitions(_))
+    ));
+    assert!(matches!(
+        create_topic(&image, spec("x", 1, 0)),
+        Err(PlanError::InvalidReplicationFactor(_))
+    ));
+    assert!(matches!(
+        create_topic(&image, spec("x", 1, 2)),
+        Err(PlanError::InvalidReplicationFactor(_))
+    ));
+}
+
+#[test]
+fn fenced_brokers_do_not_count_for_the_replication_factor() {
+    let mut image = cluster(3);
+    assert!(create_topic(&image, spec("x", 1, 3)).is_ok());
+    commit(&mut image, &[MetadataRecord::FenceBroker { broker_id: 2 }]);
+    assert!(matches!(
+        create_topic(&image, spec("x", 1, 3)),
+        Err(PlanError::InvalidReplicationFactor(_))
+    ));
+    // New segments never land on the fenced broker.
+    for i in 0..50 {
+        let records = create_topic(&image, spec(&format!("t{i}"), 1, 1)).unwrap();
+        let MetadataRecord::OpenSegment(open) = &records[2] else {
+            panic!("{records:?}")
+        };
+        assert_ne!(open.replicas, vec![2]);
+    }
+}
+
+#[test]
+fn deleting_an_unknown_topic_is_refused() {
+    let (image, id) = with_topic(1);
+    assert_eq!(
+        delete_topic(&image, uuid::Uuid::new_v4()),
+        Err(PlanError::UnknownTopic)
+    );
+    assert_eq!(
+        delete_topic(&image, id).unwrap(),
+        vec![MetadataRecord::DeleteTopic { topic_id: id }]
+    );
+}
+
+#[test]
+fn a_split_creates_two_children_one_epoch_up() {
+    let (mut image, id) = with_topic(8);
+    let root = image.active_ranges(id)[0].id;
+    let plan = split_range(&image, root, Some(3)).unwrap();
+    assert_eq!(plan.parents, vec![root]);
+    assert_eq!(commit(&mut image, &plan.records), 0);
+    let ranges = image.active_ranges(id);
+    let bounds: Vec<_> = ranges
+        .iter()
+        .map(|r| (r.lo, r.hi, r.parents.clone()))
+        .collect();
+    assert_eq!(bounds, vec![(0, 3, vec![root]), (3, 8, vec![root])]);
+    for r in &ranges {
+        let s = image.active_segment(r.id).unwrap();
+        assert_eq!((s.replicas.clone(), s.leader_epoch), (vec![1], 1));
+    }
+    assert_eq!(
+        plan.children,
+        ranges.iter().map(|r| r.id).collect::<Vec<_>>()
+    );
+    // The parent is sealed now; splitting it again is refused.
+    assert_eq!(
+        split_range(&image, root, None),
+        Err(PlanError::RangeSealed(root))
+    );
+    assert_eq!(
+        split_range(&image, 999, None),
+        Err(PlanError::UnknownRange(999))
+    );
+}
+
+#[test]
+fn a_split_needs_a_partition_on_each_side() {
+    let (image, id) = with_topic(2);
+    let root = image.active_ranges(id)[0].id;
+    for at in [0, 2, 5] {
+        assert!(matches!(
+            split_range(&image, root, Some(at)),
+            Err(PlanError::InvalidMove(_))
+        ));
+    }
+    assert!(split_range(&image, root, None).is_ok());
+    let (image, id) = with_topic(1);
+    let root = image.active_ranges(id)[0].id;
+    assert!(split_range(&image, root, None).is_err());
+}
+
+#[test]
+fn a_merge_needs_adjacent_ranges_of_one_topic_on_one_leader() {
+    let (mut image, id) = with_topic(9);
+    let root = image.active_ranges(id)[0].id;
+    let plan = split_range(&image, root, Some(3)).unwrap();
+    commit(&mut image, &plan.records);
+    let r = image.active_ranges(id);
+    let plan = split_range(&image, r[1].id, Some(6)).unwrap();
+    commit(&mut image, &plan.records);
+    let r = image.active_ranges(id);
+    assert_eq!(r.len(), 3);
+    assert!(matches!(
+        merge_ranges(&image, r[0].id, r[2].id),
+        Err(PlanError::InvalidMove(_))
+    ));
+    assert!(matches!(
+        merge_ranges(&image, r[1].id, r[0].id),
+        Err(PlanError::InvalidMove(_))
+    ));
+    let plan = merge_ranges(&image, r[1].id, r[2].id).unwrap();
+    assert_eq!(commit(&mut image, &plan.records), 0);
+    let merged = image.active_ranges(id);
+    assert_eq!(merged.len(), 2);
+    assert_eq!((merged[1].lo, merged[1].hi), (3, 9));
+    // One above the newer parent (epoch 2 after two splits on that side).
+    assert_eq!(image.active_segment(merged[1].id).unwrap().leader_epoch, 3);
+
+    // Ranges led by different brokers are not merged (their state is apart).
+    let mut two = cluster(2);
+    let s = spec("u", 4, 1);
+    let topic = s.topic_id;
+    let records = create_topic(&two, s).unwrap();
+    commit(&mut two, &records);
+    let root = two.active_ranges(topic)[0].id;
+    let plan = split_range(&two, root, None).unwrap();
+    commit(&mut two, &plan.records);
+    let r = two.active_ranges(topic);
+    let moved = SegmentId::new(r[1].id, 1);
+    let other = if two.active_segment(r[0].id).unwrap().replicas == vec![1] {
+        2
+    } else {
+        1
+    };
+    commit(
+        &mut two,
+        &[
+            MetadataRecord::SealSegment(seal(r[1].id, 0, &[])),
+            open_segment(moved, vec![other], 5),
+        ],
+    );
+    assert!(matches!(
+        merge_ranges(&two, r[0].id, r[1].id),
+        Err(PlanError::InvalidMove(_))
+    ));
+}
+
+#[test]
+fn a_roll_is_recorded_once() {
+    let (mut image, id) = with_topic(2);
+    let range = image.active_ranges(id)[0].id;
+    let sealed = [seal(range, 0, &[(0, 0, 5)])];
+    let records = record_local_segments(&image, range, &sealed, Some(1));
+    assert_eq!(records.len(), 2);
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(image.active_segment(range).unwrap().id.seq, 1);
+    // Recording it again (the roll's own record racing a move's) adds nothing.
+    assert!(record_local_segments(&image, range, &sealed, Some(1)).is_empty());
+}
+
+#[test]
+fn rolls_a_crash_left_unrecorded_are_recorded_in_order() {
+    let (mut image, id) = with_topic(2);
+    let range = image.active_ranges(id)[0].id;
+    // Segments 0, 1 and 2 sealed locally, 3 active; the image knows only 0.
+    let sealed = [
+        seal(range, 0, &[(0, 0, 5)]),
+        seal(range, 1, &[(0, 5, 9)]),
+        seal(range, 2, &[(1, 0, 4)]),
+    ];
+    let records = record_local_segments(&image, range, &sealed, Some(3));
+    assert_eq!(records.len(), 3 + 2 + 1);
+    assert_eq!(commit(&mut image, &records), 0);
+    let segments = image.segments_of(range);
+    assert_eq!(segments.len(), 4);
+    assert!(segments[..3].iter().all(|s| s.is_sealed()));
+    assert_eq!(image.active_segment(range).unwrap().id.seq, 3);
+    assert!(segments
+        .iter()
+        .all(|s| s.replicas == vec![1] && s.leader_epoch == 0));
+    // A deleted range's leftovers record nothing.
+    commit(&mut image, &[MetadataRecord::DeleteTopic { topic_id: id }]);
+    assert!(record_local_segments(&image, range, &sealed, Some(4)).is_empty());
+}
+
+#[derive(Clone, Debug)]
+enum Move {
+    Split { pick: usize, at: u32 },
+    Merge { pick: usize },
+}
+
+fn a_move() -> impl Strategy<Value = Move> {
+    prop_oneof![
+        (any::<usize>(), any::<u32>()).prop_map(|(pick, at)| Move::Split { pick, at }),
+        any::<usize>().prop_map(|pick| Move::Merge { pick }),
+    ]
+}
+
+proptest! {
+    /// Any sequence of planned splits and merges, each committed as
+    /// planned: nothing is skipped, the active ranges tile the topic, and
+    /// every partition's leader epoch grows with each move that covers it.
+    #[test]
+    fn moves_keep_ranges_tiling_and_epochs_growing(
+        partitions in 1u32..40,
+        moves in proptest::collection::vec(a_move(), 1..60),
+    ) {
+        let (mut image, id) = with_topic(partitions);
+        let epoch_of = |image: &MetadataImage, p: u32| {
+            let r = image.active_range_for(id, p).unwrap();
+            image.active_segment(r.id).unwrap().leader_epoch
+        };
+        for m in moves {
+            let active = image.active_ranges(id);
+            let plan = match m {
+                Move::Split { pick, at } => {
+                    let r = &active[pick % active.len()];
+                    if r.hi - r.lo < 2 {
+                        prop_assert!(split_range(&image, r.id, None).is_err());
+                        continue;
+                    }
+                    split_range(&image, r.id, Some(r.lo + 1 + at % (r.hi - r.lo - 1))).unwrap()
+                }
+                Move::Merge { pick } => {
+                    if active.len() < 2 {
+                        continue;
+                    }
+                    let i = pick % (active.len() - 1);
+                    merge_ranges(&image, active[i].id, active[i + 1].id).unwrap()
+                }
+            };
+            let before: Vec<i32> = (0..partitions).map(|p| epoch_of(&image, p)).collect();
+            let moved: Vec<u32> = (0..partitions)
+                .filter(|p| plan.parents.contains(&image.active_range_for(id, *p).unwrap().id))
+                .collect();
+            prop_assert_eq!(commit(&mut image, &plan.records), 0);
+            let mut covered = 0;
+            for r in image.active_ranges(id) {
+                prop_assert_eq!(r.lo, covered);
+                prop_assert!(r.hi > r.lo);
+                covered = r.hi;
+            }
+            prop_assert_eq!(covered, partitions);
+            for p in 0..partitions {
+                let after = epoch_of(&image, p);
+                if moved.contains(&p) {
+                    prop_assert!(after > before[p as usize]);
+                } else {
+                    prop_assert_eq!(after, before[p as usize]);
+                }
+            }
+        }
+    }
+}
