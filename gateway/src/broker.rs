@@ -62,17 +62,37 @@ pub struct Broker {
 }
 
 /// Reads or creates `meta.properties` (Kafka's name for it) with the cluster id.
-fn load_cluster_id(data_dir: &Path, node_id: i32) -> std::io::Result<String> {
+///
+/// A new single node makes up a random id. The nodes of a quorum must agree
+/// on it without talking first (Kafka formats every node's storage with the
+/// same id), so a new node that is one of `controller.quorum.voters` derives
+/// it from the voter list, which every node of the cluster is given alike.
+fn load_cluster_id(data_dir: &Path, node_id: i32, voters: &str) -> std::io::Result<String> {
     let path = data_dir.join("meta.properties");
     if let Ok(text) = std::fs::read_to_string(&path) {
         if let Some(id) = text.lines().find_map(|l| l.strip_prefix("cluster.id=")) {
             return Ok(id.trim().to_string());
         }
     }
-    let id = kafka_style_uuid(uuid::Uuid::new_v4());
+    let id = if voters.trim().is_empty() {
+        uuid::Uuid::new_v4()
+    } else {
+        cluster_id_for_voters(voters)
+    };
+    let id = kafka_style_uuid(id);
     let text = format!("version=1\ncluster.id={id}\nnode.id={node_id}\n");
     tessera_fs::write_atomic(&path, text.as_bytes())?;
     Ok(id)
+}
+
+/// A stable id from the voter list (64-bit FNV-1a twice, as a UUID).
+fn cluster_id_for_voters(voters: &str) -> uuid::Uuid {
+    let fnv = |seed: u64| {
+        voters.bytes().fold(seed, |h, b| {
+            (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3)
+        })
+    };
+    uuid::Uuid::from_u64_pair(fnv(0xcbf2_9ce4_8422_2325), fnv(0x84222325_cbf29ce4))
 }
 
 /// Kafka prints ids as 22 characters of URL-safe base64 without padding.
@@ -101,11 +121,23 @@ impl Broker {
     /// broker and opens every range log the image says it serves.
     pub async fn start(config: BrokerConfig) -> anyhow::Result<Arc<Broker>> {
         std::fs::create_dir_all(&config.data_dir)?;
-        let cluster_id = load_cluster_id(&config.data_dir, config.node_id)?;
-        let controller = Controller::start(ControllerConfig {
-            snapshot_interval_entries: config.metadata_snapshot_interval_entries,
-            ..ControllerConfig::new(config.node_id as u64, config.data_dir.join("meta"))
-        })
+        let cluster_id = load_cluster_id(
+            &config.data_dir,
+            config.node_id,
+            &config.controller_quorum_voters,
+        )?;
+        let voters = if config.controller_quorum_voters.is_empty() {
+            Default::default()
+        } else {
+            ControllerConfig::parse_voters(&config.controller_quorum_voters)?
+        };
+        let controller = Controller::start(
+            ControllerConfig {
+                snapshot_interval_entries: config.metadata_snapshot_interval_entries,
+                ..ControllerConfig::new(config.node_id as u64, config.data_dir.join("meta"))
+            }
+            .with_voters(voters),
+        )
         .await?;
         let (rolls, roll_rx) = mpsc::unbounded_channel();
         let broker = Arc::new(Broker {
@@ -169,6 +201,15 @@ impl Broker {
             .write(tessera_planner::register_broker(registration))
             .await?;
         Ok(())
+    }
+
+    /// The node id of the metadata quorum's leader, as Metadata and
+    /// DescribeCluster report the active controller (this node while no
+    /// leader is known).
+    pub fn controller_id(&self) -> i32 {
+        self.controller
+            .leader()
+            .map_or(self.config.node_id, |l| l.node_id as i32)
     }
 
     /// The open log of a range, if this broker holds it.
@@ -235,6 +276,26 @@ impl Broker {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_nodes_of_a_quorum_agree_on_the_cluster_id() {
+        let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+        let voters = "1@127.0.0.1:19092,2@127.0.0.1:19093,3@127.0.0.1:19094";
+        let ids: Vec<String> = dirs
+            .iter()
+            .enumerate()
+            .map(|(i, d)| load_cluster_id(d.path(), i as i32 + 1, voters).unwrap())
+            .collect();
+        assert!(ids.iter().all(|id| *id == ids[0] && id.len() == 22));
+        // Read back, not made up again.
+        assert_eq!(load_cluster_id(dirs[0].path(), 1, "").unwrap(), ids[0]);
+        // Single nodes each make up their own.
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        assert_ne!(
+            load_cluster_id(a.path(), 1, "").unwrap(),
+            load_cluster_id(b.path(), 1, "").unwrap()
+        );
+    }
 
     #[test]
     fn kafka_uuid_is_22_chars() {

@@ -27,6 +27,10 @@ pub struct BrokerConfig {
     pub data_dir: PathBuf,
     /// `broker.rack`
     pub rack: Option<String>,
+    /// `controller.quorum.voters` (`1@host:port,2@host:port,...`): the
+    /// metadata quorum, each voter's controller listener. Empty: this node
+    /// is the only voter and listens for no other.
+    pub controller_quorum_voters: String,
     /// `num.partitions`
     pub num_partitions: u32,
     /// `default.replication.factor`
@@ -112,6 +116,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("admin.listener", "127.0.0.1:9644"),
     ("log.dirs", "./tessera-data"),
     ("broker.rack", ""),
+    ("process.roles", "broker,controller"),
+    ("controller.quorum.voters", ""),
     ("num.partitions", "1"),
     ("default.replication.factor", "1"),
     ("auto.create.topics.enable", "true"),
@@ -305,6 +311,17 @@ impl BrokerConfig {
         } else {
             parse_listener("advertised.listeners", &advertised)?
         };
+        // Every node is controller and broker at once for now (Kafka's
+        // combined mode); the key is accepted so Kafka configs carry over.
+        let roles = get("process.roles");
+        let mut role_list: Vec<&str> = roles.split(',').map(str::trim).collect();
+        role_list.sort_unstable();
+        if role_list != ["broker", "controller"] {
+            return Err(ConfigError::InvalidValue {
+                key: "process.roles".into(),
+                value: format!("{roles} (only \"broker,controller\" is supported yet)"),
+            });
+        }
         let admin = get("admin.listener");
         let (admin_host, admin_port) = parse_listener("admin.listener", &admin)?;
         let rack = get("broker.rack");
@@ -322,6 +339,7 @@ impl BrokerConfig {
                     .trim(),
             ),
             rack: (!rack.trim().is_empty()).then(|| rack.trim().to_string()),
+            controller_quorum_voters: get("controller.quorum.voters").trim().to_string(),
             num_partitions: parse(map, "num.partitions")?,
             default_replication_factor: parse(map, "default.replication.factor")?,
             auto_create_topics: parse(map, "auto.create.topics.enable")?,

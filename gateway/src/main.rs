@@ -39,6 +39,28 @@ struct Cli {
 enum Command {
     /// Serve (the default when no subcommand is given).
     Serve,
+    /// Run a local cluster for trying things out and for tests: N nodes,
+    /// each controller and broker, as child processes of this one, on
+    /// consecutive ports (Kafka 9092.., admin 9644.., controller 19092..)
+    /// with their data under ./tessera-cluster/node-<id>. Ctrl-C (or
+    /// SIGTERM) stops them all. `-o key=value` overrides go to every node.
+    Cluster {
+        /// Number of nodes (controller quorum voters): 1, 3 or 5.
+        #[arg(long, default_value_t = 3)]
+        nodes: u16,
+        /// Kafka port of node 1; node i listens on base + i - 1.
+        #[arg(long, default_value_t = 9092)]
+        base_port: u16,
+        /// Admin HTTP port of node 1.
+        #[arg(long, default_value_t = 9644)]
+        admin_base_port: u16,
+        /// Controller (metadata quorum) port of node 1.
+        #[arg(long, default_value_t = 19092)]
+        controller_base_port: u16,
+        /// Parent of the nodes' data directories.
+        #[arg(long, default_value = "./tessera-cluster")]
+        dir: PathBuf,
+    },
     /// List, split and merge ranges of a running broker (through its admin port).
     Ranges {
         /// The broker's admin listener.
@@ -120,6 +142,101 @@ fn ranges_command(admin: &str, action: &RangesAction) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// First ports of a local cluster; node `i` (from 1) adds `i - 1`.
+struct ClusterPorts {
+    kafka: u16,
+    admin: u16,
+    controller: u16,
+}
+
+/// `tessera cluster`: starts `nodes` child processes of this binary, each a
+/// controller and broker of one quorum, and stops them all on Ctrl-C or
+/// SIGTERM (forwarded as SIGTERM, so each shuts down gracefully).
+fn run_cluster(
+    nodes: u16,
+    ports: ClusterPorts,
+    dir: &std::path::Path,
+    overrides: &[String],
+) -> anyhow::Result<()> {
+    if ![1, 3, 5].contains(&nodes) {
+        anyhow::bail!("--nodes must be 1, 3 or 5 (a controller quorum), not {nodes}");
+    }
+    let exe = std::env::current_exe()?;
+    let voters: Vec<String> = (0..nodes)
+        .map(|i| format!("{}@127.0.0.1:{}", i + 1, ports.controller + i))
+        .collect();
+    let voters = voters.join(",");
+    let mut children = Vec::new();
+    for i in 0..nodes {
+        let id = i + 1;
+        let data = dir.join(format!("node-{id}"));
+        std::fs::create_dir_all(&data)?;
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.arg("--data-dir")
+            .arg(&data)
+            .arg("--node-id")
+            .arg(id.to_string())
+            .arg("--listeners")
+            .arg(format!("PLAINTEXT://127.0.0.1:{}", ports.kafka + i))
+            .arg("--admin-listener")
+            .arg(format!("127.0.0.1:{}", ports.admin + i))
+            .arg("-o")
+            .arg(format!("controller.quorum.voters={voters}"));
+        for o in overrides {
+            cmd.arg("-o").arg(o);
+        }
+        // A node outlives no parent: if this process dies (even by SIGKILL)
+        // the kernel sends the node SIGTERM.
+        unsafe {
+            use std::os::unix::process::CommandExt;
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM);
+                Ok(())
+            });
+        }
+        children.push((id, cmd.spawn()?));
+    }
+    let bootstrap: Vec<String> = (0..nodes)
+        .map(|i| format!("127.0.0.1:{}", ports.kafka + i))
+        .collect();
+    eprintln!(
+        "tessera cluster: {nodes} node(s), bootstrap servers {}, admin ports {}..{}, data under {}; Ctrl-C stops all",
+        bootstrap.join(","),
+        ports.admin,
+        ports.admin + nodes - 1,
+        dir.display()
+    );
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async {
+        let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = tokio::signal::ctrl_c() => {},
+        }
+        anyhow::Ok(())
+    })?;
+    eprintln!("tessera cluster: stopping");
+    for (_, child) in &children {
+        // SIGTERM: each node shuts down gracefully (Ctrl-C in a terminal
+        // reached them already; a second signal is harmless).
+        unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGTERM) };
+    }
+    let mut failed = false;
+    for (id, mut child) in children {
+        let status = child.wait()?;
+        if !status.success() {
+            eprintln!("tessera cluster: node {id} exited with {status}");
+            failed = status.code().is_some();
+        }
+    }
+    if failed {
+        std::process::exit(1);
+    }
+    Ok(())
+}
+
 fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -129,6 +246,21 @@ fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
+    if let Some(Command::Cluster {
+        nodes,
+        base_port,
+        admin_base_port,
+        controller_base_port,
+        dir,
+    }) = &cli.command
+    {
+        let ports = ClusterPorts {
+            kafka: *base_port,
+            admin: *admin_base_port,
+            controller: *controller_base_port,
+        };
+        return run_cluster(*nodes, ports, dir, &cli.overrides);
+    }
     if let Some(Command::Ranges { admin, action }) = &cli.command {
         if let Err(e) = ranges_command(admin, action) {
             eprintln!("error: {e}");

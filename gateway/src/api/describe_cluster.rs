@@ -43,7 +43,7 @@ pub async fn handle(
     DescribeClusterResponse::default()
         .with_endpoint_type(1)
         .with_cluster_id(StrBytes::from_string(broker.cluster_id.clone()))
-        .with_controller_id(BrokerId(broker.config.node_id))
+        .with_controller_id(BrokerId(broker.controller_id()))
         .with_brokers(brokers)
         .with_cluster_authorized_operations(if request.include_cluster_authorized_operations {
             CLUSTER_OPERATIONS

@@ -79,13 +79,19 @@ async fn find(broker: &Broker, key_type: i8, key: &str) -> Result<(i32, String, 
         }
     }
     .map_err(|_| ApiError::CoordinatorNotAvailable)?;
+    // Whichever broker leads it, as the image says (any broker answers).
     let image = broker.image();
-    broker
-        .route(&image, &topic, partition_for(key, topic.partitions))
-        .map_err(|_| ApiError::CoordinatorNotAvailable)?;
+    let partition = partition_for(key, topic.partitions) as u32;
+    let leader = image
+        .active_range_for(topic.id, partition)
+        .and_then(|range| image.active_segment(range.id))
+        .and_then(|segment| segment.primary())
+        .and_then(|id| image.brokers.get(&id))
+        .filter(|b| !b.fenced)
+        .ok_or(ApiError::CoordinatorNotAvailable)?;
     Ok((
-        broker.config.node_id,
-        broker.config.advertised_host.clone(),
-        broker.config.advertised_port as i32,
+        leader.registration.broker_id,
+        leader.registration.host.clone(),
+        leader.registration.port as i32,
     ))
 }

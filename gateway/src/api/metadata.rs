@@ -90,7 +90,7 @@ pub async fn handle(
     MetadataResponse::default()
         .with_brokers(brokers)
         .with_cluster_id(Some(StrBytes::from_string(broker.cluster_id.clone())))
-        .with_controller_id(BrokerId(broker.config.node_id))
+        .with_controller_id(BrokerId(broker.controller_id()))
         .with_topics(topics)
         .with_cluster_authorized_operations(
             if request.include_cluster_authorized_operations && (8..=10).contains(&version) {

@@ -49,8 +49,13 @@ impl Broker {
                 configs: spec.configs,
             }));
         }
-        let offset = self.controller.write(records).await?;
-        self.await_reconciled(offset).await?;
+        let outcome = self.controller.write_detailed(records).await?;
+        if !outcome.skipped.is_empty() {
+            // Another broker created the name first (its entry committed
+            // between our plan and our write): replay skipped ours.
+            return Err(ApiError::TopicAlreadyExists(spec.name));
+        }
+        self.await_reconciled(outcome.offset).await?;
         self.image()
             .topics
             .get(&spec.topic_id)
