@@ -99,6 +99,8 @@ def cluster():
             str(tessera_bin()),
             "-o", "group.initial.rebalance.delay.ms=0",
             "-o", "range.policy.enable=false",
+            "-o", "broker.heartbeat.interval.ms=500",
+            "-o", "broker.session.timeout.ms=3000",
             "cluster",
             "--nodes", str(NODES),
             "--base-port", str(kafka),
@@ -223,15 +225,20 @@ def test_the_controller_leader_dies_and_creation_and_splits_go_on(cluster):
         "a new controller",
         lambda: admin_client(survivor_boot).list_topics(timeout=10).controller_id in survivors,
     )
-    # Topic creation goes on (retried while placement may still pick the
-    # dead node: brokers are not fenced without heartbeats yet).
-    def create_on_survivor():
-        name = f"after-{time.monotonic_ns()}"
-        t = create(survivor_boot, name, 4)
-        (lead,) = {p.leader for p in t.partitions.values()}
-        return (name, lead) if lead in survivors else None
-
-    name, lead = eventually("a topic created on a surviving broker", create_on_survivor, 120)
+    # The dead node's session expires: it is fenced, Metadata stops listing
+    # it, and what it led has no leader (LEADER_NOT_AVAILABLE) until it is back.
+    eventually(
+        "the dead broker fenced",
+        lambda: sorted(admin_client(survivor_boot).list_topics(timeout=10).brokers) == survivors,
+    )
+    # Topic creation goes on, and only on live brokers.
+    names = [f"after-{i}" for i in range(4)]
+    leads = {}
+    for n in names:
+        t = eventually(f"{n} created", lambda n=n: create(survivor_boot, n, 4), 60)
+        (leads[n],) = {p.leader for p in t.partitions.values()}
+    assert set(leads.values()) <= set(survivors), leads
+    name, lead = names[0], leads[names[0]]
     # And so do splits, on the broker that leads the range.
     admin = cluster["admin"][lead - 1]
     (rng,) = [r for r in http(admin + "/ranges") if r["topic"] == name and r["active"]]

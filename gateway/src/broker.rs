@@ -6,6 +6,7 @@
 //! makes the open logs and the coordinators follow every image the
 //! controller publishes.
 
+mod liveness;
 mod reconcile;
 mod topics;
 
@@ -163,6 +164,7 @@ impl Broker {
         broker.reconcile().await?;
         tokio::spawn(reconcile::follow_images(broker.clone()));
         tokio::spawn(reconcile::record_rolls(broker.clone(), roll_rx));
+        liveness::start(&broker);
         GroupCoordinator::start_timers(&broker);
         // Transactions left mid-way complete from the timer (their pending
         // offsets are loaded with the groups).

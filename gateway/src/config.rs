@@ -31,6 +31,12 @@ pub struct BrokerConfig {
     /// metadata quorum, each voter's controller listener. Empty: this node
     /// is the only voter and listens for no other.
     pub controller_quorum_voters: String,
+    /// `broker.heartbeat.interval.ms`: how often this broker tells the
+    /// active controller it is alive.
+    pub broker_heartbeat_interval_ms: u64,
+    /// `broker.session.timeout.ms`: a broker not heard from for this long is
+    /// fenced by the active controller.
+    pub broker_session_timeout_ms: u64,
     /// `num.partitions`
     pub num_partitions: u32,
     /// `default.replication.factor`
@@ -118,6 +124,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("broker.rack", ""),
     ("process.roles", "broker,controller"),
     ("controller.quorum.voters", ""),
+    ("broker.heartbeat.interval.ms", "2000"),
+    ("broker.session.timeout.ms", "9000"),
     ("num.partitions", "1"),
     ("default.replication.factor", "1"),
     ("auto.create.topics.enable", "true"),
@@ -340,6 +348,8 @@ impl BrokerConfig {
             ),
             rack: (!rack.trim().is_empty()).then(|| rack.trim().to_string()),
             controller_quorum_voters: get("controller.quorum.voters").trim().to_string(),
+            broker_heartbeat_interval_ms: parse(map, "broker.heartbeat.interval.ms")?,
+            broker_session_timeout_ms: parse(map, "broker.session.timeout.ms")?,
             num_partitions: parse(map, "num.partitions")?,
             default_replication_factor: parse(map, "default.replication.factor")?,
             auto_create_topics: parse(map, "auto.create.topics.enable")?,

@@ -37,6 +37,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use crate::error::MetadataError;
+use crate::heartbeats::Heartbeats;
 use crate::image::MetadataImage;
 use crate::network::{spawn_server, NetworkFactory, ServiceCallError, Transport};
 use crate::records::MetadataRecord;
@@ -183,6 +184,8 @@ const MIN_APPLY_WAIT: Duration = Duration::from_secs(5);
 const READ_INDEX_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pause before asking again after a leader change or a failed request.
 const RETRY_PAUSE: Duration = Duration::from_millis(50);
+/// How long a heartbeat waits for the leader's answer.
+const HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A running metadata controller. Share it as `Arc<Controller>`.
 pub struct Controller {
@@ -193,6 +196,8 @@ pub struct Controller {
     voters: BTreeMap<u64, String>,
     /// Client side of the transport (forwarded writes, read index).
     transport: Arc<Transport>,
+    /// Brokers' heartbeats heard while this node leads.
+    heartbeats: Arc<Heartbeats>,
     /// The controller listener's task, if this node listens.
     server: Mutex<Option<JoinHandle<()>>>,
     /// Holds an exclusive lock on `dir/LOCK` until shutdown (the log store
@@ -320,6 +325,7 @@ impl Controller {
             shared,
             voters: cfg.voters,
             transport,
+            heartbeats: Arc::default(),
             server: Mutex::new(None),
             lock: Mutex::new(Some(lock)),
             shut_down: AtomicBool::new(false),
@@ -380,7 +386,12 @@ impl Controller {
             )));
         }
         if let Some(listener) = listener {
-            *self.server.lock() = Some(spawn_server(listener, self.node_id, self.raft.clone()));
+            *self.server.lock() = Some(spawn_server(
+                listener,
+                self.node_id,
+                self.raft.clone(),
+                self.heartbeats.clone(),
+            ));
         }
         self.catch_up_within(start_timeout, true)
             .await
@@ -534,6 +545,29 @@ impl Controller {
         let m = self.raft.metrics();
         let m = m.borrow();
         m.state == ServerState::Leader && m.current_leader == Some(self.node_id)
+    }
+
+    /// Kafka's BrokerHeartbeat: tells the active controller that broker
+    /// `broker_id` is alive (recorded here if this node leads, else sent to
+    /// the leader). Fails when no leader is known or it cannot be reached.
+    pub async fn heartbeat(&self, broker_id: i32) -> Result<(), MetadataError> {
+        if self.is_leader() {
+            self.heartbeats.record(broker_id);
+            return Ok(());
+        }
+        let leader = self.raft.metrics().borrow().current_leader;
+        let Some(leader) = leader.filter(|l| *l != self.node_id) else {
+            return Err(MetadataError::NotLeader { leader: None });
+        };
+        self.transport
+            .send_heartbeat(leader, broker_id, HEARTBEAT_TIMEOUT)
+            .await
+            .map_err(|e| MetadataError::Raft(format!("heartbeat to controller {leader}: {e}")))
+    }
+
+    /// When this node, as leader, last heard from broker `broker_id`.
+    pub fn last_heartbeat(&self, broker_id: i32) -> Option<std::time::Instant> {
+        self.heartbeats.last_seen(broker_id)
     }
 
     /// Waits until this node's image holds every entry committed before

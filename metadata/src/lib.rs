@@ -11,6 +11,7 @@
 
 pub mod controller;
 pub mod error;
+pub mod heartbeats;
 pub mod image;
 pub mod network;
 pub mod records;

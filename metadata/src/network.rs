@@ -19,7 +19,8 @@
 //! - InstallSnapshot (3): `u32 length` + JSON header (vote, meta, offset,
 //!   done), then the chunk's raw bytes;
 //! - ClientWrite (4): `u32 count`, per record `u32 length` + record bytes;
-//! - ReadIndex (5): empty.
+//! - ReadIndex (5): empty;
+//! - BrokerHeartbeat (6): `i32` broker id (answered by the leader only).
 //!
 //! A response payload is `u8 protocol version`, `u8 status` (0 ok, 1 error
 //! reported by the peer), then JSON: the openraft response or `RaftError`
@@ -67,6 +68,7 @@ use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use crate::controller::{MetadataBatch, MetadataRaft, TypeConfig};
+use crate::heartbeats::Heartbeats;
 use crate::records::MetadataRecord;
 use crate::storage::{decode_entry, encode_entry};
 
@@ -80,6 +82,7 @@ const KIND_VOTE: u8 = 2;
 const KIND_INSTALL_SNAPSHOT: u8 = 3;
 const KIND_CLIENT_WRITE: u8 = 4;
 const KIND_READ_INDEX: u8 = 5;
+const KIND_BROKER_HEARTBEAT: u8 = 6;
 
 const STATUS_OK: u8 = 0;
 const STATUS_ERR: u8 = 1;
@@ -118,6 +121,8 @@ pub(crate) enum Request {
     ClientWrite(Vec<Vec<u8>>),
     /// The leader's linearizable read index.
     ReadIndex,
+    /// A broker is alive (the leader records it for fencing).
+    BrokerHeartbeat(i32),
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -182,6 +187,7 @@ pub(crate) fn encode_request(from: u64, to: u64, req: &Request) -> Result<Vec<u8
         Request::InstallSnapshot(_) => KIND_INSTALL_SNAPSHOT,
         Request::ClientWrite(_) => KIND_CLIENT_WRITE,
         Request::ReadIndex => KIND_READ_INDEX,
+        Request::BrokerHeartbeat(_) => KIND_BROKER_HEARTBEAT,
     });
     b.extend_from_slice(&from.to_be_bytes());
     b.extend_from_slice(&to.to_be_bytes());
@@ -225,6 +231,7 @@ pub(crate) fn encode_request(from: u64, to: u64, req: &Request) -> Result<Vec<u8
             }
         }
         Request::ReadIndex => {}
+        Request::BrokerHeartbeat(broker_id) => b.extend_from_slice(&broker_id.to_be_bytes()),
     }
     let len = b.len() - 4;
     if len > MAX_FRAME_BYTES {
@@ -337,6 +344,11 @@ pub(crate) fn decode_request(payload: &[u8]) -> Result<(u64, u64, Request), Stri
         KIND_READ_INDEX => {
             r.end()?;
             Request::ReadIndex
+        }
+        KIND_BROKER_HEARTBEAT => {
+            let id = i32::from_be_bytes(r.take(4)?.try_into().unwrap());
+            r.end()?;
+            Request::BrokerHeartbeat(id)
         }
         k => return Err(format!("unknown request kind {k}")),
     };
@@ -625,6 +637,18 @@ impl Transport {
         self.service_call(target, &frame, timeout, false).await
     }
 
+    /// Tells `target` (the leader) that broker `broker_id` is alive.
+    pub(crate) async fn send_heartbeat(
+        &self,
+        target: u64,
+        broker_id: i32,
+        timeout: Duration,
+    ) -> Result<(), ServiceCallError> {
+        let frame = encode_request(self.node_id, target, &Request::BrokerHeartbeat(broker_id))
+            .map_err(ServiceCallError::NotSent)?;
+        self.service_call(target, &frame, timeout, true).await
+    }
+
     /// Asks `target` (the leader) for its linearizable read index.
     pub(crate) async fn read_index(
         &self,
@@ -821,6 +845,7 @@ pub(crate) fn spawn_server(
     listener: TcpListener,
     node_id: u64,
     raft: MetadataRaft,
+    heartbeats: Arc<Heartbeats>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let slots = Arc::new(Semaphore::new(SERVER_MAX_CONNECTIONS));
@@ -835,8 +860,9 @@ pub(crate) fn spawn_server(
                         };
                         let _ = stream.set_nodelay(true);
                         let raft = raft.clone();
+                        let heartbeats = heartbeats.clone();
                         conns.spawn(async move {
-                            serve_connection(stream, node_id, raft).await;
+                            serve_connection(stream, node_id, raft, heartbeats).await;
                             drop(slot);
                         });
                     }
@@ -852,7 +878,12 @@ pub(crate) fn spawn_server(
     })
 }
 
-async fn serve_connection(mut stream: TcpStream, node_id: u64, raft: MetadataRaft) {
+async fn serve_connection(
+    mut stream: TcpStream,
+    node_id: u64,
+    raft: MetadataRaft,
+    heartbeats: Arc<Heartbeats>,
+) {
     let peer = stream
         .peer_addr()
         .map(|a| a.to_string())
@@ -886,7 +917,7 @@ async fn serve_connection(mut stream: TcpStream, node_id: u64, raft: MetadataRaf
             tracing::warn!(%peer, from, to, node_id, "request for another controller; closing");
             return;
         }
-        let (status, body) = handle(&raft, req).await;
+        let (status, body) = handle(&raft, &heartbeats, node_id, req).await;
         let out = encode_response(status, &body);
         match tokio::time::timeout(SERVER_FRAME_TIMEOUT, stream.write_all(&out)).await {
             Ok(Ok(())) => {}
@@ -909,8 +940,22 @@ fn reply<T: serde::Serialize, E: serde::Serialize>(r: Result<T, E>) -> (u8, Vec<
     }
 }
 
-async fn handle(raft: &MetadataRaft, req: Request) -> (u8, Vec<u8>) {
+async fn handle(
+    raft: &MetadataRaft,
+    heartbeats: &Heartbeats,
+    node_id: u64,
+    req: Request,
+) -> (u8, Vec<u8>) {
     match req {
+        Request::BrokerHeartbeat(broker_id) => {
+            let leader = raft.metrics().borrow().current_leader;
+            reply(if leader == Some(node_id) {
+                heartbeats.record(broker_id);
+                Ok(())
+            } else {
+                Err(ServiceError::NotLeader { leader })
+            })
+        }
         Request::AppendEntries(r) => reply(raft.append_entries(r).await),
         Request::Vote(r) => reply(raft.vote(r).await),
         Request::InstallSnapshot(r) => reply(raft.install_snapshot(r).await),
@@ -1032,6 +1077,14 @@ mod tests {
         assert!(
             matches!(decode_request(payload(&f)).unwrap(), (_, _, Request::ClientWrite(b)) if b == values)
         );
+        let f = encode_request(2, 7, &Request::BrokerHeartbeat(-3)).unwrap();
+        assert!(matches!(
+            decode_request(payload(&f)).unwrap(),
+            (2, 7, Request::BrokerHeartbeat(-3))
+        ));
+        let mut short = payload(&f).to_vec();
+        short.pop();
+        assert!(decode_request(&short).is_err());
         let f = encode_request(2, 7, &Request::ReadIndex).unwrap();
         assert!(matches!(
             decode_request(payload(&f)).unwrap(),

@@ -363,3 +363,29 @@ pub fn merge_ranges(
 
 #[cfg(test)]
 mod tests;
+
+/// The fencing decisions of the active controller (Kafka's broker
+/// sessions): a broker not heard from within its session is fenced (it
+/// takes no new segments and leads nothing in Metadata); a fenced broker
+/// heard from again is unfenced. `alive` is the set of brokers heard from
+/// within the session; `grace_over` is false during the first session after
+/// this controller became leader (it has not heard from anyone yet).
+pub fn broker_liveness(
+    image: &MetadataImage,
+    alive: &std::collections::BTreeSet<i32>,
+    grace_over: bool,
+) -> Vec<MetadataRecord> {
+    image
+        .brokers
+        .values()
+        .filter_map(|b| {
+            let broker_id = b.registration.broker_id;
+            let heard = alive.contains(&broker_id);
+            match (b.fenced, heard) {
+                (false, false) if grace_over => Some(MetadataRecord::FenceBroker { broker_id }),
+                (true, true) => Some(MetadataRecord::UnfenceBroker { broker_id }),
+                _ => None,
+            }
+        })
+        .collect()
+}

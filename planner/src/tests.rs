@@ -365,3 +365,29 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn silent_brokers_are_fenced_after_the_grace_and_unfenced_when_heard() {
+    let mut image = cluster(3);
+    let alive: std::collections::BTreeSet<i32> = [1, 3].into();
+    // A new leader has heard from nobody yet: no fencing in its first session.
+    assert!(broker_liveness(&image, &alive, false).is_empty());
+    let records = broker_liveness(&image, &alive, true);
+    assert_eq!(records, vec![MetadataRecord::FenceBroker { broker_id: 2 }]);
+    assert_eq!(commit(&mut image, &records), 0);
+    // Fenced: no new segment lands on it.
+    for i in 0..30 {
+        let records = create_topic(&image, spec(&format!("f{i}"), 1, 1)).unwrap();
+        let MetadataRecord::OpenSegment(open) = &records[2] else {
+            panic!()
+        };
+        assert_ne!(open.replicas, vec![2]);
+    }
+    // Quiet while nothing changes; heard again, it is unfenced.
+    assert!(broker_liveness(&image, &alive, true).is_empty());
+    let all: std::collections::BTreeSet<i32> = [1, 2, 3].into();
+    assert_eq!(
+        broker_liveness(&image, &all, true),
+        vec![MetadataRecord::UnfenceBroker { broker_id: 2 }]
+    );
+}

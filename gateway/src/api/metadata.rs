@@ -114,14 +114,37 @@ pub fn describe_topic(
         for p in range.lo..range.hi {
             let partition = match &segment {
                 Some(seg) => {
+                    // A fenced broker (its session expired) leads nothing:
+                    // Kafka answers LEADER_NOT_AVAILABLE with leader -1 and
+                    // lists it among the offline replicas.
+                    let live = |id: &i32| image.brokers.get(id).is_some_and(|b| !b.fenced);
                     let replicas: Vec<BrokerId> =
                         seg.replicas.iter().map(|r| BrokerId(*r)).collect();
+                    let isr: Vec<BrokerId> = seg
+                        .replicas
+                        .iter()
+                        .filter(|r| live(r))
+                        .map(|r| BrokerId(*r))
+                        .collect();
+                    let offline: Vec<BrokerId> = seg
+                        .replicas
+                        .iter()
+                        .filter(|r| !live(r))
+                        .map(|r| BrokerId(*r))
+                        .collect();
+                    let leader = seg.primary().filter(live);
                     MetadataResponsePartition::default()
                         .with_partition_index(p as i32)
-                        .with_leader_id(BrokerId(seg.primary().unwrap_or(-1)))
+                        .with_error_code(if leader.is_some() {
+                            0
+                        } else {
+                            ResponseError::LeaderNotAvailable.code()
+                        })
+                        .with_leader_id(BrokerId(leader.unwrap_or(-1)))
                         .with_leader_epoch(seg.leader_epoch)
-                        .with_isr_nodes(replicas.clone())
+                        .with_isr_nodes(isr)
                         .with_replica_nodes(replicas)
+                        .with_offline_replicas(offline)
                 }
                 None => MetadataResponsePartition::default()
                     .with_partition_index(p as i32)

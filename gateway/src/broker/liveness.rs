@@ -1,0 +1,68 @@
+//! Broker sessions, as in KRaft: every broker heartbeats to the active
+//! controller every `broker.heartbeat.interval.ms`; the active controller
+//! fences a broker it has not heard from for `broker.session.timeout.ms`
+//! (it then takes no new segments and leads nothing in Metadata) and
+//! unfences it when it is heard from again. Decisions are
+//! `tessera_planner::broker_liveness`; this module is the clock and the I/O.
+
+use std::collections::BTreeSet;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use super::Broker;
+
+/// Heartbeats this broker to the active controller until the broker is gone.
+pub(super) async fn heartbeat(broker: Weak<Broker>) {
+    loop {
+        let Some(b) = broker.upgrade() else { return };
+        let interval = Duration::from_millis(b.config.broker_heartbeat_interval_ms.max(1));
+        if let Err(e) = b.controller.heartbeat(b.config.node_id).await {
+            tracing::debug!(error = %e, "broker heartbeat not delivered");
+        }
+        drop(b);
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// On the active controller: fences brokers whose session expired and
+/// unfences those heard from again.
+pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
+    let mut leading_since: Option<Instant> = None;
+    loop {
+        let Some(b) = broker.upgrade() else { return };
+        let interval = Duration::from_millis(b.config.broker_heartbeat_interval_ms.max(1));
+        let session = Duration::from_millis(b.config.broker_session_timeout_ms);
+        if !b.controller.is_leader() {
+            leading_since = None;
+        } else {
+            let since = *leading_since.get_or_insert_with(Instant::now);
+            let image = b.image();
+            let alive: BTreeSet<i32> = image
+                .brokers
+                .keys()
+                .copied()
+                .filter(|id| {
+                    b.controller
+                        .last_heartbeat(*id)
+                        .is_some_and(|t| t >= since && t.elapsed() < session)
+                })
+                .collect();
+            let records =
+                tessera_planner::broker_liveness(&image, &alive, since.elapsed() >= session);
+            if !records.is_empty() {
+                tracing::info!(?records, "broker sessions: fencing/unfencing");
+                if let Err(e) = b.controller.write_on_leader(records).await {
+                    tracing::warn!(error = %e, "could not record broker fencing");
+                }
+            }
+        }
+        drop(b);
+        tokio::time::sleep(interval).await;
+    }
+}
+
+/// Starts both loops.
+pub(super) fn start(broker: &Arc<Broker>) {
+    tokio::spawn(heartbeat(Arc::downgrade(broker)));
+    tokio::spawn(fence_expired_sessions(Arc::downgrade(broker)));
+}
