@@ -112,8 +112,8 @@ if [ "${SKIP_RUST:-0}" != "1" ]; then
         echo "build failed; not running tests" >&2
         exit 1
     fi
-    run_stage "cargo test" "cargo test --release --workspace" \
-        cargo test --release --workspace || true
+    run_stage "cargo test" "cargo test --release --workspace --no-fail-fast" \
+        cargo test --release --workspace --no-fail-fast || true
 fi
 
 # ---- real-client compatibility tests ----------------------------------------

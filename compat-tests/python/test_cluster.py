@@ -24,7 +24,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import procguard
@@ -260,3 +260,73 @@ def test_sigterm_stops_every_node(cluster):
     assert proc.wait(60) == 0
     for pid in pids:
         assert not Path(f"/proc/{pid}").exists() or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower()
+
+
+def test_a_transaction_across_nodes(cluster):
+    """One confluent-kafka transaction writing to topics led by different
+    nodes, with a consumer group's offsets sent to it: the coordinator
+    writes the markers it leads and asks the other leaders with
+    WriteTxnMarkers. read_committed sees exactly the committed records and
+    the group sees the offsets only once committed."""
+    boot = cluster["bootstrap"]
+    topics = [f"tx-{i}" for i in range(6)]
+    leaders = {}
+    for i, t in enumerate(topics):
+        md = create(boot[i % NODES], t, 2)
+        (leaders[t],) = {p.leader for p in md.partitions.values()}
+    assert len(set(leaders.values())) >= 2, leaders
+    source = "tx-source"
+    create(boot[0], source, 1)
+
+    p = Producer({
+        "bootstrap.servers": boot[0],
+        "transactional.id": "cluster-tx",
+        "transaction.timeout.ms": 30000,
+    })
+    p.init_transactions(30)
+
+    def run(tag: str, commit: bool, offset: int):
+        p.begin_transaction()
+        for t in topics:
+            for i in range(10):
+                p.produce(t, value=f"{tag}-{t}-{i}".encode(), partition=i % 2)
+        p.send_offsets_to_transaction(
+            [TopicPartition(source, 0, offset)],
+            Consumer({"bootstrap.servers": boot[1], "group.id": "tx-group"}).consumer_group_metadata(),
+            30,
+        )
+        if commit:
+            p.commit_transaction(30)
+        else:
+            p.abort_transaction(30)
+
+    run("a", commit=False, offset=7)
+    run("c", commit=True, offset=11)
+
+    def read(isolation: str) -> list[str]:
+        c = Consumer({
+            "bootstrap.servers": boot[2],
+            "group.id": f"reader-{isolation}",
+            "isolation.level": isolation,
+            "auto.offset.reset": "earliest",
+            "enable.partition.eof": True,
+        })
+        c.assign([TopicPartition(t, q, 0) for t in topics for q in range(2)])
+        out, eof = [], set()
+        deadline = time.monotonic() + 60
+        while len(eof) < len(topics) * 2 and time.monotonic() < deadline:
+            for m in c.consume(200, timeout=1):
+                if m.error() is None:
+                    out.append(m.value().decode())
+                elif m.error().code() == KafkaError._PARTITION_EOF:
+                    eof.add((m.topic(), m.partition()))
+        c.close()
+        return sorted(out)
+
+    committed = read("read_committed")
+    assert committed == sorted(f"c-{t}-{i}" for t in topics for i in range(10))
+    assert len(read("read_uncommitted")) == 2 * len(topics) * 10
+    g = Consumer({"bootstrap.servers": boot[2], "group.id": "tx-group"})
+    (tp,) = g.committed([TopicPartition(source, 0)], timeout=20)
+    assert tp.offset == 11
+    g.close()

@@ -11,6 +11,7 @@ pub mod error;
 pub mod groups;
 pub mod internal_topics;
 pub mod metrics;
+pub mod peer;
 pub mod producer_ids;
 pub mod range_policy;
 pub mod ranges;

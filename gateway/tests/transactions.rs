@@ -371,3 +371,69 @@ async fn require_stable_waits_for_the_transaction() {
     assert_eq!(stable.topics[0].partitions[0].committed_offset, 42);
     running.shutdown().await;
 }
+
+/// WriteTxnMarkers over the wire (what another broker's coordinator, or an
+/// admin aborting a hanging transaction, sends): a producer's open
+/// transaction on a partition is ended by the marker, the last stable
+/// offset moves past it, and a partition this broker does not have is
+/// answered per partition.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn write_txn_markers_ends_a_transaction_on_this_broker() {
+    use kafka_protocol::messages::write_txn_markers_request::{
+        WritableTxnMarker, WritableTxnMarkerTopic,
+    };
+    use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest};
+    use kafka_protocol::protocol::StrBytes;
+
+    let dir = tempfile::tempdir().unwrap();
+    let running = tessera_gateway::start(common::test_config(dir.path(), &[]))
+        .await
+        .unwrap();
+    let broker = running.broker.clone();
+    setup(&broker).await;
+    // A transactional batch of a producer this broker coordinates nothing
+    // for (its coordinator would be another broker): accepted, as Kafka 3.x
+    // leaders accept it, and it holds the last stable offset back.
+    produce_txn(&broker, 0, 4242, 3, 0).await;
+    assert_eq!(offsets(&broker, 0).last_stable, 0);
+
+    let topic = |name: &str, partitions: Vec<i32>| {
+        WritableTxnMarkerTopic::default()
+            .with_name(TopicName(StrBytes::from_string(name.into())))
+            .with_partition_indexes(partitions)
+    };
+    let request =
+        WriteTxnMarkersRequest::default().with_markers(vec![WritableTxnMarker::default()
+            .with_producer_id(ProducerId(4242))
+            .with_producer_epoch(3)
+            .with_transaction_result(true)
+            .with_coordinator_epoch(0)
+            .with_topics(vec![topic("t", vec![0, 7]), topic("nope", vec![0])])]);
+    // Kafka 4 serves v1 only (KIP-896 removed v0), as does this broker.
+    for version in [1] {
+        let mut c = common::WireClient::connect(running.kafka_addr).await;
+        let r = c.call(version, &request).await;
+        let codes: Vec<(String, i32, i16)> = r.markers[0]
+            .topics
+            .iter()
+            .flat_map(|t| {
+                t.partitions
+                    .iter()
+                    .map(|p| (t.name.0.to_string(), p.partition_index, p.error_code))
+            })
+            .collect();
+        assert_eq!(
+            codes,
+            vec![
+                ("t".to_string(), 0, 0),
+                ("t".to_string(), 7, 3),
+                ("nope".to_string(), 0, 3)
+            ],
+            "v{version}"
+        );
+    }
+    // Committed: the two records and the marker are below the last stable offset.
+    let o = offsets(&broker, 0);
+    assert_eq!((o.last_stable, o.high_watermark), (3, 3));
+    running.shutdown().await;
+}

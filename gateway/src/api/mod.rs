@@ -31,6 +31,7 @@ pub mod offset_fetch;
 pub mod produce;
 pub mod sync_group;
 pub mod txn_offset_commit;
+pub mod write_txn_markers;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -85,6 +86,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeProducers, 0, 0),
     (ApiKey::DescribeTransactions, 0, 0),
     (ApiKey::ListTransactions, 0, 1),
+    (ApiKey::WriteTxnMarkers, 1, 1),
 ];
 
 pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
@@ -298,6 +300,7 @@ async fn dispatch(
         ApiKey::DescribeProducers => call!(describe_producers),
         ApiKey::DescribeTransactions => call!(describe_transactions),
         ApiKey::ListTransactions => call!(list_transactions),
+        ApiKey::WriteTxnMarkers => call!(write_txn_markers),
         other => ready(Reply::Close(format!("API {other:?} has no handler"))),
     }
 }

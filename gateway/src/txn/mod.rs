@@ -24,6 +24,7 @@
 //! is accepted only for a partition of its producer's ongoing transaction, at
 //! the producer's current epoch.
 
+pub mod markers;
 pub mod records;
 pub mod state;
 
@@ -33,7 +34,6 @@ use std::time::{Duration, Instant};
 
 use tessera_metadata::TopicImage;
 
-use crate::append::DurabilityWaits;
 use crate::broker::{Broker, PartitionRoute};
 use crate::config::BrokerConfig;
 use crate::error::ApiError;
@@ -211,9 +211,10 @@ impl TxnCoordinator {
     ) -> Result<(), ApiError> {
         let views = self.views.read();
         let Some(view) = views.get(&producer_id) else {
-            return Err(ApiError::InvalidTxnState(format!(
-                "producer {producer_id} has no ongoing transaction"
-            )));
+            // Its coordinator is another broker's: a Kafka 3.x partition
+            // leader accepts the batch without asking it (KIP-890 adds the
+            // check); the marker the coordinator sends ends it.
+            return Ok(());
         };
         if epoch < view.epoch {
             return Err(ApiError::InvalidProducerEpoch(format!(
@@ -385,11 +386,10 @@ impl TxnCoordinator {
             return Ok(());
         };
         let commit = prepared.state == TxnState::PrepareCommit;
+        // Completes the group coordinator's pending offsets where a
+        // `__consumer_offsets` partition takes its marker (here or on the
+        // broker that leads it).
         self.write_markers(broker, &prepared, commit).await?;
-        broker
-            .groups
-            .complete_txn(prepared.producer_id, commit)
-            .await;
         let done = prepared.complete(Self::now())?;
         self.persist_and_apply(broker, slot, done).await
     }
@@ -401,28 +401,14 @@ impl TxnCoordinator {
         commit: bool,
     ) -> Result<(), ApiError> {
         let (_, _, coordinator) = self.coordinator_partition(broker, &m.transactional_id)?;
-        let image = broker.image();
-        let now = Self::now();
-        let mut waits = DurabilityWaits::default();
-        for (topic, partition) in &m.partitions {
-            let Some(t) = image.topic_by_name(topic) else {
-                continue; // deleted meanwhile
-            };
-            if *partition < 0 || *partition as u32 >= t.partitions {
-                continue;
-            }
-            let route = broker.route(&image, t, *partition)?;
-            let mut bytes = records::control_batch(
-                m.producer_id,
-                m.producer_epoch,
-                commit,
-                coordinator.leader_epoch,
-                now,
-            );
-            let outcome = broker.append_batch(&route, *partition as u32, &mut bytes, None)?;
-            waits.add(&route, &outcome);
-        }
-        waits.wait_all().await
+        let markers = markers::Markers {
+            producer_id: m.producer_id,
+            producer_epoch: m.producer_epoch,
+            commit,
+            coordinator_epoch: coordinator.leader_epoch,
+        };
+        let partitions: Vec<(String, i32)> = m.partitions.iter().cloned().collect();
+        broker.write_markers(&markers, &partitions).await
     }
 
     // ---- admin -------------------------------------------------------------
