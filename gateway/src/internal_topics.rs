@@ -56,14 +56,7 @@ impl Broker {
             replication_factor: self.config.default_replication_factor.max(1),
             configs,
         };
-        match self.create_topic(topic, false).await {
-            Err(ApiError::TopicAlreadyExists(_)) => self
-                .image()
-                .topic_by_name(name)
-                .cloned()
-                .ok_or(ApiError::UnknownTopicOrPartition),
-            other => other,
-        }
+        self.create_or_existing(topic).await
     }
 
     /// Appends key/value records to one partition of a topic as one batch

@@ -65,17 +65,23 @@ impl Broker {
 
     /// Creates a topic with the broker's defaults, for auto-creation.
     pub async fn auto_create_topic(&self, name: &str) -> Result<Arc<TopicImage>, ApiError> {
-        let new = NewTopic {
+        self.create_or_existing(NewTopic {
             name: name.to_string(),
             partitions: self.config.num_partitions,
             replication_factor: self.config.default_replication_factor,
             configs: BTreeMap::new(),
-        };
-        match self.create_topic(new, false).await {
-            // Lost a race with another creator: use theirs.
+        })
+        .await
+    }
+
+    /// Creates a topic, or returns the one another creator made first
+    /// (auto-creation and internal topics race other requests and brokers).
+    pub async fn create_or_existing(&self, topic: NewTopic) -> Result<Arc<TopicImage>, ApiError> {
+        let name = topic.name.clone();
+        match self.create_topic(topic, false).await {
             Err(ApiError::TopicAlreadyExists(_)) => self
                 .image()
-                .topic_by_name(name)
+                .topic_by_name(&name)
                 .cloned()
                 .ok_or(ApiError::UnknownTopicOrPartition),
             other => other,
