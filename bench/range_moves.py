@@ -35,22 +35,18 @@ import datetime
 import json
 import os
 import random
-import shutil
 import statistics
-import subprocess
 import sys
-import tempfile
 import threading
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 
 from confluent_kafka import Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import create_topic, free_port  # noqa: E402
+from bench import create_topic  # noqa: E402
 import procguard  # noqa: E402  (on sys.path through bench)
+from tessera_proc import TesseraProc  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD_SIZE = 1024
@@ -67,69 +63,12 @@ def log(msg: str):
     print(msg, file=sys.stderr, flush=True)
 
 
-class Tessera:
+class Tessera(TesseraProc):
     def __init__(self, binary: Path, overrides: dict[str, str]):
-        self.binary, self.overrides = binary, overrides
-        self.port, self.admin_port = free_port(), free_port()
-        self.workdir = Path(tempfile.mkdtemp(prefix="bench-moves-"))
-        self.logf = open(self.workdir / "tessera.log", "wb")
-        self.proc: subprocess.Popen | None = None
+        super().__init__(binary, overrides, prefix="bench-moves-")
 
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self):
-        env = dict(os.environ)
-        env.setdefault("RUST_LOG", "warn")
-        cmd = [str(self.binary), "--data-dir", str(self.workdir / "data"),
-               "--listeners", f"PLAINTEXT://{self.bootstrap}", "--admin-listener", f"127.0.0.1:{self.admin_port}"]
-        for k, v in self.overrides.items():
-            cmd += ["-o", f"{k}={v}"]
-        self.proc = procguard.spawn(cmd, stdout=self.logf, stderr=self.logf, stdin=subprocess.DEVNULL,
-                                    cwd=self.workdir, env=env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"tessera exited {self.proc.returncode}; log: {self.logf.name}")
-            try:
-                if self.http("GET", "/ready")[0] == 200:
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"tessera not ready in 30 s; log: {self.logf.name}")
-
-    def stop(self, keep: bool = False):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.logf.close()
-        if not keep:
-            shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def http(self, method: str, path: str):
-        """(status, body text); HTTP error answers are returned, not raised."""
-        req = urllib.request.Request(f"http://127.0.0.1:{self.admin_port}{path}", method=method,
-                                     data=b"" if method == "POST" else None)
-        try:
-            with urllib.request.urlopen(req, timeout=60) as r:
-                return r.status, r.read().decode()
-        except urllib.error.HTTPError as e:
-            return e.code, e.read().decode(errors="replace")
-
-    def ranges(self, topic: str) -> list[dict]:
-        status, body = self.http("GET", "/ranges")
-        if status != 200:
-            raise RuntimeError(f"GET /ranges -> {status} {body}")
-        return [r for r in json.loads(body) if r["topic"] == topic]
-
-    def active_ranges(self, topic: str) -> list[dict]:
-        return sorted((r for r in self.ranges(topic) if r["active"]), key=lambda r: r["lo"])
+    # (status, body): a move that lost a race answers 4xx, which is counted.
+    http = TesseraProc.request
 
     def moves(self, topic: str) -> tuple[int, int]:
         """(splits, merges) the topic has seen, from its ranges' lineage."""

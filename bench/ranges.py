@@ -37,14 +37,14 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from pathlib import Path
 
 from confluent_kafka import Producer
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import create_topic, free_port  # noqa: E402
+from bench import create_topic  # noqa: E402
 import procguard  # noqa: E402  (on sys.path through bench)
+from tessera_proc import TesseraProc  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 RECORD_SIZE = 1024
@@ -56,62 +56,17 @@ def log(msg: str):
     print(msg, file=sys.stderr, flush=True)
 
 
-class Tessera:
+class Tessera(TesseraProc):
+    """The broker with the range policy off: only the benchmark splits."""
+
     def __init__(self, binary: Path):
-        self.binary = binary
-        self.port, self.admin_port = free_port(), free_port()
-        self.workdir = Path(tempfile.mkdtemp(prefix="bench-ranges-"))
-        self.data = self.workdir / "data"
-        self.logf = open(self.workdir / "tessera.log", "wb")
-        self.proc: subprocess.Popen | None = None
-
-    @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self):
-        env = dict(os.environ)
-        env.setdefault("RUST_LOG", "warn")
-        cmd = [str(self.binary), "--data-dir", str(self.data),
-               "--listeners", self.bootstrap, "--admin-listener", f"127.0.0.1:{self.admin_port}",
-               "-o", "range.policy.enable=false"]
-        self.proc = procguard.spawn(cmd, stdout=self.logf, stderr=self.logf, stdin=subprocess.DEVNULL,
-                                    cwd=self.workdir, env=env)
-        deadline = time.monotonic() + 30
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"tessera exited {self.proc.returncode}; log: {self.logf.name}")
-            try:
-                if self.http("GET", "/ready", parse=False) == "ready\n":
-                    return
-            except OSError:
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"tessera not ready in 30 s; log: {self.logf.name}")
-
-    def stop(self, keep: bool = False):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        self.logf.close()
-        if not keep:
-            shutil.rmtree(self.workdir, ignore_errors=True)
+        super().__init__(binary, {"range.policy.enable": "false"}, prefix="bench-ranges-")
 
     def http(self, method: str, path: str, parse: bool = True):
-        req = urllib.request.Request(f"http://127.0.0.1:{self.admin_port}{path}", method=method)
-        with urllib.request.urlopen(req, timeout=60) as r:
-            body = r.read().decode()
+        status, body = self.request(method, path)
+        if status != 200:
+            raise RuntimeError(f"{method} {path} -> {status} {body}")
         return json.loads(body) if parse else body
-
-    def ranges(self, topic: str | None = None) -> list[dict]:
-        return [r for r in self.http("GET", "/ranges") if topic is None or r["topic"] == topic]
-
-    def active_ranges(self, topic: str) -> list[dict]:
-        return sorted((r for r in self.ranges(topic) if r["active"]), key=lambda r: r["lo"])
 
     def split_to(self, topic: str, count: int):
         """Split the topic's widest active range at its middle until it has `count` active ranges."""
