@@ -1,0 +1,326 @@
+//! The wire form of replication between brokers.
+//!
+//! A stream starts on a broker's Kafka listener with one private request
+//! (api key [`UPGRADE_API_KEY`]) and then carries frames
+//! `[length u32][kind u8][payload]`, big-endian, capped at
+//! [`MAX_FRAME_BYTES`]. The primary pushes `Append`s in order, pipelined;
+//! the follower answers `Ack` (durable end) or `Mismatch` (resend from its
+//! end) or `Refused`. `Fence` → `Fenced` and `Read` → `Data` are one-shot
+//! exchanges of the seal and the repair.
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+/// The Kafka api key that turns a Kafka connection into a replication
+/// stream (outside Kafka's range of api keys, so no client sends it).
+pub const UPGRADE_API_KEY: i16 = 0x7e01;
+/// The largest frame either side sends or accepts.
+pub const MAX_FRAME_BYTES: usize = 64 << 20;
+
+/// One segment of one range.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct SegmentKey {
+    pub range: u64,
+    pub seq: u32,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Message {
+    /// First frame of a stream: who is calling.
+    Hello { from: i32 },
+    /// Primary → follower: stored frames starting at `position` of the segment.
+    Append {
+        segment: SegmentKey,
+        position: u64,
+        frames: Bytes,
+    },
+    /// Follower → primary: the follower's copy is durable up to `durable`.
+    Ack { segment: SegmentKey, durable: u64 },
+    /// Follower → primary: not at my end; resend from `end`.
+    Mismatch { segment: SegmentKey, end: u64 },
+    /// The segment is fenced, sealed or unknown here; `retry` when it may
+    /// become known (the follower's metadata is behind).
+    Refused {
+        segment: SegmentKey,
+        retry: bool,
+        reason: String,
+    },
+    /// Controller → replica: fence the segment and report the durable end.
+    Fence { segment: SegmentKey },
+    Fenced { segment: SegmentKey, end: u64 },
+    /// Repair: up to `max` bytes of the replica's copy from `from`.
+    Read {
+        segment: SegmentKey,
+        from: u64,
+        max: u32,
+    },
+    Data {
+        segment: SegmentKey,
+        position: u64,
+        frames: Bytes,
+    },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ProtocolError {
+    #[error("I/O: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("malformed replication frame: {0}")]
+    Malformed(&'static str),
+    #[error("replication frame of {0} bytes exceeds the limit")]
+    TooLarge(usize),
+}
+
+const HELLO: u8 = 1;
+const APPEND: u8 = 2;
+const ACK: u8 = 3;
+const MISMATCH: u8 = 4;
+const REFUSED: u8 = 5;
+const FENCE: u8 = 6;
+const FENCED: u8 = 7;
+const READ: u8 = 8;
+const DATA: u8 = 9;
+
+fn put_segment(b: &mut BytesMut, s: &SegmentKey) {
+    b.put_u64(s.range);
+    b.put_u32(s.seq);
+}
+
+impl Message {
+    /// The complete frame, length prefix included.
+    pub fn encode(&self) -> Bytes {
+        let mut b = BytesMut::with_capacity(64);
+        b.put_u32(0);
+        match self {
+            Message::Hello { from } => {
+                b.put_u8(HELLO);
+                b.put_i32(*from);
+            }
+            Message::Append {
+                segment,
+                position,
+                frames,
+            }
+            | Message::Data {
+                segment,
+                position,
+                frames,
+            } => {
+                b.put_u8(if matches!(self, Message::Append { .. }) {
+                    APPEND
+                } else {
+                    DATA
+                });
+                put_segment(&mut b, segment);
+                b.put_u64(*position);
+                b.extend_from_slice(frames);
+            }
+            Message::Ack { segment, durable } => {
+                b.put_u8(ACK);
+                put_segment(&mut b, segment);
+                b.put_u64(*durable);
+            }
+            Message::Mismatch { segment, end } => {
+                b.put_u8(MISMATCH);
+                put_segment(&mut b, segment);
+                b.put_u64(*end);
+            }
+            Message::Refused {
+                segment,
+                retry,
+                reason,
+            } => {
+                b.put_u8(REFUSED);
+                put_segment(&mut b, segment);
+                b.put_u8(*retry as u8);
+                b.extend_from_slice(reason.as_bytes());
+            }
+            Message::Fence { segment } => {
+                b.put_u8(FENCE);
+                put_segment(&mut b, segment);
+            }
+            Message::Fenced { segment, end } => {
+                b.put_u8(FENCED);
+                put_segment(&mut b, segment);
+                b.put_u64(*end);
+            }
+            Message::Read { segment, from, max } => {
+                b.put_u8(READ);
+                put_segment(&mut b, segment);
+                b.put_u64(*from);
+                b.put_u32(*max);
+            }
+        }
+        let len = (b.len() - 4) as u32;
+        b[0..4].copy_from_slice(&len.to_be_bytes());
+        b.freeze()
+    }
+
+    /// Decodes a frame body (without its length prefix).
+    pub fn decode(mut body: Bytes) -> Result<Message, ProtocolError> {
+        fn need(b: &Bytes, n: usize) -> Result<(), ProtocolError> {
+            if b.remaining() < n {
+                Err(ProtocolError::Malformed("frame too short"))
+            } else {
+                Ok(())
+            }
+        }
+        fn segment(b: &mut Bytes) -> Result<SegmentKey, ProtocolError> {
+            need(b, 12)?;
+            Ok(SegmentKey {
+                range: b.get_u64(),
+                seq: b.get_u32(),
+            })
+        }
+        need(&body, 1)?;
+        let kind = body.get_u8();
+        let msg = match kind {
+            HELLO => {
+                need(&body, 4)?;
+                Message::Hello {
+                    from: body.get_i32(),
+                }
+            }
+            APPEND | DATA => {
+                let segment = segment(&mut body)?;
+                need(&body, 8)?;
+                let position = body.get_u64();
+                let frames = body.split_to(body.len());
+                if kind == APPEND {
+                    Message::Append {
+                        segment,
+                        position,
+                        frames,
+                    }
+                } else {
+                    Message::Data {
+                        segment,
+                        position,
+                        frames,
+                    }
+                }
+            }
+            ACK | MISMATCH | FENCED => {
+                let segment = segment(&mut body)?;
+                need(&body, 8)?;
+                let v = body.get_u64();
+                match kind {
+                    ACK => Message::Ack {
+                        segment,
+                        durable: v,
+                    },
+                    MISMATCH => Message::Mismatch { segment, end: v },
+                    _ => Message::Fenced { segment, end: v },
+                }
+            }
+            REFUSED => {
+                let segment = segment(&mut body)?;
+                need(&body, 1)?;
+                let retry = body.get_u8() != 0;
+                let reason = String::from_utf8_lossy(&body).into_owned();
+                body.advance(body.len());
+                Message::Refused {
+                    segment,
+                    retry,
+                    reason,
+                }
+            }
+            FENCE => Message::Fence {
+                segment: segment(&mut body)?,
+            },
+            READ => {
+                let segment = segment(&mut body)?;
+                need(&body, 12)?;
+                Message::Read {
+                    segment,
+                    from: body.get_u64(),
+                    max: body.get_u32(),
+                }
+            }
+            _ => return Err(ProtocolError::Malformed("unknown message kind")),
+        };
+        if body.has_remaining() {
+            return Err(ProtocolError::Malformed("trailing bytes"));
+        }
+        Ok(msg)
+    }
+}
+
+/// Reads one message; `Ok(None)` at a clean end of stream.
+pub async fn read_message<R: AsyncRead + Unpin>(
+    r: &mut R,
+) -> Result<Option<Message>, ProtocolError> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e.into()),
+    }
+    let len = u32::from_be_bytes(len) as usize;
+    if len > MAX_FRAME_BYTES {
+        return Err(ProtocolError::TooLarge(len));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body).await?;
+    Message::decode(Bytes::from(body)).map(Some)
+}
+
+pub async fn write_message<W: AsyncWrite + Unpin>(
+    w: &mut W,
+    msg: &Message,
+) -> Result<(), ProtocolError> {
+    w.write_all(&msg.encode()).await?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_message_round_trips() {
+        let s = SegmentKey { range: 7, seq: 3 };
+        let all = [
+            Message::Hello { from: 2 },
+            Message::Append {
+                segment: s,
+                position: 99,
+                frames: Bytes::from_static(b"abc"),
+            },
+            Message::Ack {
+                segment: s,
+                durable: 5,
+            },
+            Message::Mismatch { segment: s, end: 4 },
+            Message::Refused {
+                segment: s,
+                retry: true,
+                reason: "behind".into(),
+            },
+            Message::Fence { segment: s },
+            Message::Fenced { segment: s, end: 11 },
+            Message::Read {
+                segment: s,
+                from: 1,
+                max: 1 << 20,
+            },
+            Message::Data {
+                segment: s,
+                position: 0,
+                frames: Bytes::new(),
+            },
+        ];
+        for m in all {
+            let frame = m.encode();
+            let back = Message::decode(frame.slice(4..)).unwrap();
+            assert_eq!(back, m);
+        }
+    }
+
+    #[test]
+    fn garbage_is_an_error_not_a_panic() {
+        for body in [&b""[..], b"\x02\x00", b"\xff", b"\x03\0\0\0\0\0\0\0\x01\0\0\0\x01"] {
+            assert!(Message::decode(Bytes::copy_from_slice(body)).is_err());
+        }
+    }
+}
