@@ -10,6 +10,7 @@ pub mod coordinator;
 pub mod error;
 pub mod groups;
 pub mod internal_topics;
+pub mod leader_epochs;
 pub mod metrics;
 pub mod peer;
 pub mod producer_ids;

@@ -28,6 +28,7 @@ pub mod metadata;
 pub mod offset_commit;
 pub mod offset_delete;
 pub mod offset_fetch;
+pub mod offset_for_leader_epoch;
 pub mod produce;
 pub mod sync_group;
 pub mod txn_offset_commit;
@@ -59,6 +60,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::Produce, 3, 11),
     (ApiKey::Fetch, 4, 18),
     (ApiKey::ListOffsets, 1, 10),
+    (ApiKey::OffsetForLeaderEpoch, 2, 4),
     (ApiKey::Metadata, 0, 13),
     (ApiKey::ApiVersions, 0, 4),
     (ApiKey::CreateTopics, 2, 7),
@@ -273,6 +275,7 @@ async fn dispatch(
         }
         ApiKey::Fetch => call!(fetch),
         ApiKey::ListOffsets => call!(list_offsets),
+        ApiKey::OffsetForLeaderEpoch => call!(offset_for_leader_epoch),
         ApiKey::Metadata => call!(metadata),
         ApiKey::ApiVersions => call!(api_versions),
         ApiKey::CreateTopics => call!(create_topics),
