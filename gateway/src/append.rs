@@ -2,9 +2,9 @@
 //!
 //! Produce, the group and transaction coordinators' records and transaction
 //! markers all append through [`Broker::append_batch`] and wait through
-//! [`DurabilityWaits`]. Today "durable" means fsynced on this broker, the
-//! primary of the range's active segment; replication makes it "fsynced on a
-//! quorum of the segment's replicas" here and nowhere else.
+//! [`DurabilityWaits`]. "Durable" means fsynced on a quorum of the active
+//! segment's replicas (the range log's committed position, which also moves
+//! the high watermark); acks=1 waits for this broker's fsync only.
 //!
 //! A wait is kept per range the batch was appended to, never looked up again
 //! through the metadata image: after a split or merge the partition belongs
@@ -58,13 +58,25 @@ impl Broker {
 }
 
 /// What a request must wait for before it acknowledges: per range appended
-/// to, the furthest position its appends end at.
+/// to, the furthest position its appends end at; and whether a quorum of the
+/// segment's replicas must have it (acks=-1, and every broker-side append)
+/// or this broker's disk is enough (acks=1).
 #[derive(Default)]
 pub struct DurabilityWaits {
     ranges: HashMap<RangeId, (Arc<RangeLog>, u64)>,
+    leader_only: bool,
 }
 
 impl DurabilityWaits {
+    /// The waits of a produce request with `acks` (1: the leader's fsync;
+    /// -1: a quorum of the replicas).
+    pub fn for_acks(acks: i16) -> DurabilityWaits {
+        DurabilityWaits {
+            ranges: HashMap::new(),
+            leader_only: acks == 1,
+        }
+    }
+
     /// Adds an append (a duplicate too: its original must be durable before
     /// the retry is acknowledged, and it is once the log reached this position).
     pub fn add(&mut self, route: &PartitionRoute, outcome: &AppendOutcome) {
@@ -84,7 +96,14 @@ impl DurabilityWaits {
     pub async fn wait(self, timeout: Option<Duration>) -> HashMap<RangeId, ApiError> {
         let mut failed = HashMap::new();
         for (range, (log, position)) in self.ranges {
-            let durable = log.wait_durable(position);
+            let leader_only = self.leader_only;
+            let durable = async move {
+                if leader_only {
+                    log.wait_local_durable(position).await
+                } else {
+                    log.wait_durable(position).await
+                }
+            };
             let result = match timeout {
                 Some(t) => match tokio::time::timeout(t, durable).await {
                     Ok(r) => r.map_err(ApiError::from),

@@ -8,6 +8,7 @@
 
 mod liveness;
 mod reconcile;
+mod replicas;
 mod topics;
 
 use std::collections::HashMap;
@@ -60,6 +61,8 @@ pub struct Broker {
     reconciler: reconcile::Reconciler,
     rolls: mpsc::UnboundedSender<(RangeId, SealedSegment)>,
     ready: AtomicBool,
+    /// Per-segment replication: shipping, follower copies, seals.
+    replicas: replicas::Replicas,
 }
 
 /// Reads or creates `meta.properties` (Kafka's name for it) with the cluster id.
@@ -154,8 +157,10 @@ impl Broker {
             reconciler: reconcile::Reconciler::default(),
             rolls,
             ready: AtomicBool::new(false),
+            replicas: replicas::Replicas::default(),
             config,
         });
+        broker.init_replicas();
         broker.register().await?;
         // The first pass opens every log this broker serves and loads the
         // coordinators of the internal partitions it leads (Kafka's
@@ -235,6 +240,9 @@ impl Broker {
         let segment = image
             .active_segment(range.id)
             .ok_or(ApiError::NotLeaderOrFollower)?;
+        if segment.primary() != Some(self.config.node_id) {
+            return Err(ApiError::NotLeaderOrFollower);
+        }
         let log = self
             .logs
             .read()
@@ -263,6 +271,10 @@ impl Broker {
     pub async fn shutdown(&self) {
         self.ready.store(false, Ordering::Release);
         self.stop_reconciling().await;
+        let logs: Vec<_> = self.logs.read().keys().copied().collect();
+        for range in logs {
+            self.stop_shipping(range);
+        }
         let logs: Vec<_> = self.logs.read().values().cloned().collect();
         for log in logs {
             log.close();

@@ -55,6 +55,16 @@ pub struct BrokerConfig {
     pub log_retention_ms: i64,
     /// `log.retention.bytes`
     pub log_retention_bytes: i64,
+    /// `min.insync.replicas`
+    pub min_insync_replicas: i64,
+    /// `replica.lag.time.max.ms`: a follower not caught up for this long
+    /// leaves the in-sync replicas.
+    pub replica_lag_time_max_ms: u64,
+    /// `offsets.topic.replication.factor` (capped at the live brokers, so a
+    /// single node works with Kafka's default of 3)
+    pub offsets_topic_replication_factor: i16,
+    /// `transaction.state.log.replication.factor` (capped likewise)
+    pub transaction_state_log_replication_factor: i16,
     /// `log.cleanup.policy`
     pub log_cleanup_policy: String,
     /// `log.message.timestamp.type`
@@ -135,6 +145,10 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("log.roll.ms", "604800000"),
     ("log.retention.ms", "604800000"),
     ("log.retention.bytes", "-1"),
+    ("min.insync.replicas", "1"),
+    ("replica.lag.time.max.ms", "30000"),
+    ("offsets.topic.replication.factor", "3"),
+    ("transaction.state.log.replication.factor", "3"),
     ("log.cleanup.policy", "delete"),
     ("log.message.timestamp.type", "CreateTime"),
     ("metadata.snapshot.interval.entries", "1000"),
@@ -359,6 +373,13 @@ impl BrokerConfig {
             log_roll_ms: parse(map, "log.roll.ms")?,
             log_retention_ms: parse(map, "log.retention.ms")?,
             log_retention_bytes: parse(map, "log.retention.bytes")?,
+            min_insync_replicas: parse(map, "min.insync.replicas")?,
+            replica_lag_time_max_ms: parse(map, "replica.lag.time.max.ms")?,
+            offsets_topic_replication_factor: parse(map, "offsets.topic.replication.factor")?,
+            transaction_state_log_replication_factor: parse(
+                map,
+                "transaction.state.log.replication.factor",
+            )?,
             log_cleanup_policy: get("log.cleanup.policy"),
             log_message_timestamp_type: get("log.message.timestamp.type"),
             metadata_snapshot_interval_entries: parse(map, "metadata.snapshot.interval.entries")?,

@@ -111,6 +111,10 @@ pub enum ApiError {
     InvalidRecord(String),
     #[error("the transactional id could not be found")]
     TransactionalIdNotFound,
+    #[error("{in_sync} in-sync replica(s), fewer than min.insync.replicas {required}")]
+    NotEnoughReplicas { in_sync: usize, required: usize },
+    #[error("written on the leader, but the in-sync replicas fell below min.insync.replicas before a quorum had it")]
+    NotEnoughReplicasAfterAppend,
     /// A KIP-848 consumer group refused the request (its own code).
     #[error("{0}")]
     ConsumerGroup(crate::groups::consumer_protocol::ConsumerGroupError),
@@ -167,6 +171,8 @@ impl ApiError {
             ApiError::ConcurrentTransactions => K::ConcurrentTransactions,
             ApiError::InvalidRecord(_) => K::InvalidRecord,
             ApiError::TransactionalIdNotFound => K::TransactionalIdNotFound,
+            ApiError::NotEnoughReplicas { .. } => K::NotEnoughReplicas,
+            ApiError::NotEnoughReplicasAfterAppend => K::NotEnoughReplicasAfterAppend,
             ApiError::ConsumerGroup(e) => e.kafka(),
         }
     }
@@ -270,5 +276,11 @@ mod tests {
         assert_eq!(ApiError::InvalidRecord(String::new()).code(), 87);
         assert_eq!(ApiError::ProducerFenced.code(), 90);
         assert_eq!(ApiError::TransactionalIdNotFound.code(), 105);
+        let short = ApiError::NotEnoughReplicas {
+            in_sync: 1,
+            required: 2,
+        };
+        assert_eq!(short.code(), 19);
+        assert_eq!(ApiError::NotEnoughReplicasAfterAppend.code(), 20);
     }
 }

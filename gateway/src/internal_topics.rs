@@ -50,10 +50,18 @@ impl Broker {
             "segment.bytes".to_string(),
             OFFSETS_TOPIC_SEGMENT_BYTES.to_string(),
         );
+        // Kafka's keys and default (3), capped at the live brokers so that a
+        // single node or a small cluster still gets its coordinators.
+        let wanted = if name == crate::txn::TRANSACTION_STATE {
+            self.config.transaction_state_log_replication_factor
+        } else {
+            self.config.offsets_topic_replication_factor
+        };
+        let live = self.image().brokers.values().filter(|b| !b.fenced).count();
         let topic = NewTopic {
             name: name.to_string(),
             partitions,
-            replication_factor: self.config.default_replication_factor.max(1),
+            replication_factor: wanted.clamp(1, live.max(1) as i16),
             configs,
         };
         self.create_or_existing(topic).await

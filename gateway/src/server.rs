@@ -47,11 +47,10 @@ pub async fn serve(
 async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
     let peer = stream.peer_addr().ok();
     let (mut reader, writer) = stream.into_split();
-    // Each request is handled in its own task; the writer awaits them in
-    // arrival order, so pipelined responses go back in request order.
-    let (tx, rx) = mpsc::channel::<JoinHandle<Reply>>(MAX_IN_FLIGHT);
-    let writer_task = tokio::spawn(write_responses(writer, rx));
     let max = broker.config.socket_request_max_bytes;
+    let mut first = true;
+    let mut responses: Option<(mpsc::Sender<JoinHandle<Reply>>, JoinHandle<()>)> = None;
+    let mut writer = Some(writer);
     loop {
         let frame = tokio::select! {
             frame = read_frame(&mut reader, max) => frame,
@@ -66,6 +65,22 @@ async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch:
                 break;
             }
         };
+        // Another broker opening a replication stream (its first request
+        // carries the private api key): the connection is the stream's now.
+        if std::mem::take(&mut first) && is_replication_upgrade(&frame) {
+            if let Some(writer) = writer.take() {
+                broker.serve_replication(reader, writer).await;
+            }
+            Metrics::add(&broker.metrics.connections_closed, 1);
+            return;
+        }
+        // Each request is handled in its own task; the writer awaits them in
+        // arrival order, so pipelined responses go back in request order.
+        let (tx, _) = responses.get_or_insert_with(|| {
+            let (tx, rx) = mpsc::channel::<JoinHandle<Reply>>(MAX_IN_FLIGHT);
+            let writer = writer.take().expect("the writer is taken once");
+            (tx, tokio::spawn(write_responses(writer, rx)))
+        });
         // In request order: decode, and a produce's appends; the rest runs concurrently.
         let in_flight = api::PEER
             .scope(
@@ -78,9 +93,17 @@ async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch:
             break;
         }
     }
-    drop(tx);
-    let _ = writer_task.await;
+    if let Some((tx, writer_task)) = responses {
+        drop(tx);
+        let _ = writer_task.await;
+    }
     Metrics::add(&broker.metrics.connections_closed, 1);
+}
+
+fn is_replication_upgrade(frame: &[u8]) -> bool {
+    frame.len() >= 2
+        && i16::from_be_bytes([frame[0], frame[1]])
+            == tessera_replication::protocol::UPGRADE_API_KEY
 }
 
 async fn write_responses(

@@ -262,6 +262,8 @@ pub struct EffectiveTopicConfig {
     pub log_append_time: bool,
     pub retention_ms: i64,
     pub retention_bytes: i64,
+    /// `min.insync.replicas`: acks=-1 appends need this many in-sync replicas.
+    pub min_insync_replicas: usize,
 }
 
 impl EffectiveTopicConfig {
@@ -285,6 +287,8 @@ impl EffectiveTopicConfig {
             log_append_time: ts_type == "LogAppendTime",
             retention_ms: num("retention.ms", broker.log_retention_ms),
             retention_bytes: num("retention.bytes", broker.log_retention_bytes),
+            min_insync_replicas: num("min.insync.replicas", broker.min_insync_replicas).max(1)
+                as usize,
         }
     }
 }

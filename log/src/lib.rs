@@ -12,6 +12,6 @@ pub mod txn_state;
 
 pub use error::{BatchError, LogError};
 pub use range_log::{
-    now_ms, AppendOutcome, PartitionOffsets, RangeLog, RangeLogOptions, RangeSeed, ReadOutcome,
-    SealedSegment,
+    now_ms, AppendOutcome, FrameChunk, PartitionOffsets, RangeLog, RangeLogOptions, RangeSeed,
+    ReadOutcome, SealedSegment,
 };

@@ -39,8 +39,16 @@ pub struct RangeLogOptions {
     pub log_start_offsets: Vec<i64>,
     /// What a range created by a split or merge inherits from its parents.
     pub seed: Option<RangeSeed>,
+    /// Per partition (index `p - lo`), an offset the partition's next offset
+    /// is at least: what the metadata's sealed spans say the partition
+    /// reached, for a primary that does not hold every segment locally.
+    pub min_next_offsets: Vec<i64>,
     /// Open a sealed range read-only: every segment sealed, appends refused.
     pub sealed: bool,
+    /// The active segment has followers: the high watermark (and what
+    /// acks=-1 waits for) moves only by [`RangeLog::commit`], when a quorum
+    /// of replicas is durable, not by the local fsync alone.
+    pub replicated: bool,
 }
 
 /// The state a child range takes over from its parents, per partition
@@ -76,6 +84,15 @@ pub struct AppendOutcome {
     pub rolled: Option<SealedSegment>,
     /// Set when the batch was a retry of one already stored: nothing was appended.
     pub duplicate: bool,
+}
+
+/// Stored frames of one segment, as a primary ships them to followers.
+#[derive(Clone, Debug)]
+pub struct FrameChunk {
+    pub bytes: Bytes,
+    /// The segment's size when read.
+    pub segment_size: u64,
+    pub sealed: bool,
 }
 
 /// Offsets of one partition.
@@ -186,7 +203,15 @@ pub struct RangeLog {
     options: RangeLogOptions,
     inner: Mutex<Inner>,
     flush_wanted: Notify,
+    /// Committed position: durable on a quorum of the active segment's
+    /// replicas (on this broker alone without followers). Moves the high
+    /// watermark; acks=-1 waits for it.
     durable: watch::Sender<u64>,
+    /// Fsynced on this broker (acks=1 waits for it; a primary's followers
+    /// count it as the primary's durable end).
+    local_durable: watch::Sender<u64>,
+    /// Written position (page cache), for the replicators shipping frames.
+    written: watch::Sender<u64>,
     failed: AtomicBool,
     /// Batch bytes appended since open, for the load-driven range policy.
     bytes_appended: AtomicU64,
@@ -283,6 +308,9 @@ impl RangeLog {
                 }
             }
         }
+        for (state, &min) in partitions.iter_mut().zip(&options.min_next_offsets) {
+            state.next_offset = state.next_offset.max(min);
+        }
         for state in &mut partitions {
             state.high_watermark = state.next_offset;
         }
@@ -333,6 +361,8 @@ impl RangeLog {
             inner: Mutex::new(inner),
             flush_wanted: Notify::new(),
             durable: watch::channel(written).0,
+            local_durable: watch::channel(written).0,
+            written: watch::channel(written).0,
             failed: AtomicBool::new(false),
             bytes_appended: AtomicU64::new(0),
             hw_listener,
@@ -453,6 +483,7 @@ impl RangeLog {
             next_offset: last_offset + 1,
         });
         drop(inner);
+        self.written.send_replace(end_position);
         self.flush_wanted.notify_one();
         Ok(AppendOutcome {
             base_offset,
@@ -496,6 +527,7 @@ impl RangeLog {
             );
         }
         self.durable.send_modify(|_| {});
+        self.local_durable.send_modify(|_| {});
     }
 
     /// Opens the segment after the sealed active one and makes it active.
@@ -531,9 +563,22 @@ impl RangeLog {
         Ok(sealed)
     }
 
-    /// Everything up to `position` is on disk: move the high watermarks and
-    /// wake whoever waits for them.
+    /// Everything up to `position` is on this broker's disk. Without
+    /// followers that commits it; with followers [`RangeLog::commit`] does.
     fn publish_durable(&self, inner: &mut Inner, position: u64) {
+        self.local_durable.send_if_modified(|d| {
+            let moved = *d < position;
+            *d = (*d).max(position);
+            moved
+        });
+        if !self.options.replicated {
+            self.commit_locked(inner, position);
+        }
+    }
+
+    /// Everything up to `position` is committed: move the high watermarks
+    /// and wake whoever waits for them.
+    fn commit_locked(&self, inner: &mut Inner, position: u64) {
         if inner.advance_durable(position) {
             self.hw_listener.send_modify(|v| *v += 1);
         }
@@ -542,6 +587,114 @@ impl RangeLog {
             *d = (*d).max(position);
             moved
         });
+    }
+
+    /// A quorum of the active segment's replicas is durable up to
+    /// `position` (range-wide, as [`RangeLog::position_of`] maps it): the
+    /// high watermark moves and acks=-1 appends up to it are answered.
+    pub fn commit(&self, position: u64) {
+        let mut inner = self.inner.lock();
+        let position = position.min(inner.written_position());
+        self.commit_locked(&mut inner, position);
+    }
+
+    /// Range-wide position of byte `position` of local segment `seq`.
+    pub fn position_of(&self, seq: u32, position: u64) -> Option<u64> {
+        let inner = self.inner.lock();
+        let mut base = 0u64;
+        for seg in &inner.segments {
+            if seg.seq == seq {
+                return Some(base + position.min(seg.size));
+            }
+            base += seg.size;
+        }
+        None
+    }
+
+    /// The local durable end as `(active seq, bytes of it fsynced)`.
+    pub fn local_durable_end(&self) -> (u32, u64) {
+        let inner = self.inner.lock();
+        let durable = *self.local_durable.borrow();
+        let active = inner.segments.last().unwrap();
+        let base = inner.active_base_position;
+        (active.seq, durable.saturating_sub(base).min(active.size))
+    }
+
+    /// Stored frames of local segment `seq` from byte `from`: whole frames,
+    /// about `max` bytes (one frame at least, whatever its size). Also the
+    /// segment's current size and whether it is sealed. `None` if this log
+    /// does not hold the segment.
+    pub fn frames(&self, seq: u32, from: u64, max: usize) -> Result<Option<FrameChunk>, LogError> {
+        let (file, size, sealed) = {
+            let inner = self.inner.lock();
+            let Some(seg) = inner.segments.iter().find(|s| s.seq == seq) else {
+                return Ok(None);
+            };
+            (seg.file.clone(), seg.size, seg.sealed)
+        };
+        if from >= size {
+            return Ok(Some(FrameChunk {
+                bytes: Bytes::new(),
+                segment_size: size,
+                sealed,
+            }));
+        }
+        let bytes = segment::read_frames(&file, from, size, max)?;
+        Ok(Some(FrameChunk {
+            bytes,
+            segment_size: size,
+            sealed,
+        }))
+    }
+
+    /// Subscribes to the written position (moves on every append).
+    pub fn subscribe_written(&self) -> watch::Receiver<u64> {
+        self.written.subscribe()
+    }
+
+    /// Subscribes to the local durable position.
+    pub fn subscribe_local_durable(&self) -> watch::Receiver<u64> {
+        self.local_durable.subscribe()
+    }
+
+    /// Waits until everything up to `position` is fsynced on this broker
+    /// (acks=1), whether or not followers have it yet.
+    pub async fn wait_local_durable(&self, position: u64) -> Result<(), LogError> {
+        let mut rx = self.local_durable.subscribe();
+        loop {
+            if *rx.borrow_and_update() >= position {
+                return Ok(());
+            }
+            if self.failed.load(Ordering::Relaxed) {
+                return Err(LogError::StorageFailed);
+            }
+            if self.inner.lock().state != WriteState::Open && *rx.borrow() < position {
+                // Sealed or closed before it was durable here: it never will be.
+                return Err(LogError::Closed);
+            }
+            if rx.changed().await.is_err() {
+                return Err(LogError::Closed);
+            }
+        }
+    }
+
+    /// True when this log holds segment `seq`, sealed.
+    pub fn holds_sealed(&self, seq: u32) -> bool {
+        self.inner
+            .lock()
+            .segments
+            .iter()
+            .any(|s| s.seq == seq && s.sealed)
+    }
+
+    /// The sequence number of the active (last) segment.
+    pub fn active_seq(&self) -> u32 {
+        self.inner.lock().segments.last().unwrap().seq
+    }
+
+    /// True when the log was opened with followers.
+    pub fn is_replicated(&self) -> bool {
+        self.options.replicated
     }
 
     /// Seals the active segment now, if it holds anything.
@@ -559,9 +712,15 @@ impl RangeLog {
         self.roll_locked(&mut inner, now_ms()).map(Some)
     }
 
-    /// Waits until everything up to `position` is on disk.
+    /// Waits until everything up to `position` is committed (durable on a
+    /// quorum of the replicas; on this disk without followers). Once the log
+    /// is sealed or closed a commit may never come (a fenced primary): the
+    /// wait gives up after a short grace with `Closed`, which clients see
+    /// as NOT_LEADER_OR_FOLLOWER and retry at the new leader.
     pub async fn wait_durable(&self, position: u64) -> Result<(), LogError> {
+        const GRACE_AFTER_SEAL: std::time::Duration = std::time::Duration::from_secs(2);
         let mut rx = self.durable.subscribe();
+        let mut deadline: Option<tokio::time::Instant> = None;
         loop {
             if *rx.borrow_and_update() >= position {
                 return Ok(());
@@ -569,8 +728,21 @@ impl RangeLog {
             if self.failed.load(Ordering::Relaxed) {
                 return Err(LogError::StorageFailed);
             }
-            if rx.changed().await.is_err() {
-                return Err(LogError::Closed);
+            if deadline.is_none() && self.inner.lock().state != WriteState::Open {
+                deadline = Some(tokio::time::Instant::now() + GRACE_AFTER_SEAL);
+            }
+            match deadline {
+                None => {
+                    if rx.changed().await.is_err() {
+                        return Err(LogError::Closed);
+                    }
+                }
+                Some(at) => {
+                    tokio::select! {
+                        changed = rx.changed() => if changed.is_err() { return Err(LogError::Closed) },
+                        _ = tokio::time::sleep_until(at) => return Err(LogError::Closed),
+                    }
+                }
             }
         }
     }
@@ -794,6 +966,7 @@ impl RangeLog {
         inner.state = WriteState::Sealed;
         let position = inner.written_position();
         self.publish_durable(&mut inner, position);
+        self.durable.send_modify(|_| {});
         Ok(sealed)
     }
 
@@ -861,6 +1034,8 @@ impl RangeLog {
         }
         drop(inner);
         self.flush_wanted.notify_one();
+        self.durable.send_modify(|_| {});
+        self.local_durable.send_modify(|_| {});
     }
 
     /// Snapshots every partition's producer state at its current end as
@@ -970,15 +1145,8 @@ async fn flusher(log: Arc<RangeLog>) {
         let synced = tokio::task::spawn_blocking(move || file.sync_data()).await;
         match synced {
             Ok(Ok(())) => {
-                let moved = strong.inner.lock().advance_durable(position);
-                strong.durable.send_if_modified(|d| {
-                    let advanced = *d < position;
-                    *d = (*d).max(position);
-                    advanced
-                });
-                if moved {
-                    strong.hw_listener.send_modify(|v| *v += 1);
-                }
+                let mut inner = strong.inner.lock();
+                strong.publish_durable(&mut inner, position);
             }
             Ok(Err(e)) => {
                 strong.latch_failure("fsync", &LogError::Io(e));
@@ -1005,7 +1173,9 @@ mod tests {
             leader_epoch: 0,
             log_start_offsets: vec![],
             seed: None,
+            min_next_offsets: Vec::new(),
             sealed: false,
+            replicated: false,
         }
     }
 

@@ -201,6 +201,37 @@ impl Segment {
         Ok(self.size)
     }
 
+    /// Appends frames a primary stored (a follower's copy): they are parsed
+    /// and checked first, and written only if every one checks out.
+    pub fn append_frames(&mut self, frames: &[u8]) -> Result<u64, LogError> {
+        if self.sealed {
+            return Err(LogError::SegmentSealed);
+        }
+        let entries = parse_frames(frames, self.size)?;
+        (&*self.file).write_all(frames)?;
+        self.size += frames.len() as u64;
+        for (partition, entry) in entries {
+            self.index.push(partition, entry);
+        }
+        Ok(self.size)
+    }
+
+    /// Cuts the segment to `size` bytes (a frame boundary: a replica longer
+    /// than its sealed length drops what was never acknowledged), durably.
+    pub fn truncate(&mut self, size: u64) -> Result<(), LogError> {
+        if size >= self.size {
+            return Ok(());
+        }
+        self.file.set_len(size)?;
+        self.file.sync_all()?;
+        self.size = size;
+        for entries in self.index.partitions.values_mut() {
+            entries.retain(|e| e.position + e.length as u64 <= size);
+        }
+        self.index.partitions.retain(|_, e| !e.is_empty());
+        Ok(())
+    }
+
     /// Writes the sidecar index (atomically: temp file, fsync, rename, directory fsync).
     pub fn write_index(&self, dir: &Path) -> Result<(), LogError> {
         let mut buf = Vec::new();
@@ -237,6 +268,37 @@ impl Segment {
         file.read_exact_at(&mut buf, position)?;
         Ok(buf)
     }
+}
+
+/// Whole frames of `file` from `from` (below `size`), about `max` bytes, at
+/// least one frame.
+pub fn read_frames(
+    file: &std::fs::File,
+    from: u64,
+    size: u64,
+    max: usize,
+) -> Result<bytes::Bytes, LogError> {
+    let header = FRAME_HEADER_LEN as usize;
+    let want = ((size - from) as usize).min(max.max(header));
+    let region = Segment::read_at(file, from, want)?;
+    let mut end = 0usize;
+    while end + header <= region.len() {
+        let len = u32::from_be_bytes(region[end..end + 4].try_into().unwrap()) as usize;
+        if end + header + len > region.len() {
+            break;
+        }
+        end += header + len;
+    }
+    if end > 0 {
+        return Ok(bytes::Bytes::from(region).slice(..end));
+    }
+    let len = u32::from_be_bytes(region[..4].try_into().unwrap()) as u64;
+    let whole = (header as u64 + len).min(size - from);
+    Ok(bytes::Bytes::from(Segment::read_at(
+        file,
+        from,
+        whole as usize,
+    )?))
 }
 
 /// Reads a sidecar index; `None` when missing, corrupt, or for another file size.
@@ -281,6 +343,64 @@ fn read_index(path: &Path, file_size: u64) -> Option<SegmentIndex> {
     Some(index)
 }
 
+/// Checks one frame (`header` + `batch`) and returns its partition and index
+/// entry (position filled in by the caller); `None` when its length, CRC-32C
+/// or batch header does not check out.
+fn check_frame(header: &[u8], batch_bytes: &[u8]) -> Option<(u32, IndexEntry)> {
+    let len = u32::from_be_bytes(header[0..4].try_into().unwrap()) as usize;
+    let partition = u32::from_be_bytes(header[4..8].try_into().unwrap());
+    let crc = u32::from_be_bytes(header[8..12].try_into().unwrap());
+    if len != batch_bytes.len() {
+        return None;
+    }
+    let actual = crc32c::crc32c_append(crc32c::crc32c(&partition.to_be_bytes()), batch_bytes);
+    if actual != crc {
+        return None;
+    }
+    let h = batch::parse_header(batch_bytes).ok()?;
+    if h.total_len() != len {
+        return None;
+    }
+    let flags = batch::index_flags(&h, batch_bytes);
+    Some((
+        partition,
+        IndexEntry::for_batch(&h, h.base_offset, h.max_timestamp, len, flags),
+    ))
+}
+
+fn frame_len(header: &[u8]) -> Option<usize> {
+    let len = u32::from_be_bytes(header[0..4].try_into().unwrap()) as usize;
+    (batch::BATCH_HEADER_LEN..=1 << 30)
+        .contains(&len)
+        .then_some(len)
+}
+
+/// Parses stored frames (as a primary ships them to a follower) that start at
+/// file position `base`: every frame must check out and the bytes must end
+/// on a frame boundary. Returns each frame's partition and index entry.
+pub fn parse_frames(frames: &[u8], base: u64) -> Result<Vec<(u32, IndexEntry)>, LogError> {
+    let mut out = Vec::new();
+    let mut at = 0usize;
+    let header_len = FRAME_HEADER_LEN as usize;
+    while at < frames.len() {
+        let bad = || {
+            LogError::Batch(crate::BatchError::Corrupt(
+                "replicated frame does not check out",
+            ))
+        };
+        let header = frames.get(at..at + header_len).ok_or_else(bad)?;
+        let len = frame_len(header).ok_or_else(bad)?;
+        let body = frames
+            .get(at + header_len..at + header_len + len)
+            .ok_or_else(bad)?;
+        let (partition, mut entry) = check_frame(header, body).ok_or_else(bad)?;
+        entry.position = base + (at + header_len) as u64;
+        out.push((partition, entry));
+        at += header_len + len;
+    }
+    Ok(out)
+}
+
 /// Scans a segment file from the start, indexing every frame whose length,
 /// CRC and batch header check out. Returns the index and the length of the
 /// valid prefix: everything after it is a torn or corrupt tail.
@@ -294,28 +414,16 @@ fn scan(file: &File) -> Result<(SegmentIndex, u64), LogError> {
         if read_full(&mut reader, &mut header)? < header.len() {
             break;
         }
-        let len = u32::from_be_bytes(header[0..4].try_into().unwrap()) as usize;
-        let partition = u32::from_be_bytes(header[4..8].try_into().unwrap());
-        let crc = u32::from_be_bytes(header[8..12].try_into().unwrap());
-        if !(batch::BATCH_HEADER_LEN..=1 << 30).contains(&len) {
+        let Some(len) = frame_len(&header) else {
             break;
-        }
+        };
         batch_buf.resize(len, 0);
         if read_full(&mut reader, &mut batch_buf)? < len {
             break;
         }
-        let actual = crc32c::crc32c_append(crc32c::crc32c(&partition.to_be_bytes()), &batch_buf);
-        if actual != crc {
-            break;
-        }
-        let Ok(h) = batch::parse_header(&batch_buf) else {
+        let Some((partition, mut entry)) = check_frame(&header, &batch_buf) else {
             break;
         };
-        if h.total_len() != len {
-            break;
-        }
-        let flags = batch::index_flags(&h, &batch_buf);
-        let mut entry = IndexEntry::for_batch(&h, h.base_offset, h.max_timestamp, len, flags);
         entry.position = position + FRAME_HEADER_LEN;
         index.push(partition, entry);
         position += FRAME_HEADER_LEN + len as u64;

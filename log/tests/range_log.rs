@@ -14,6 +14,8 @@ fn options(dir: &std::path::Path, segment_bytes: u64) -> RangeLogOptions {
         log_start_offsets: vec![],
         seed: None,
         sealed: false,
+        replicated: false,
+        min_next_offsets: Vec::new(),
     }
 }
 

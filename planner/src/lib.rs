@@ -115,9 +115,11 @@ pub fn create_topic(
         return Err(PlanError::CollidingTopicName(spec.name));
     }
     let range_id = image.next_range_id();
-    // One replica until segments are replicated (the replication factor is
-    // recorded and checked against live brokers, as Kafka does).
-    let replicas = place(image, SegmentId::new(range_id, 0), 1)?;
+    let replicas = place(
+        image,
+        SegmentId::new(range_id, 0),
+        spec.replication_factor as usize,
+    )?;
     Ok(vec![
         MetadataRecord::CreateTopic(TopicRecord {
             topic_id: spec.topic_id,
@@ -388,4 +390,85 @@ pub fn broker_liveness(
             }
         })
         .collect()
+}
+
+/// The outcome of fencing an active segment's replicas: where a quorum says
+/// it ends, and which replica holds that end.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct QuorumSeal {
+    pub segment: SegmentId,
+    pub size_bytes: u64,
+    pub spans: Vec<tessera_metadata::PartitionSpan>,
+    /// The replica whose copy reaches `size_bytes`; it leads the next segment.
+    pub holder: i32,
+}
+
+/// Seal-by-quorum: seal the range's active segment where a quorum of its
+/// replicas says it ends, and open the next one with the holder of that end
+/// as primary, leader epoch + 1. Fenced replicas are replaced by live
+/// brokers outside the set where there are any (the next segment then has
+/// the replication factor again); otherwise they stay, and the quorum of the
+/// survivors carries the segment.
+pub fn seal_by_quorum(
+    image: &MetadataImage,
+    seal: &QuorumSeal,
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    let range = active_range(image, seal.segment.range)?;
+    let Some(segment) = image.segments.get(&seal.segment) else {
+        return Err(PlanError::InvalidMove(format!(
+            "no segment {}",
+            seal.segment
+        )));
+    };
+    if segment.is_sealed() {
+        return Err(PlanError::InvalidMove(format!(
+            "segment {} is already sealed",
+            seal.segment
+        )));
+    }
+    if !segment.replicas.contains(&seal.holder) {
+        return Err(PlanError::InvalidMove(format!(
+            "broker {} holds no replica of segment {}",
+            seal.holder, seal.segment
+        )));
+    }
+    if seal.spans.iter().any(|s| !range.contains(s.partition)) {
+        return Err(PlanError::InvalidMove(
+            "a span of a partition outside the range".into(),
+        ));
+    }
+    let fenced = |id: &i32| image.brokers.get(id).is_none_or(|b| b.fenced);
+    let mut spare: Vec<i32> = image
+        .brokers
+        .values()
+        .filter(|b| !b.fenced && !segment.replicas.contains(&b.registration.broker_id))
+        .map(|b| b.registration.broker_id)
+        .collect();
+    spare.reverse();
+    let mut replicas = vec![seal.holder];
+    for &r in &segment.replicas {
+        if r == seal.holder {
+            continue;
+        }
+        match (fenced(&r), spare.pop()) {
+            (true, Some(live)) => replicas.push(live),
+            (true, None) => replicas.push(r),
+            (false, unused) => {
+                replicas.push(r);
+                spare.extend(unused);
+            }
+        }
+    }
+    Ok(vec![
+        MetadataRecord::SealSegment(SegmentSealRecord {
+            segment: seal.segment,
+            size_bytes: seal.size_bytes,
+            spans: seal.spans.clone(),
+        }),
+        open_segment(
+            SegmentId::new(seal.segment.range, seal.segment.seq + 1),
+            replicas,
+            segment.leader_epoch + 1,
+        ),
+    ])
 }

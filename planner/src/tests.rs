@@ -391,3 +391,97 @@ fn silent_brokers_are_fenced_after_the_grace_and_unfenced_when_heard() {
         vec![MetadataRecord::UnfenceBroker { broker_id: 2 }]
     );
 }
+
+fn replicated_topic(brokers: i32, rf: i16) -> (MetadataImage, RangeId) {
+    let mut image = cluster(brokers);
+    let records = create_topic(&image, spec("r", 4, rf)).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    let range = *image.ranges.keys().next().unwrap();
+    (image, range)
+}
+
+fn fence(image: &mut MetadataImage, broker: i32) {
+    let alive: std::collections::BTreeSet<i32> = image
+        .brokers
+        .keys()
+        .copied()
+        .filter(|b| *b != broker)
+        .collect();
+    let records = broker_liveness(image, &alive, true);
+    assert_eq!(commit(image, &records), 0);
+}
+
+#[test]
+fn a_quorum_seal_reopens_on_the_holder_with_the_next_epoch() {
+    let (mut image, range) = replicated_topic(3, 3);
+    let active = image.active_segment(range).unwrap();
+    let old_primary = active.primary().unwrap();
+    let holder = active.replicas[1];
+    fence(&mut image, old_primary);
+    let q = QuorumSeal {
+        segment: active.id,
+        size_bytes: 500,
+        spans: vec![PartitionSpan {
+            partition: 2,
+            start_offset: 0,
+            end_offset: 7,
+        }],
+        holder,
+    };
+    let records = seal_by_quorum(&image, &q).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    let sealed = &image.segments[&active.id];
+    assert_eq!(sealed.sealed.as_ref().unwrap().size_bytes, 500);
+    let next = image.active_segment(range).unwrap();
+    assert_eq!(next.id.seq, active.id.seq + 1);
+    assert_eq!(next.primary(), Some(holder));
+    assert_eq!(next.leader_epoch, active.leader_epoch + 1);
+    // No spare broker: the fenced one stays in the set (under-replicated).
+    assert_eq!(next.replicas.len(), 3);
+    assert!(next.replicas.contains(&old_primary));
+    // The same seal twice is refused by the planner (and skipped on replay).
+    assert!(seal_by_quorum(&image, &q).is_err());
+    assert_eq!(commit(&mut image, &records), 2);
+}
+
+#[test]
+fn a_quorum_seal_replaces_fenced_replicas_with_live_brokers() {
+    let (mut image, range) = replicated_topic(4, 3);
+    let active = image.active_segment(range).unwrap();
+    let dead = active.primary().unwrap();
+    let spare = (1..=4).find(|b| !active.replicas.contains(b)).unwrap();
+    fence(&mut image, dead);
+    let q = QuorumSeal {
+        segment: active.id,
+        size_bytes: 0,
+        spans: vec![],
+        holder: active.replicas[2],
+    };
+    let records = seal_by_quorum(&image, &q).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    let next = image.active_segment(range).unwrap();
+    assert_eq!(next.primary(), Some(active.replicas[2]));
+    assert!(next.replicas.contains(&spare));
+    assert!(!next.replicas.contains(&dead));
+}
+
+#[test]
+fn a_quorum_seal_needs_a_holder_in_the_replica_set_and_spans_in_the_range() {
+    let (image, range) = replicated_topic(4, 3);
+    let active = image.active_segment(range).unwrap();
+    let outsider = (1..=4).find(|b| !active.replicas.contains(b)).unwrap();
+    let mut q = QuorumSeal {
+        segment: active.id,
+        size_bytes: 0,
+        spans: vec![],
+        holder: outsider,
+    };
+    assert!(seal_by_quorum(&image, &q).is_err());
+    q.holder = active.replicas[0];
+    q.spans = vec![PartitionSpan {
+        partition: 99,
+        start_offset: 0,
+        end_offset: 1,
+    }];
+    assert!(seal_by_quorum(&image, &q).is_err());
+}

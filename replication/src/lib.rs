@@ -1,12 +1,17 @@
 //! Per-segment replication: placement of a new segment's replicas, the
-//! quorum arithmetic of commits and seals, and the follower's rules (all
-//! pure, so the simulation in `tests/` drives the same code the broker does);
-//! `protocol` is the wire form of the stream between primary and followers.
+//! quorum arithmetic of commits and seals and the follower's rules (pure, so
+//! the simulation in `tests/` drives the same code the broker does), the
+//! wire protocol between primary and followers, and its I/O: the primary's
+//! shipping tasks (`primary`), the follower's copies (`replica_store`) and
+//! the follower side of the stream, fences and repairs (`service`).
 
 pub mod follower;
 pub mod placement;
+pub mod primary;
 pub mod protocol;
 pub mod quorum;
+pub mod replica_store;
+pub mod service;
 
 pub use follower::{FollowerSegment, Offer, SealAction};
 pub use placement::{place_replicas, BrokerCandidate, PlacementError};

@@ -47,7 +47,13 @@ pub enum Message {
     },
     /// Controller → replica: fence the segment and report the durable end.
     Fence { segment: SegmentKey },
-    Fenced { segment: SegmentKey, end: u64 },
+    /// The replica's durable end, and per partition the offsets its copy
+    /// holds up to there `(partition, start, end exclusive)`.
+    Fenced {
+        segment: SegmentKey,
+        end: u64,
+        spans: Vec<(u32, i64, i64)>,
+    },
     /// Repair: up to `max` bytes of the replica's copy from `from`.
     Read {
         segment: SegmentKey,
@@ -139,10 +145,20 @@ impl Message {
                 b.put_u8(FENCE);
                 put_segment(&mut b, segment);
             }
-            Message::Fenced { segment, end } => {
+            Message::Fenced {
+                segment,
+                end,
+                spans,
+            } => {
                 b.put_u8(FENCED);
                 put_segment(&mut b, segment);
                 b.put_u64(*end);
+                b.put_u32(spans.len() as u32);
+                for (p, start, end) in spans {
+                    b.put_u32(*p);
+                    b.put_i64(*start);
+                    b.put_i64(*end);
+                }
             }
             Message::Read { segment, from, max } => {
                 b.put_u8(READ);
@@ -200,17 +216,36 @@ impl Message {
                     }
                 }
             }
-            ACK | MISMATCH | FENCED => {
+            FENCED => {
+                let segment = segment(&mut body)?;
+                need(&body, 12)?;
+                let end = body.get_u64();
+                let n = body.get_u32() as usize;
+                need(
+                    &body,
+                    n.checked_mul(20)
+                        .ok_or(ProtocolError::Malformed("span count"))?,
+                )?;
+                let spans = (0..n)
+                    .map(|_| (body.get_u32(), body.get_i64(), body.get_i64()))
+                    .collect();
+                Message::Fenced {
+                    segment,
+                    end,
+                    spans,
+                }
+            }
+            ACK | MISMATCH => {
                 let segment = segment(&mut body)?;
                 need(&body, 8)?;
                 let v = body.get_u64();
-                match kind {
-                    ACK => Message::Ack {
+                if kind == ACK {
+                    Message::Ack {
                         segment,
                         durable: v,
-                    },
-                    MISMATCH => Message::Mismatch { segment, end: v },
-                    _ => Message::Fenced { segment, end: v },
+                    }
+                } else {
+                    Message::Mismatch { segment, end: v }
                 }
             }
             REFUSED => {
@@ -244,6 +279,19 @@ impl Message {
         }
         Ok(msg)
     }
+}
+
+/// The Kafka request that turns a connection into a replication stream
+/// (header v1: api key, version 0, correlation id, null client id), to be
+/// followed by the stream's first message.
+pub fn upgrade_request() -> Vec<u8> {
+    let mut b = Vec::with_capacity(14);
+    b.extend_from_slice(&10u32.to_be_bytes());
+    b.extend_from_slice(&UPGRADE_API_KEY.to_be_bytes());
+    b.extend_from_slice(&0i16.to_be_bytes());
+    b.extend_from_slice(&0i32.to_be_bytes());
+    b.extend_from_slice(&(-1i16).to_be_bytes());
+    b
 }
 
 /// Reads one message; `Ok(None)` at a clean end of stream.
@@ -298,7 +346,11 @@ mod tests {
                 reason: "behind".into(),
             },
             Message::Fence { segment: s },
-            Message::Fenced { segment: s, end: 11 },
+            Message::Fenced {
+                segment: s,
+                end: 11,
+                spans: vec![(0, 1, 5), (3, 0, 2)],
+            },
             Message::Read {
                 segment: s,
                 from: 1,
@@ -319,7 +371,12 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        for body in [&b""[..], b"\x02\x00", b"\xff", b"\x03\0\0\0\0\0\0\0\x01\0\0\0\x01"] {
+        for body in [
+            &b""[..],
+            b"\x02\x00",
+            b"\xff",
+            b"\x03\0\0\0\0\0\0\0\x01\0\0\0\x01",
+        ] {
             assert!(Message::decode(Bytes::copy_from_slice(body)).is_err());
         }
     }

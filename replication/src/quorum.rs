@@ -77,7 +77,11 @@ mod tests {
     fn seal_waits_for_a_majority_and_takes_the_largest() {
         let r = |replica, end| FenceReport { replica, end };
         assert_eq!(seal_point(&[r(2, 5)], 3), None);
-        assert_eq!(seal_point(&[r(2, 5), r(2, 9)], 3), None, "one replica twice");
+        assert_eq!(
+            seal_point(&[r(2, 5), r(2, 9)], 3),
+            None,
+            "one replica twice"
+        );
         assert_eq!(seal_point(&[r(2, 5), r(3, 9)], 3), Some(r(3, 9)));
         assert_eq!(seal_point(&[r(1, 9), r(3, 9)], 3), Some(r(1, 9)));
     }

@@ -69,7 +69,7 @@ pub async fn append(
 
     // Append everything first, remembering the furthest position per range;
     // then wait once per range for durability.
-    let mut waits = DurabilityWaits::default();
+    let mut waits = DurabilityWaits::for_acks(acks);
     let mut outcomes: Vec<(usize, i32, Result<AppendedBatch, ApiError>)> = Vec::new();
     for (ti, topic) in request.topic_data.iter().enumerate() {
         let name = topic.name.0.as_str();
@@ -87,6 +87,7 @@ pub async fn append(
                     Err(e) => Err(e),
                     Ok(route) => append_partition(
                         broker,
+                        acks,
                         &route,
                         &mut waits,
                         name,
@@ -168,6 +169,7 @@ fn error_response(index: i32, e: &ApiError) -> PartitionProduceResponse {
 /// first batch's offsets; what to wait for goes into `waits`.
 fn append_partition(
     broker: &Broker,
+    acks: i16,
     route: &PartitionRoute,
     waits: &mut DurabilityWaits,
     topic: &str,
@@ -202,6 +204,9 @@ fn append_partition(
                 partition as i32,
             )?;
         }
+    }
+    if acks == -1 {
+        broker.check_in_sync(route)?;
     }
     let log_append_time = route.config.log_append_time.then(now_ms);
     let mut first: Option<AppendedBatch> = None;

@@ -55,6 +55,19 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
                     tracing::warn!(error = %e, "could not record broker fencing");
                 }
             }
+            // Failover: every replicated active segment whose primary is
+            // fenced is sealed by a quorum of its replicas and reopened on
+            // one of them.
+            for seg in image.segments.values() {
+                let orphaned = !seg.is_sealed()
+                    && seg.replicas.len() > 1
+                    && seg
+                        .primary()
+                        .is_some_and(|p| image.brokers.get(&p).is_none_or(|b| b.fenced));
+                if orphaned {
+                    b.seal_by_quorum(seg.id);
+                }
+            }
         }
         drop(b);
         tokio::time::sleep(interval).await;

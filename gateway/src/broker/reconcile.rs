@@ -139,13 +139,8 @@ impl Broker {
         // Ranges in id order: a split or merge child always has a larger id
         // than its parents, so parents are open before their children seed
         // from them. Sealed ranges stay open read-only: they hold history.
+        let me = self.config.node_id;
         for range in image.ranges.values() {
-            if let Some(log) = self.logs.read().get(&range.id) {
-                if !range.active && !log.is_sealed() {
-                    log.seal()?;
-                }
-                continue;
-            }
             let Some(topic) = image.topics.get(&range.topic_id) else {
                 continue;
             };
@@ -153,8 +148,52 @@ impl Broker {
             let Some(last) = segments.last() else {
                 continue;
             };
-            if last.primary() != Some(self.config.node_id) {
+            // Copies of sealed segments this broker follows: cut or repair
+            // them to the committed seal before any log opens on them.
+            self.apply_seals(image, range.id)?;
+            let primary_here = last.primary() == Some(me);
+            if let Some(log) = self.log_of(range.id) {
+                if !range.active && !log.is_sealed() {
+                    log.seal()?;
+                }
+                let lost = range.active && (!primary_here || log.is_sealed());
+                if !lost {
+                    if range.active {
+                        self.ship(range.id, &log, last);
+                    }
+                    continue;
+                }
+                // Leadership moved (a failover, or this broker was fenced
+                // and its segment sealed by a quorum): stop serving the old log.
+                self.stop_shipping(range.id);
+                log.close();
+                self.logs.write().remove(&range.id);
+                tracing::info!(range = range.id, primary = ?last.primary(), "no longer primary of the range");
+            }
+            if !primary_here {
                 continue;
+            }
+            let dir = self.range_dir(topic, range.id);
+            let replicated = last.replicas.len() > 1;
+            if range.active && replicated {
+                if last.is_sealed() {
+                    continue;
+                }
+                if tessera_log::segment::log_path(&dir, last.id.seq).exists() {
+                    // A primary that restarts never resumes its segment: its
+                    // unsynced tail may be gone while followers acknowledged
+                    // it. The segment is sealed by a quorum and the range
+                    // reopens in a new one.
+                    tracing::info!(segment = %last.id, "resuming a replicated segment: sealing it by quorum first");
+                    self.seal_by_quorum(last.id);
+                    continue;
+                }
+                // The follower copies of this range's sealed segments become
+                // the log's history; the active segment starts empty.
+                self.replicas.store.close_range(range.id);
+                std::fs::create_dir_all(&dir)?;
+                std::fs::File::create(tessera_log::segment::log_path(&dir, last.id.seq))?;
+                tessera_fs::sync_dir(&dir)?;
             }
             let effective = EffectiveTopicConfig::resolve(&topic.configs, &self.config);
             let seed = if range.parents.is_empty() {
@@ -164,7 +203,7 @@ impl Broker {
             };
             let log = RangeLog::open(
                 RangeLogOptions {
-                    dir: self.range_dir(topic, range.id),
+                    dir,
                     lo: range.lo,
                     hi: range.hi,
                     segment_bytes: effective.segment_bytes,
@@ -174,12 +213,15 @@ impl Broker {
                         .map(|p| image.log_start_offset(topic.id, p))
                         .collect(),
                     seed,
+                    min_next_offsets: sealed_ends(image, range),
                     sealed: !range.active,
+                    replicated: range.active && replicated,
                 },
                 self.hw_events.clone(),
             )?;
             if range.active {
                 missing_records.extend(local_segment_records(image, range.id, &log));
+                self.ship(range.id, &log, last);
             }
             self.logs.write().insert(range.id, log);
         }
@@ -266,6 +308,31 @@ impl Broker {
             .filter(|p| self.route(image, topic, *p).is_ok())
             .collect()
     }
+}
+
+/// Per partition of `range`, the end of its data in the sealed segments the
+/// image records for the range and its ancestors.
+fn sealed_ends(image: &MetadataImage, range: &RangeImage) -> Vec<i64> {
+    let mut ends = vec![0i64; (range.hi - range.lo) as usize];
+    let mut stack = vec![range.id];
+    let mut seen = BTreeSet::new();
+    while let Some(id) = stack.pop() {
+        if !seen.insert(id) {
+            continue;
+        }
+        for seg in image.segments_of(id) {
+            for span in seg.sealed.iter().flat_map(|s| &s.spans) {
+                if range.contains(span.partition) {
+                    let e = &mut ends[(span.partition - range.lo) as usize];
+                    *e = (*e).max(span.end_offset);
+                }
+            }
+        }
+        if let Some(r) = image.ranges.get(&id) {
+            stack.extend(r.parents.iter().copied());
+        }
+    }
+    ends
 }
 
 /// The records that bring the image up to date with `log`'s local segments

@@ -1,0 +1,411 @@
+//! The broker's side of per-segment replication: shipping the ranges it is
+//! primary of to their followers, serving the streams of the primaries it
+//! follows, applying committed seals to its copies (truncate or repair),
+//! and seal-by-quorum when a primary is lost or restarts.
+//!
+//! The protocol and its rules are `tessera_replication`'s; this module
+//! connects them to the image (who is primary, who follows, where a range's
+//! directory is) and to the metadata log (the seal and the next segment are
+//! one entry planned by `tessera_planner::seal_by_quorum`).
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use tessera_log::RangeLog;
+use tessera_metadata::{MetadataImage, PartitionSpan, RangeId, SegmentId, SegmentImage};
+use tessera_replication::primary::{PeerAddresses, Replication};
+use tessera_replication::protocol::{Message, SegmentKey};
+use tessera_replication::replica_store::ReplicaStore;
+use tessera_replication::service::{self, Directory, Refusal};
+use tessera_replication::{seal_point, FenceReport, SealAction};
+
+use super::{Broker, PartitionRoute};
+use crate::error::ApiError;
+
+/// How long one fence or repair exchange may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// Pause between attempts of a seal or repair that could not finish.
+const RETRY: Duration = Duration::from_millis(500);
+
+/// Replication state of one broker.
+#[derive(Default)]
+pub(crate) struct Replicas {
+    /// The broker itself, for the tasks and the follower service.
+    me: OnceLock<Weak<Broker>>,
+    pub(crate) store: Arc<ReplicaStore>,
+    /// Ranges this broker ships to followers (it is their primary).
+    shipping: Mutex<HashMap<RangeId, Arc<Replication>>>,
+    /// Segments a seal-by-quorum runs for (one task each).
+    sealing: Mutex<HashSet<SegmentId>>,
+    /// Follower copies being repaired (one task each).
+    repairing: Mutex<HashSet<SegmentId>>,
+    /// Seals already applied to this broker's copies.
+    sealed_copies: Mutex<HashSet<SegmentId>>,
+}
+
+fn key(id: SegmentId) -> SegmentKey {
+    SegmentKey {
+        range: id.range,
+        seq: id.seq,
+    }
+}
+
+/// The follower service's view of the broker.
+struct View(Weak<Broker>);
+
+impl Directory for View {
+    fn follower_dir(&self, segment: SegmentKey, primary: i32) -> Result<PathBuf, Refusal> {
+        let broker = self.0.upgrade().ok_or_else(|| Refusal {
+            retry: false,
+            reason: "broker shutting down".into(),
+        })?;
+        let image = broker.image();
+        let id = SegmentId::new(segment.range, segment.seq);
+        let behind = |reason: &str| Refusal {
+            retry: true,
+            reason: reason.into(),
+        };
+        let seg = image
+            .segments
+            .get(&id)
+            .ok_or_else(|| behind("segment not in this broker's metadata yet"))?;
+        if seg.is_sealed() {
+            return Err(Refusal {
+                retry: false,
+                reason: format!("segment {id} is sealed"),
+            });
+        }
+        if seg.primary() != Some(primary) || !seg.replicas[1..].contains(&broker.config.node_id) {
+            return Err(behind("not a follower of this segment for that primary"));
+        }
+        broker
+            .range_dir_of(&image, segment.range)
+            .ok_or_else(|| behind("range not known yet"))
+    }
+
+    fn range_dir(&self, segment: SegmentKey) -> Option<PathBuf> {
+        let broker = self.0.upgrade()?;
+        broker.range_dir_of(&broker.image(), segment.range)
+    }
+
+    fn primary_log(&self, range: u64) -> Option<Arc<RangeLog>> {
+        self.0.upgrade()?.log_of(range)
+    }
+}
+
+impl PeerAddresses for View {
+    fn address_of(&self, broker: i32) -> Option<String> {
+        let b = self.0.upgrade()?;
+        let image = b.image();
+        let r = &image.brokers.get(&broker)?.registration;
+        Some(format!("{}:{}", r.host, r.port))
+    }
+}
+
+impl Broker {
+    /// Called once at start, with the broker's own `Arc`.
+    pub(super) fn init_replicas(self: &Arc<Self>) {
+        let _ = self.replicas.me.set(Arc::downgrade(self));
+    }
+
+    fn weak(&self) -> Weak<Broker> {
+        self.replicas.me.get().cloned().unwrap_or_default()
+    }
+
+    /// Serves an upgraded replication connection (see `server.rs`).
+    pub async fn serve_replication(
+        &self,
+        reader: tokio::net::tcp::OwnedReadHalf,
+        writer: tokio::net::tcp::OwnedWriteHalf,
+    ) {
+        let dir: Arc<dyn Directory> = Arc::new(View(self.weak()));
+        service::serve(reader, writer, self.replicas.store.clone(), dir).await;
+    }
+
+    pub(crate) fn range_dir_of(&self, image: &MetadataImage, range: RangeId) -> Option<PathBuf> {
+        let r = image.ranges.get(&range)?;
+        let topic = image.topics.get(&r.topic_id)?;
+        Some(self.range_dir(topic, range))
+    }
+
+    /// acks=-1 needs `min.insync.replicas` in-sync replicas of the range's
+    /// active segment (the primary counts; without followers it is alone).
+    pub(crate) fn check_in_sync(&self, route: &PartitionRoute) -> Result<(), ApiError> {
+        let required = route.config.min_insync_replicas;
+        if required <= 1 {
+            return Ok(());
+        }
+        let lag = Duration::from_millis(self.config.replica_lag_time_max_ms);
+        let in_sync = self
+            .replicas
+            .shipping
+            .lock()
+            .get(&route.range_id)
+            .map_or(1, |r| r.in_sync(lag).len());
+        if in_sync < required {
+            return Err(ApiError::NotEnoughReplicas { in_sync, required });
+        }
+        Ok(())
+    }
+
+    /// Starts shipping `log` to the followers of `segment` (its active
+    /// segment, this broker its primary), replacing a replication of an
+    /// older log of the range.
+    pub(super) fn ship(&self, range: RangeId, log: &Arc<RangeLog>, segment: &SegmentImage) {
+        let mut shipping = self.replicas.shipping.lock();
+        if let Some(r) = shipping.get(&range) {
+            if Arc::ptr_eq(r.log(), log) {
+                return;
+            }
+            r.stop();
+        }
+        let followers: Vec<i32> = segment.replicas[1..].to_vec();
+        if followers.is_empty() {
+            shipping.remove(&range);
+            return;
+        }
+        let peers: Arc<dyn PeerAddresses> = Arc::new(View(self.weak()));
+        shipping.insert(
+            range,
+            Replication::start(log.clone(), range, self.config.node_id, followers, peers),
+        );
+    }
+
+    /// Stops shipping a range (its log closed, or leadership moved).
+    pub(super) fn stop_shipping(&self, range: RangeId) {
+        if let Some(r) = self.replicas.shipping.lock().remove(&range) {
+            r.stop();
+        }
+    }
+
+    /// Applies committed seals to this broker's follower copies: cut what
+    /// is past the seal, repair what is short (from another replica).
+    pub(super) fn apply_seals(&self, image: &MetadataImage, range: RangeId) -> anyhow::Result<()> {
+        let me = self.config.node_id;
+        for seg in image.segments_of(range) {
+            let Some(info) = &seg.sealed else { continue };
+            if !seg.replicas.contains(&me) || self.replicas.sealed_copies.lock().contains(&seg.id) {
+                continue;
+            }
+            let Some(dir) = self.range_dir_of(image, range) else {
+                continue;
+            };
+            if !tessera_log::segment::log_path(&dir, seg.id.seq).exists()
+                && self.replicas.store.get(key(seg.id)).is_none()
+                && seg.primary() == Some(me)
+            {
+                // Our own roll, in a log since deleted or never ours: nothing here.
+                self.replicas.sealed_copies.lock().insert(seg.id);
+                continue;
+            }
+            if self
+                .log_of(range)
+                .is_some_and(|l| l.holds_sealed(seg.id.seq))
+            {
+                self.replicas.sealed_copies.lock().insert(seg.id);
+                continue;
+            }
+            let copy = self.replicas.store.copy(key(seg.id), &dir)?;
+            let action = copy.lock().seal(info.size_bytes)?;
+            match action {
+                SealAction::Complete | SealAction::Truncate { .. } => {
+                    if let SealAction::Truncate { size } = action {
+                        tracing::info!(segment = %seg.id, size, "truncated a replica past its sealed length");
+                    }
+                    self.replicas.sealed_copies.lock().insert(seg.id);
+                }
+                SealAction::Repair { from, size } => {
+                    if self.replicas.repairing.lock().insert(seg.id) {
+                        tracing::info!(segment = %seg.id, from, size, "repairing a short replica");
+                        tokio::spawn(repair(self.weak(), seg.clone()));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts a seal-by-quorum of `segment` unless one is running.
+    pub(crate) fn seal_by_quorum(&self, segment: SegmentId) {
+        if self.replicas.sealing.lock().insert(segment) {
+            tokio::spawn(seal_task(self.weak(), segment));
+        }
+    }
+}
+
+/// Copies the missing tail of a sealed segment from another replica.
+async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
+    let done = loop {
+        let Some(b) = broker.upgrade() else { return };
+        let image = b.image();
+        if !image.segments.contains_key(&seg.id) {
+            break true; // deleted meanwhile
+        }
+        let Some(copy) = b.replicas.store.get(key(seg.id)) else {
+            break true;
+        };
+        let (written, size) = {
+            let c = copy.lock();
+            let s = c.state();
+            (s.written, s.sealed_size.unwrap_or(0))
+        };
+        if written >= size {
+            break true;
+        }
+        let mut progressed = false;
+        for &peer in seg.replicas.iter().filter(|r| **r != b.config.node_id) {
+            let Some(addr) = View(broker.clone()).address_of(peer) else {
+                continue;
+            };
+            let read = Message::Read {
+                segment: key(seg.id),
+                from: written,
+                max: service::MAX_READ_BYTES,
+            };
+            match service::call(&addr, &read, CALL_TIMEOUT).await {
+                Ok(Message::Data {
+                    position, frames, ..
+                }) if !frames.is_empty() => match copy.lock().repair(position, &frames) {
+                    Ok(true) => {
+                        progressed = true;
+                        break;
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::warn!(segment = %seg.id, error = %e, "repair write failed"),
+                },
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::debug!(segment = %seg.id, peer, error = %e, "repair read failed")
+                }
+            }
+        }
+        drop(b);
+        if !progressed {
+            tokio::time::sleep(RETRY).await;
+        }
+    };
+    if let Some(b) = broker.upgrade() {
+        b.replicas.repairing.lock().remove(&seg.id);
+        if done {
+            b.replicas.sealed_copies.lock().insert(seg.id);
+            tracing::info!(segment = %seg.id, "replica repaired");
+        }
+    }
+}
+
+/// Fences the replicas of `segment`, and once a quorum has reported, seals
+/// it at the largest durable end among them and opens the next segment on
+/// the replica holding that end (one metadata entry). Retried until the
+/// image shows the segment sealed.
+async fn seal_task(broker: Weak<Broker>, id: SegmentId) {
+    loop {
+        let Some(b) = broker.upgrade() else { return };
+        let image = b.image();
+        let seg = match image.segments.get(&id) {
+            Some(s) if !s.is_sealed() => s.clone(),
+            _ => break,
+        };
+        match b.try_seal(&image, &seg).await {
+            Ok(()) => {}
+            Err(e) => {
+                tracing::info!(segment = %id, error = %e, "seal-by-quorum not done yet; retrying")
+            }
+        }
+        drop(b);
+        tokio::time::sleep(RETRY).await;
+    }
+    if let Some(b) = broker.upgrade() {
+        b.replicas.sealing.lock().remove(&id);
+    }
+}
+
+impl Broker {
+    async fn try_seal(&self, image: &MetadataImage, seg: &SegmentImage) -> anyhow::Result<()> {
+        let me = self.config.node_id;
+        let k = key(seg.id);
+        let view = View(self.weak());
+        let calls = seg.replicas.iter().map(|&r| {
+            let addr = view.address_of(r);
+            let store = self.replicas.store.clone();
+            let view = View(self.weak());
+            async move {
+                let reply = if r == me {
+                    Ok(service::fence(k, &store, &view))
+                } else {
+                    match addr {
+                        Some(a) => service::call(&a, &Message::Fence { segment: k }, CALL_TIMEOUT)
+                            .await
+                            .map_err(|e| e.to_string()),
+                        None => Err("no address".into()),
+                    }
+                };
+                (r, reply)
+            }
+        });
+        let replies = futures_join_all(calls).await;
+        // Live brokers first, so that the next primary is one that is up.
+        let fenced = |id: &i32| image.brokers.get(id).is_none_or(|b| b.fenced);
+        let mut reports = Vec::new();
+        let mut spans: HashMap<i32, Vec<(u32, i64, i64)>> = HashMap::new();
+        for (r, reply) in replies {
+            match reply {
+                Ok(Message::Fenced { end, spans: s, .. }) => {
+                    reports.push(FenceReport { replica: r, end });
+                    spans.insert(r, s);
+                }
+                Ok(other) => {
+                    tracing::debug!(segment = %seg.id, replica = r, ?other, "fence not answered")
+                }
+                Err(e) => {
+                    tracing::debug!(segment = %seg.id, replica = r, error = %e, "fence failed")
+                }
+            }
+        }
+        reports.sort_by_key(|r| (fenced(&r.replica), r.replica != me));
+        let Some(point) = seal_point(&reports, seg.replicas.len()) else {
+            anyhow::bail!(
+                "{} of {} replicas answered the fence",
+                reports.len(),
+                seg.replicas.len()
+            );
+        };
+        let seal = tessera_planner::QuorumSeal {
+            segment: seg.id,
+            size_bytes: point.end,
+            spans: spans
+                .remove(&point.replica)
+                .unwrap_or_default()
+                .into_iter()
+                .map(|(partition, start_offset, end_offset)| PartitionSpan {
+                    partition,
+                    start_offset,
+                    end_offset,
+                })
+                .collect(),
+            holder: point.replica,
+        };
+        let records = tessera_planner::seal_by_quorum(image, &seal)?;
+        tracing::info!(segment = %seg.id, size = point.end, next_primary = point.replica, "sealing by quorum");
+        self.controller.write(records).await?;
+        Ok(())
+    }
+}
+
+/// Runs futures concurrently and collects their outputs in order.
+async fn futures_join_all<F: std::future::Future>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
+where
+    F: Send + 'static,
+    F::Output: Send + 'static,
+{
+    let handles: Vec<_> = futs.map(tokio::spawn).collect();
+    let mut out = Vec::with_capacity(handles.len());
+    for h in handles {
+        if let Ok(v) = h.await {
+            out.push(v);
+        }
+    }
+    out
+}

@@ -1,0 +1,169 @@
+//! A follower's copies of segments (I/O): the files the primary's stream
+//! writes, fsynced, fenced and sealed under the rules of
+//! [`FollowerSegment`].
+//!
+//! A copy lives where the primary keeps the same segment — the range's
+//! directory, `<seq>.log` — so a follower that becomes primary opens the
+//! range log on the copies it already holds. A fence is persisted as a
+//! `<seq>.fenced` marker, so a fenced copy refuses appends after a restart too.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+use tessera_log::segment::{self, Segment};
+use tessera_log::LogError;
+
+use crate::follower::{FollowerSegment, Offer, SealAction};
+use crate::protocol::SegmentKey;
+
+fn fenced_path(dir: &Path, seq: u32) -> PathBuf {
+    dir.join(format!("{seq:010}.fenced"))
+}
+
+/// One follower copy of one segment.
+pub struct ReplicaCopy {
+    pub key: SegmentKey,
+    dir: PathBuf,
+    segment: Segment,
+    state: FollowerSegment,
+}
+
+impl ReplicaCopy {
+    /// Opens the copy in `dir` (recovering a torn tail) or creates it.
+    pub fn open(dir: &Path, key: SegmentKey) -> Result<ReplicaCopy, LogError> {
+        std::fs::create_dir_all(dir)?;
+        let now = tessera_log::now_ms();
+        let segment = if segment::log_path(dir, key.seq).exists() {
+            Segment::open(dir, key.seq, false, now)?
+        } else {
+            let s = Segment::create(dir, key.seq, now)?;
+            tessera_fs::sync_dir(dir)?;
+            s
+        };
+        let fenced = fenced_path(dir, key.seq).exists();
+        Ok(ReplicaCopy {
+            key,
+            dir: dir.to_path_buf(),
+            state: FollowerSegment::recovered(segment.size, fenced, None),
+            segment,
+        })
+    }
+
+    pub fn state(&self) -> FollowerSegment {
+        self.state
+    }
+
+    /// Offers frames at `position`; writes them (page cache) if accepted.
+    pub fn append(&mut self, position: u64, frames: &[u8]) -> Result<Offer, LogError> {
+        let offer = self.state.offer(position, frames.len() as u64);
+        if offer == Offer::Accept {
+            self.segment.append_frames(frames)?;
+            self.state.wrote(frames.len() as u64);
+        }
+        Ok(offer)
+    }
+
+    /// The file to fsync and the position that covers.
+    pub fn sync_target(&self) -> (Arc<std::fs::File>, u64) {
+        (self.segment.file.clone(), self.state.written)
+    }
+
+    pub fn synced(&mut self, position: u64) {
+        self.state.synced(position);
+    }
+
+    /// Fences the copy durably and reports its end and spans.
+    pub fn fence(&mut self) -> Result<(u64, Vec<(u32, i64, i64)>), LogError> {
+        self.segment.file.sync_data()?;
+        tessera_fs::write_atomic(&fenced_path(&self.dir, self.key.seq), b"")?;
+        let end = self.state.fence();
+        Ok((end, self.segment.index.spans()))
+    }
+
+    /// Applies the committed seal: truncate a long copy, report a short one
+    /// (the caller repairs it), and make a complete one durable and indexed.
+    pub fn seal(&mut self, size: u64) -> Result<SealAction, LogError> {
+        if !fenced_path(&self.dir, self.key.seq).exists() {
+            tessera_fs::write_atomic(&fenced_path(&self.dir, self.key.seq), b"")?;
+        }
+        let action = self.state.seal(size);
+        match action {
+            SealAction::Truncate { size } => {
+                self.segment.truncate(size)?;
+                self.finish_seal()?;
+            }
+            SealAction::Complete => self.finish_seal()?,
+            SealAction::Repair { .. } => {}
+        }
+        Ok(action)
+    }
+
+    /// Writes repaired frames at `position` (a sealed copy takes only these).
+    pub fn repair(&mut self, position: u64, frames: &[u8]) -> Result<bool, LogError> {
+        if position != self.state.written {
+            return Ok(false);
+        }
+        let cap = self.state.sealed_size.unwrap_or(u64::MAX);
+        if position + frames.len() as u64 > cap {
+            return Ok(false);
+        }
+        self.segment.append_frames(frames)?;
+        self.state.repaired(position + frames.len() as u64);
+        if Some(self.state.written) == self.state.sealed_size {
+            self.finish_seal()?;
+        }
+        Ok(true)
+    }
+
+    /// A complete sealed copy: fsynced, indexed, read-only.
+    fn finish_seal(&mut self) -> Result<(), LogError> {
+        self.segment.file.sync_data()?;
+        self.segment.write_index(&self.dir)?;
+        self.segment.sealed = true;
+        self.state.synced(self.state.written);
+        Ok(())
+    }
+
+    /// Whole frames of the copy from `from`, about `max` bytes.
+    pub fn read(&self, from: u64, max: usize) -> Result<Bytes, LogError> {
+        let size = self.state.written;
+        if from >= size {
+            return Ok(Bytes::new());
+        }
+        segment::read_frames(&self.segment.file, from, size, max)
+    }
+}
+
+/// Every follower copy this broker holds open.
+#[derive(Default)]
+pub struct ReplicaStore {
+    copies: Mutex<HashMap<SegmentKey, Arc<Mutex<ReplicaCopy>>>>,
+}
+
+impl ReplicaStore {
+    /// The open copy of `key`, opening it in `dir` first if needed.
+    pub fn copy(&self, key: SegmentKey, dir: &Path) -> Result<Arc<Mutex<ReplicaCopy>>, LogError> {
+        if let Some(c) = self.copies.lock().get(&key) {
+            return Ok(c.clone());
+        }
+        let copy = Arc::new(Mutex::new(ReplicaCopy::open(dir, key)?));
+        Ok(self.copies.lock().entry(key).or_insert(copy).clone())
+    }
+
+    pub fn get(&self, key: SegmentKey) -> Option<Arc<Mutex<ReplicaCopy>>> {
+        self.copies.lock().get(&key).cloned()
+    }
+
+    /// Closes the copies of `range` (its logs are deleted or opened as a
+    /// primary's range log now).
+    pub fn close_range(&self, range: u64) {
+        self.copies.lock().retain(|k, _| k.range != range);
+    }
+
+    pub fn keys(&self) -> Vec<SegmentKey> {
+        self.copies.lock().keys().copied().collect()
+    }
+}
