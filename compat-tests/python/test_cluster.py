@@ -101,6 +101,7 @@ def cluster():
             "-o", "range.policy.enable=false",
             "-o", "broker.heartbeat.interval.ms=500",
             "-o", "broker.session.timeout.ms=3000",
+            "-o", "replica.lag.time.max.ms=2000",
             "cluster",
             "--nodes", str(NODES),
             "--base-port", str(kafka),

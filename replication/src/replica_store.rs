@@ -19,6 +19,9 @@ use tessera_log::LogError;
 use crate::follower::{FollowerSegment, Offer, SealAction};
 use crate::protocol::SegmentKey;
 
+/// `(partition, first offset, end offset exclusive)` of a copy's data.
+pub type Span = (u32, i64, i64);
+
 fn fenced_path(dir: &Path, seq: u32) -> PathBuf {
     dir.join(format!("{seq:010}.fenced"))
 }
@@ -76,7 +79,7 @@ impl ReplicaCopy {
     }
 
     /// Fences the copy durably and reports its end and spans.
-    pub fn fence(&mut self) -> Result<(u64, Vec<(u32, i64, i64)>), LogError> {
+    pub fn fence(&mut self) -> Result<(u64, Vec<Span>), LogError> {
         self.segment.file.sync_data()?;
         tessera_fs::write_atomic(&fenced_path(&self.dir, self.key.seq), b"")?;
         let end = self.state.fence();

@@ -1,0 +1,212 @@
+"""Per-segment replication on a 3-node cluster (issue 9).
+
+* A topic with replication factor 3 and ``min.insync.replicas=2`` under an
+  idempotent ``acks=all`` producer and a consumer group: the primary of its
+  range is killed with SIGKILL every 10 s (and started again 3 s later, to
+  come back as a follower that truncates or repairs its copy). Every
+  acknowledged record is consumed at its offset, no offset names two
+  records, the producer sees no error; the client-visible unavailability of
+  each failover is printed (``TESSERA_FAILOVER_SECONDS`` sets the length of
+  the run: 40 s here, 120 s for the acceptance figures).
+* ``min.insync.replicas``: with a follower down, acks=all produce gets
+  NOT_ENOUGH_REPLICAS while acks=1 still succeeds.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import threading
+import time
+from pathlib import Path
+
+from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka.admin import AdminClient, NewTopic
+
+import procguard
+from test_cluster import cluster, eventually, node_pid  # noqa: F401 - fixture
+
+RUN_SECONDS = float(os.environ.get("TESSERA_FAILOVER_SECONDS", "40"))
+
+
+def create_replicated(boot: str, name: str, partitions: int, rf: int, configs: dict):
+    a = AdminClient({"bootstrap.servers": boot})
+    a.create_topics([NewTopic(name, partitions, rf, config=configs)], request_timeout=30)[
+        name
+    ].result(30)
+    eventually(
+        f"{name} has leaders",
+        lambda: (t := a.list_topics(name, timeout=10).topics.get(name)) is not None
+        and t.error is None
+        and all(p.leader > 0 and len(p.replicas) == rf for p in t.partitions.values()),
+    )
+    return a
+
+
+def leader_of(admin: AdminClient, topic: str, partition: int = 0) -> int:
+    return admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader
+
+
+def kill_and_restart_later(workdir: Path, node: int, delay: float):
+    """SIGKILLs node `node` and starts it again with the same command line
+    after `delay` seconds (in a thread). Returns the thread."""
+    pid = node_pid(workdir, node)
+    assert pid, f"node {node} is not running"
+    cmd = [c.decode() for c in (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0") if c]
+    os.kill(pid, signal.SIGKILL)
+
+    def restart():
+        time.sleep(delay)
+        log = open(workdir / f"node-{node}-restart.log", "ab")
+        procguard.spawn(cmd, cwd=workdir, stdout=log, stderr=log)
+
+    t = threading.Thread(target=restart, daemon=True)
+    t.start()
+    return t
+
+
+def test_kill_the_primary_every_10s_loses_no_acknowledged_record(cluster):
+    boot = ",".join(cluster["bootstrap"])
+    topic = "replicated"
+    admin = create_replicated(boot, topic, 6, 3, {"min.insync.replicas": "2"})
+
+    acked: dict[tuple[int, int], bytes] = {}
+    errors: list[str] = []
+    ack_times: list[float] = []
+    lock = threading.Lock()
+
+    def delivered(err, msg):
+        with lock:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                acked[(msg.partition(), msg.offset())] = msg.value()
+                ack_times.append(time.monotonic())
+
+    producer = Producer(
+        {
+            "bootstrap.servers": boot,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.timeout.ms": 120000,
+        }
+    )
+    consumed: dict[tuple[int, int], bytes] = {}
+    conflicts: list[tuple[int, int]] = []
+    stop_consuming = threading.Event()
+
+    def consume():
+        c = Consumer(
+            {
+                "bootstrap.servers": boot,
+                "group.id": "replication-check",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": True,
+            }
+        )
+        c.subscribe([topic])
+        idle_since = None
+        while True:
+            m = c.poll(0.5)
+            if m is None or m.error():
+                if stop_consuming.is_set():
+                    with lock:
+                        done = all(k in consumed for k in acked)
+                    idle_since = idle_since or time.monotonic()
+                    if done or time.monotonic() - idle_since > 60:
+                        break
+                continue
+            idle_since = None
+            k = (m.partition(), m.offset())
+            with lock:
+                if k in consumed and consumed[k] != m.value():
+                    conflicts.append(k)
+                consumed[k] = m.value()
+        c.close()
+
+    consumer = threading.Thread(target=consume, daemon=True)
+    consumer.start()
+
+    kills: list[float] = []
+    restarts = []
+    start = time.monotonic()
+    next_kill = start + 10
+    i = 0
+    while time.monotonic() - start < RUN_SECONDS:
+        producer.produce(topic, key=str(i).encode(), value=f"v{i}".encode(), on_delivery=delivered)
+        i += 1
+        if i % 100 == 0:
+            producer.poll(0)
+            time.sleep(0.01)
+        if time.monotonic() >= next_kill:
+            victim = leader_of(admin, topic)
+            kills.append(time.monotonic())
+            restarts.append(kill_and_restart_later(cluster["workdir"], victim, 3.0))
+            next_kill += 10
+    assert producer.flush(180) == 0, "records still unacknowledged"
+    for t in restarts:
+        t.join()
+    stop_consuming.set()
+    consumer.join(240)
+
+    with lock:
+        lost = [k for k, v in acked.items() if consumed.get(k) != v]
+        # A failover's unavailability: the longest pause between two
+        # acknowledgements in the 10 s after the kill.
+        times = sorted(ack_times)
+        outages = []
+        for k in kills:
+            window = [k] + [t for t in times if k < t <= k + 10]
+            outages.append(max(b - a for a, b in zip(window, window[1:])) if len(window) > 1 else 10.0)
+    print(
+        f"\nproduced {i}, acknowledged {len(acked)}, consumed {len(consumed)}, "
+        f"kills {len(kills)}, unavailability per failover (s): "
+        f"p50 {statistics.median(outages):.2f}, p99 {sorted(outages)[int(0.99 * (len(outages) - 1))]:.2f}, max {max(outages):.2f}, all {[round(o, 2) for o in outages]}"
+    )
+    assert len(kills) >= 2
+    assert errors == [], errors[:5]
+    assert len(acked) == i
+    assert conflicts == [], conflicts[:5]
+    assert lost == [], f"{len(lost)} acknowledged records not consumed: {lost[:5]}"
+    # Offsets stay dense per partition: nothing skipped, nothing reused.
+    for p in range(6):
+        offsets = sorted(o for (q, o) in acked if q == p)
+        assert offsets == list(range(offsets[0], offsets[0] + len(offsets))), p
+
+
+def test_min_insync_replicas_refuses_acks_all_with_a_follower_down(cluster):
+    boot = ",".join(cluster["bootstrap"])
+    topic = "insync"
+    admin = create_replicated(boot, topic, 1, 2, {"min.insync.replicas": "2"})
+    leader = leader_of(admin, topic)
+    replicas = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].replicas
+    follower = next(r for r in replicas if r != leader)
+
+    def produce(acks: str):
+        out = []
+        p = Producer(
+            {
+                "bootstrap.servers": boot,
+                "acks": acks,
+                "retries": 0,
+                "message.timeout.ms": 20000,
+            }
+        )
+        p.produce(topic, b"x", on_delivery=lambda e, m: out.append(e))
+        p.flush(30)
+        return out[0]
+
+    assert produce("all") is None
+    pid = node_pid(cluster["workdir"], follower)
+    os.kill(pid, signal.SIGKILL)
+    # replica.lag.time.max.ms is 2 s in this cluster: the follower leaves
+    # the in-sync replicas.
+    err = eventually(
+        "NOT_ENOUGH_REPLICAS",
+        lambda: (e := produce("all")) is not None and e.code() == KafkaError.NOT_ENOUGH_REPLICAS and e,
+        timeout=60,
+    )
+    assert err.code() == KafkaError.NOT_ENOUGH_REPLICAS
+    assert produce("1") is None
