@@ -170,11 +170,18 @@ impl Broker {
                 self.logs.write().remove(&range.id);
                 tracing::info!(range = range.id, primary = ?last.primary(), "no longer primary of the range");
             }
+            let dir = self.range_dir(topic, range.id);
+            let replicated = last.replicas.len() > 1;
+            if replicated && range.active {
+                // Segments past the image's newest are rolls this broker
+                // made as primary and never got recorded: followers refuse
+                // a segment the image does not have, so nothing in them was
+                // committed, and a stale file must not become a copy later.
+                discard_unrecorded_segments(&dir, last.id.seq)?;
+            }
             if !primary_here {
                 continue;
             }
-            let dir = self.range_dir(topic, range.id);
-            let replicated = last.replicas.len() > 1;
             if range.active && replicated {
                 if last.is_sealed() {
                     continue;
@@ -308,6 +315,30 @@ impl Broker {
             .filter(|p| self.route(image, topic, *p).is_ok())
             .collect()
     }
+}
+
+/// Removes the files of segments after `newest` in a range directory.
+fn discard_unrecorded_segments(dir: &std::path::Path, newest: u32) -> std::io::Result<()> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(());
+    };
+    let mut removed = false;
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().to_string();
+        let seq = name
+            .split('.')
+            .next()
+            .and_then(|stem| stem.parse::<u32>().ok());
+        if seq.is_some_and(|seq| seq > newest) {
+            tracing::warn!(file = %entry.path().display(), "removing a segment the metadata log never recorded");
+            std::fs::remove_file(entry.path())?;
+            removed = true;
+        }
+    }
+    if removed {
+        tessera_fs::sync_dir(dir)?;
+    }
+    Ok(())
 }
 
 /// Per partition of `range`, the end of its data in the sealed segments the
