@@ -103,9 +103,13 @@ impl Replication {
     /// primary had fsynced within `lag` (Kafka's `replica.lag.time.max.ms`).
     pub fn in_sync(&self, lag: Duration) -> Vec<i32> {
         let now = Instant::now();
+        let (seq, local) = self.log.local_durable_end();
+        let own = self.log.position_of(seq, local).unwrap_or(0);
         let mut out = vec![self.me];
         for (f, p) in self.progress.lock().iter() {
-            if now.duration_since(p.caught_up) <= lag {
+            // Caught up now (an idle range), or recently enough.
+            let at = self.log.position_of(p.seq, p.durable).unwrap_or(0);
+            if at >= own || now.duration_since(p.caught_up) <= lag {
                 out.push(*f);
             }
         }

@@ -1,0 +1,237 @@
+//! The replication I/O end to end in one process: a primary's range log
+//! shipped over real TCP to a follower service, commits only with the
+//! follower's ack, identical bytes on both sides, fence and repair reads.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_log::batch::testing::make_batch;
+use tessera_log::{RangeLog, RangeLogOptions};
+use tessera_replication::primary::{PeerAddresses, Replication};
+use tessera_replication::protocol::{Message, SegmentKey};
+use tessera_replication::replica_store::ReplicaStore;
+use tessera_replication::service::{self, Directory, Refusal};
+use tokio::io::AsyncReadExt;
+
+struct FollowerDir(PathBuf);
+
+impl Directory for FollowerDir {
+    fn follower_dir(&self, _: SegmentKey, primary: i32) -> Result<PathBuf, Refusal> {
+        if primary == 1 {
+            Ok(self.0.clone())
+        } else {
+            Err(Refusal {
+                retry: false,
+                reason: "not my primary".into(),
+            })
+        }
+    }
+    fn range_dir(&self, _: SegmentKey) -> Option<PathBuf> {
+        Some(self.0.clone())
+    }
+    fn primary_log(&self, _: u64) -> Option<Arc<RangeLog>> {
+        None
+    }
+}
+
+struct Peers(String);
+impl PeerAddresses for Peers {
+    fn address_of(&self, _: i32) -> Option<String> {
+        Some(self.0.clone())
+    }
+}
+
+/// A follower listening on a loopback port: strips the upgrade request and
+/// serves the stream.
+async fn follower(dir: PathBuf) -> (String, Arc<ReplicaStore>, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap().to_string();
+    let store = Arc::new(ReplicaStore::default());
+    let s = store.clone();
+    let task = tokio::spawn(async move {
+        loop {
+            let (conn, _) = listener.accept().await.unwrap();
+            let (mut r, w) = conn.into_split();
+            let mut upgrade = [0u8; 14];
+            r.read_exact(&mut upgrade).await.unwrap();
+            let dir: Arc<dyn Directory> = Arc::new(FollowerDir(dir.clone()));
+            tokio::spawn(service::serve(r, w, s.clone(), dir));
+        }
+    });
+    (addr, store, task)
+}
+
+fn primary_log(dir: &std::path::Path) -> Arc<RangeLog> {
+    RangeLog::open(
+        RangeLogOptions {
+            dir: dir.to_path_buf(),
+            lo: 0,
+            hi: 2,
+            segment_bytes: 1 << 30,
+            segment_ms: i64::MAX / 2,
+            leader_epoch: 0,
+            log_start_offsets: vec![],
+            seed: None,
+            min_next_offsets: vec![],
+            sealed: false,
+            replicated: true,
+        },
+        tokio::sync::watch::channel(0).0,
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = primary_log(a.path());
+    // No follower listening yet: nothing commits (RF=2 needs both).
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let dead_addr = dead.local_addr().unwrap().to_string();
+    drop(dead);
+    let r = Replication::start(log.clone(), 7, 1, vec![2], Arc::new(Peers(dead_addr)));
+    let mut batch = make_batch(3, 1000);
+    let out = log.append(0, &mut batch, None).unwrap();
+    log.wait_local_durable(out.end_position).await.unwrap();
+    let waited = tokio::time::timeout(
+        Duration::from_millis(500),
+        log.wait_durable(out.end_position),
+    )
+    .await;
+    assert!(waited.is_err(), "committed without the follower");
+    assert_eq!(log.offsets(0).unwrap().high_watermark, 0);
+    r.stop();
+
+    // With the follower: the earlier append and new ones commit.
+    let (addr, store, task) = follower(b.path().to_path_buf()).await;
+    let r = Replication::start(log.clone(), 7, 1, vec![2], Arc::new(Peers(addr.clone())));
+    let mut last = out.end_position;
+    for i in 0..50 {
+        let mut batch = make_batch(1 + i % 4, 2000 + i as i64);
+        last = log
+            .append((i % 2) as u32, &mut batch, None)
+            .unwrap()
+            .end_position;
+    }
+    tokio::time::timeout(Duration::from_secs(10), log.wait_durable(last))
+        .await
+        .expect("commit with the follower's ack")
+        .unwrap();
+    assert!(log.offsets(0).unwrap().high_watermark > 0);
+    assert_eq!(r.in_sync(Duration::from_secs(30)).len(), 2);
+    let key = SegmentKey { range: 7, seq: 0 };
+    let primary_bytes = std::fs::read(tessera_log::segment::log_path(a.path(), 0)).unwrap();
+    let follower_bytes = std::fs::read(tessera_log::segment::log_path(b.path(), 0)).unwrap();
+    assert_eq!(primary_bytes, follower_bytes);
+    assert_eq!(
+        store.get(key).unwrap().lock().state().durable,
+        primary_bytes.len() as u64
+    );
+
+    // Fence: the follower reports its durable end and refuses more appends.
+    match service::call(
+        &addr,
+        &Message::Fence { segment: key },
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap()
+    {
+        Message::Fenced { end, spans, .. } => {
+            assert_eq!(end, primary_bytes.len() as u64);
+            assert_eq!(spans.len(), 2);
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut batch = make_batch(1, 3000);
+    let after = log.append(0, &mut batch, None).unwrap().end_position;
+    let waited = tokio::time::timeout(Duration::from_millis(500), log.wait_durable(after)).await;
+    assert!(waited.is_err(), "committed after the follower was fenced");
+
+    // A repair read serves whole frames from the copy.
+    match service::call(
+        &addr,
+        &Message::Read {
+            segment: key,
+            from: 0,
+            max: 100,
+        },
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap()
+    {
+        Message::Data { frames, .. } => {
+            assert!(!frames.is_empty());
+            tessera_log::segment::parse_frames(&frames, 0).unwrap();
+        }
+        other => panic!("{other:?}"),
+    }
+    r.stop();
+    task.abort();
+}
+
+#[tokio::test]
+async fn a_copy_truncates_past_the_seal_and_repairs_up_to_it() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = primary_log(a.path());
+    let mut ends = vec![];
+    for i in 0..6 {
+        let mut batch = make_batch(2, 100 + i);
+        ends.push(log.append(0, &mut batch, None).unwrap().end_position);
+    }
+    let all = log.frames(0, 0, 1 << 20).unwrap().unwrap().bytes;
+    let key = SegmentKey { range: 1, seq: 0 };
+    let store = ReplicaStore::default();
+    let copy = store.copy(key, b.path()).unwrap();
+    // Only at its end.
+    assert_eq!(
+        copy.lock().append(5, &all).unwrap(),
+        tessera_replication::Offer::Mismatch { end: 0 }
+    );
+    assert_eq!(
+        copy.lock().append(0, &all).unwrap(),
+        tessera_replication::Offer::Accept
+    );
+    // Sealed shorter (a quorum had less): cut to the seal.
+    let seal = ends[3];
+    assert_eq!(
+        copy.lock().seal(seal).unwrap(),
+        tessera_replication::SealAction::Truncate { size: seal }
+    );
+    assert_eq!(
+        std::fs::metadata(tessera_log::segment::log_path(b.path(), 0))
+            .unwrap()
+            .len(),
+        seal
+    );
+    // Reopened after a restart: still sealed and fenced, refuses appends.
+    let store = ReplicaStore::default();
+    let copy = store.copy(key, b.path()).unwrap();
+    assert_eq!(
+        copy.lock().append(seal, &all[..10]).unwrap(),
+        tessera_replication::Offer::Refused
+    );
+
+    // A short copy repairs up to the seal from a peer's bytes.
+    let c = tempfile::tempdir().unwrap();
+    let store = ReplicaStore::default();
+    let short = store.copy(key, c.path()).unwrap();
+    let first = log.frames(0, 0, 1).unwrap().unwrap().bytes;
+    short.lock().append(0, &first).unwrap();
+    assert_eq!(
+        short.lock().seal(seal).unwrap(),
+        tessera_replication::SealAction::Repair {
+            from: first.len() as u64,
+            size: seal
+        }
+    );
+    let rest = &all[first.len()..seal as usize];
+    assert!(short.lock().repair(first.len() as u64, rest).unwrap());
+    assert_eq!(short.lock().state().written, seal);
+    assert_eq!(
+        std::fs::read(tessera_log::segment::log_path(c.path(), 0)).unwrap(),
+        all[..seal as usize].to_vec()
+    );
+}
