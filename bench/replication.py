@@ -131,7 +131,7 @@ def main():
     ap.add_argument("--records", type=int, default=200_000)
     ap.add_argument("--repeat", type=int, default=3)
     args = ap.parse_args()
-    binary = os.environ.get("TESSERA_BIN", "target/release/tessera")
+    binary = os.path.abspath(os.environ.get("TESSERA_BIN", "target/release/tessera"))
     proc, workdir, boot = start_cluster(binary)
     try:
         create(boot, "rf1", 1)
