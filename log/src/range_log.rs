@@ -687,16 +687,6 @@ impl RangeLog {
             .any(|s| s.seq == seq && s.sealed)
     }
 
-    /// The sequence number of the active (last) segment.
-    pub fn active_seq(&self) -> u32 {
-        self.inner.lock().segments.last().unwrap().seq
-    }
-
-    /// True when the log was opened with followers.
-    pub fn is_replicated(&self) -> bool {
-        self.options.replicated
-    }
-
     /// Seals the active segment now, if it holds anything.
     pub fn roll(&self) -> Result<Option<SealedSegment>, LogError> {
         let mut inner = self.inner.lock();

@@ -10,11 +10,9 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 use tessera_log::RangeLog;
-use tokio::io::AsyncWriteExt;
-use tokio::net::TcpStream;
 use tokio::sync::watch;
 
-use crate::protocol::{read_message, upgrade_request, write_message, Message, SegmentKey};
+use crate::protocol::{connect, read_message, write_message, Message, SegmentKey};
 use crate::quorum::committed_end;
 
 /// Bytes shipped to one follower and not yet acknowledged, at most.
@@ -188,16 +186,10 @@ async fn ship(r: Arc<Replication>, follower: i32, peers: Arc<dyn PeerAddresses>)
 /// One connection's life. `Ok` when replication of this log is over (the
 /// follower refused for good or we were stopped), `Err` to reconnect.
 async fn stream_to(r: &Arc<Replication>, follower: i32, addr: &str) -> Result<(), String> {
-    let conn = tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr))
+    let conn = connect(addr, CONNECT_TIMEOUT)
         .await
-        .map_err(|_| format!("connect to {addr} timed out"))?
         .map_err(|e| format!("connect to {addr}: {e}"))?;
-    let _ = conn.set_nodelay(true);
     let (mut reader, mut writer) = conn.into_split();
-    writer
-        .write_all(&upgrade_request())
-        .await
-        .map_err(|e| e.to_string())?;
     write_message(&mut writer, &Message::Hello { from: r.me })
         .await
         .map_err(|e| e.to_string())?;

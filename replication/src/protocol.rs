@@ -294,6 +294,26 @@ pub fn upgrade_request() -> Vec<u8> {
     b
 }
 
+/// Connects to a broker's Kafka listener at `addr` within `timeout` and
+/// upgrades the connection to a replication stream.
+pub async fn connect(
+    addr: &str,
+    timeout: std::time::Duration,
+) -> Result<tokio::net::TcpStream, ProtocolError> {
+    let mut conn = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
+        Ok(c) => c?,
+        Err(_) => {
+            return Err(ProtocolError::Io(std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("connect to {addr} timed out"),
+            )))
+        }
+    };
+    let _ = conn.set_nodelay(true);
+    conn.write_all(&upgrade_request()).await?;
+    Ok(conn)
+}
+
 /// Reads one message; `Ok(None)` at a clean end of stream.
 pub async fn read_message<R: AsyncRead + Unpin>(
     r: &mut R,

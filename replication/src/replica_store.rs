@@ -165,8 +165,4 @@ impl ReplicaStore {
     pub fn close_range(&self, range: u64) {
         self.copies.lock().retain(|k, _| k.range != range);
     }
-
-    pub fn keys(&self) -> Vec<SegmentKey> {
-        self.copies.lock().keys().copied().collect()
-    }
 }

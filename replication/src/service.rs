@@ -296,11 +296,8 @@ pub async fn call(
     msg: &Message,
     timeout: std::time::Duration,
 ) -> Result<Message, ProtocolError> {
-    use tokio::io::AsyncWriteExt;
     let exchange = async {
-        let mut conn = tokio::net::TcpStream::connect(addr).await?;
-        let _ = conn.set_nodelay(true);
-        conn.write_all(&crate::protocol::upgrade_request()).await?;
+        let mut conn = crate::protocol::connect(addr, timeout).await?;
         write_message(&mut conn, msg).await?;
         read_message(&mut conn)
             .await?
