@@ -275,6 +275,9 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "broker_overrides(dict): extra -o key=value overrides for the broker fixture"
     )
+    config.addinivalue_line(
+        "markers", "cluster_overrides(dict): -o key=value overrides for every node of the cluster fixture"
+    )
     # SIGTERM to pytest unwinds like Ctrl-C: teardowns run, brokers die.
     procguard.install_sigterm_handler()
 

@@ -89,19 +89,28 @@ def eventually(what: str, check, timeout: float = 60.0):
     raise AssertionError(f"timed out waiting for {what} (last error: {last!r})")
 
 
+CLUSTER_DEFAULTS = {
+    "group.initial.rebalance.delay.ms": "0",
+    "range.policy.enable": "false",
+    "broker.heartbeat.interval.ms": "500",
+    "broker.session.timeout.ms": "3000",
+    "replica.lag.time.max.ms": "2000",
+}
+
+
 @pytest.fixture
-def cluster():
+def cluster(request):
+    """A 3-node `tessera cluster`; ``@pytest.mark.cluster_overrides({...})``
+    changes or adds ``-o`` overrides for every node."""
+    marker = request.node.get_closest_marker("cluster_overrides")
+    overrides = {**CLUSTER_DEFAULTS, **(marker.args[0] if marker else {})}
     workdir = Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
     kafka, admin, controller = free_block(NODES), free_block(NODES), free_block(NODES)
     log = open(workdir / "cluster.log", "wb")
     proc = procguard.spawn(
         [
             str(tessera_bin()),
-            "-o", "group.initial.rebalance.delay.ms=0",
-            "-o", "range.policy.enable=false",
-            "-o", "broker.heartbeat.interval.ms=500",
-            "-o", "broker.session.timeout.ms=3000",
-            "-o", "replica.lag.time.max.ms=2000",
+            *[a for k, v in overrides.items() for a in ("-o", f"{k}={v}")],
             "cluster",
             "--nodes", str(NODES),
             "--base-port", str(kafka),

@@ -10,6 +10,10 @@
   the run: 40 s here, 120 s for the acceptance figures).
 * ``min.insync.replicas``: with a follower down, acks=all produce gets
   NOT_ENOUGH_REPLICAS while acks=1 still succeeds.
+* Controlled shutdown: SIGTERM to the primary moves its leadership to
+  another replica before the process exits (the session is 60 s there, so
+  nothing else could have moved it); the producer barely pauses and every
+  acknowledged record is consumed.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import threading
 import time
 from pathlib import Path
 
+import pytest
 from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -218,3 +223,90 @@ def test_min_insync_replicas_refuses_acks_all_with_a_follower_down(cluster):
     )
     assert err.code() == KafkaError.NOT_ENOUGH_REPLICAS
     assert produce("1") is None
+
+
+# A session long enough that the controller cannot have failed the range
+# over on its own within the test: only a controlled shutdown moves it.
+@pytest.mark.cluster_overrides({"broker.session.timeout.ms": "60000"})
+def test_sigterm_moves_leadership_before_the_broker_exits(cluster):
+    boot = ",".join(cluster["bootstrap"])
+    topic = "controlled"
+    admin = create_replicated(boot, topic, 3, 3, {"min.insync.replicas": "2"})
+    leader = leader_of(admin, topic)
+    survivors = ",".join(b for i, b in enumerate(cluster["bootstrap"]) if i + 1 != leader)
+
+    acked: dict[tuple[int, int], bytes] = {}
+    errors: list[str] = []
+    ack_times: list[float] = []
+    lock = threading.Lock()
+
+    def delivered(err, msg):
+        with lock:
+            if err is not None:
+                errors.append(str(err))
+            else:
+                acked[(msg.partition(), msg.offset())] = msg.value()
+                ack_times.append(time.monotonic())
+
+    producer = Producer(
+        {
+            "bootstrap.servers": survivors,
+            "enable.idempotence": True,
+            "acks": "all",
+            "linger.ms": 5,
+            "message.timeout.ms": 60000,
+        }
+    )
+    stop = threading.Event()
+    produced = [0]
+
+    def produce():
+        i = 0
+        while not stop.is_set():
+            try:
+                producer.produce(topic, key=str(i).encode(), value=f"v{i}".encode(), on_delivery=delivered)
+                i += 1
+            except BufferError:
+                producer.poll(0.05)
+                continue
+            if i % 50 == 0:
+                producer.poll(0)
+                time.sleep(0.01)
+        produced[0] = i
+
+    t = threading.Thread(target=produce, daemon=True)
+    t.start()
+    eventually("records acknowledged", lambda: len(acked) > 500, timeout=30)
+
+    pid = node_pid(cluster["workdir"], leader)
+    sent = time.monotonic()
+    os.kill(pid, signal.SIGTERM)
+    eventually(f"node {leader} exits", lambda: not Path(f"/proc/{pid}").exists()
+               or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower(), timeout=40)
+    exited = time.monotonic() - sent
+    # Led elsewhere already, with the stopped broker's session still valid.
+    moved = leader_of(AdminClient({"bootstrap.servers": survivors}), topic)
+    assert moved not in (leader, -1), moved
+    time.sleep(3)
+    stop.set()
+    t.join(30)
+    assert producer.flush(60) == 0
+    with lock:
+        after = [x for x in sorted(ack_times) if x > sent]
+        pause = max(b - a for a, b in zip([sent] + after, after)) if after else float("inf")
+    print(f"\ncontrolled shutdown: exited after {exited:.2f} s, produce paused {pause:.2f} s, new leader {moved}")
+    assert errors == [], errors[:5]
+    assert len(acked) == produced[0]
+    assert pause < 30, pause
+
+    consumed = {}
+    c = Consumer({"bootstrap.servers": survivors, "group.id": "controlled-check", "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not all(k in consumed for k in acked):
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            consumed[(m.partition(), m.offset())] = m.value()
+    c.close()
+    lost = [k for k, v in acked.items() if consumed.get(k) != v]
+    assert lost == [], f"{len(lost)} acknowledged records not consumed: {lost[:5]}"

@@ -9,6 +9,7 @@
 mod liveness;
 mod reconcile;
 mod replicas;
+mod shutdown;
 mod topics;
 
 use std::collections::HashMap;
@@ -63,6 +64,8 @@ pub struct Broker {
     ready: AtomicBool,
     /// Per-segment replication: shipping, follower copies, seals.
     replicas: replicas::Replicas,
+    /// Set by a controlled shutdown (`broker/shutdown.rs`).
+    shutting_down: AtomicBool,
 }
 
 /// Reads or creates `meta.properties` (Kafka's name for it) with the cluster id.
@@ -158,6 +161,7 @@ impl Broker {
             rolls,
             ready: AtomicBool::new(false),
             replicas: replicas::Replicas::default(),
+            shutting_down: AtomicBool::new(false),
             config,
         });
         broker.init_replicas();
@@ -241,6 +245,10 @@ impl Broker {
             .active_segment(range.id)
             .ok_or(ApiError::NotLeaderOrFollower)?;
         if segment.primary() != Some(self.config.node_id) {
+            return Err(ApiError::NotLeaderOrFollower);
+        }
+        if segment.replicas.len() > 1 && self.is_shutting_down() {
+            // Leadership is moving to another replica.
             return Err(ApiError::NotLeaderOrFollower);
         }
         let log = self

@@ -60,6 +60,14 @@ pub struct BrokerConfig {
     /// `replica.lag.time.max.ms`: a follower not caught up for this long
     /// leaves the in-sync replicas.
     pub replica_lag_time_max_ms: u64,
+    /// `controlled.shutdown.enable`: on SIGTERM, move the leadership of
+    /// this broker's replicated ranges to other replicas before stopping.
+    pub controlled_shutdown_enable: bool,
+    /// `controlled.shutdown.max.retries`: attempts of that move.
+    pub controlled_shutdown_max_retries: u32,
+    /// `controlled.shutdown.retry.backoff.ms`: how long one attempt waits
+    /// for the moves to be committed before the next.
+    pub controlled_shutdown_retry_backoff_ms: u64,
     /// `offsets.topic.replication.factor` (capped at the live brokers, so a
     /// single node works with Kafka's default of 3)
     pub offsets_topic_replication_factor: i16,
@@ -147,6 +155,9 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("log.retention.bytes", "-1"),
     ("min.insync.replicas", "1"),
     ("replica.lag.time.max.ms", "30000"),
+    ("controlled.shutdown.enable", "true"),
+    ("controlled.shutdown.max.retries", "3"),
+    ("controlled.shutdown.retry.backoff.ms", "5000"),
     ("offsets.topic.replication.factor", "3"),
     ("transaction.state.log.replication.factor", "3"),
     ("log.cleanup.policy", "delete"),
@@ -375,6 +386,12 @@ impl BrokerConfig {
             log_retention_bytes: parse(map, "log.retention.bytes")?,
             min_insync_replicas: parse(map, "min.insync.replicas")?,
             replica_lag_time_max_ms: parse(map, "replica.lag.time.max.ms")?,
+            controlled_shutdown_enable: parse(map, "controlled.shutdown.enable")?,
+            controlled_shutdown_max_retries: parse(map, "controlled.shutdown.max.retries")?,
+            controlled_shutdown_retry_backoff_ms: parse(
+                map,
+                "controlled.shutdown.retry.backoff.ms",
+            )?,
             offsets_topic_replication_factor: parse(map, "offsets.topic.replication.factor")?,
             transaction_state_log_replication_factor: parse(
                 map,

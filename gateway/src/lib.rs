@@ -63,9 +63,11 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
 }
 
 impl Running {
-    /// Graceful shutdown: stop accepting, let in-flight requests finish,
-    /// flush the logs, stop the controller.
+    /// Graceful shutdown: move the leadership of replicated ranges to
+    /// other replicas (controlled shutdown), stop accepting, let in-flight
+    /// requests finish, flush the logs, stop the controller.
     pub async fn shutdown(self) {
+        self.broker.controlled_shutdown().await;
         let _ = self.shutdown.send(true);
         if let Ok(connections) = self.server.await {
             let drain = async {

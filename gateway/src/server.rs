@@ -69,7 +69,11 @@ async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch:
         // carries the private api key): the connection is the stream's now.
         if std::mem::take(&mut first) && is_replication_upgrade(&frame) {
             if let Some(writer) = writer.take() {
-                broker.serve_replication(reader, writer).await;
+                // A stream never ends by itself: shutdown ends it.
+                tokio::select! {
+                    _ = broker.serve_replication(reader, writer) => {}
+                    _ = shutdown.changed() => {}
+                }
             }
             Metrics::add(&broker.metrics.connections_closed, 1);
             return;

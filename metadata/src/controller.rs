@@ -551,8 +551,28 @@ impl Controller {
     /// `broker_id` is alive (recorded here if this node leads, else sent to
     /// the leader). Fails when no leader is known or it cannot be reached.
     pub async fn heartbeat(&self, broker_id: i32) -> Result<(), MetadataError> {
+        self.send_heartbeat(broker_id, false).await
+    }
+
+    /// A heartbeat asking to be fenced now (Kafka's `wantShutDown`): the
+    /// active controller then moves the leadership of the broker's
+    /// replicated ranges elsewhere (a controlled shutdown).
+    pub async fn request_shutdown(&self, broker_id: i32) -> Result<(), MetadataError> {
+        self.send_heartbeat(broker_id, true).await
+    }
+
+    /// True when broker `broker_id` asked this node, as leader, to shut down.
+    pub fn wants_shutdown(&self, broker_id: i32) -> bool {
+        self.heartbeats.wants_shutdown(broker_id)
+    }
+
+    async fn send_heartbeat(
+        &self,
+        broker_id: i32,
+        want_shutdown: bool,
+    ) -> Result<(), MetadataError> {
         if self.is_leader() {
-            self.heartbeats.record(broker_id);
+            self.heartbeats.record(broker_id, want_shutdown);
             return Ok(());
         }
         let leader = self.raft.metrics().borrow().current_leader;
@@ -560,7 +580,7 @@ impl Controller {
             return Err(MetadataError::NotLeader { leader: None });
         };
         self.transport
-            .send_heartbeat(leader, broker_id, HEARTBEAT_TIMEOUT)
+            .send_heartbeat(leader, broker_id, want_shutdown, HEARTBEAT_TIMEOUT)
             .await
             .map_err(|e| MetadataError::Raft(format!("heartbeat to controller {leader}: {e}")))
     }

@@ -20,7 +20,8 @@
 //!   done), then the chunk's raw bytes;
 //! - ClientWrite (4): `u32 count`, per record `u32 length` + record bytes;
 //! - ReadIndex (5): empty;
-//! - BrokerHeartbeat (6): `i32` broker id (answered by the leader only).
+//! - BrokerHeartbeat (6): `i32` broker id, then (optional, 0 when absent)
+//!   `u8` want-shutdown flag (answered by the leader only).
 //!
 //! A response payload is `u8 protocol version`, `u8 status` (0 ok, 1 error
 //! reported by the peer), then JSON: the openraft response or `RaftError`
@@ -121,8 +122,12 @@ pub(crate) enum Request {
     ClientWrite(Vec<Vec<u8>>),
     /// The leader's linearizable read index.
     ReadIndex,
-    /// A broker is alive (the leader records it for fencing).
-    BrokerHeartbeat(i32),
+    /// A broker is alive (the leader records it for fencing), or is
+    /// stopping and wants to be fenced now (Kafka's `wantShutDown`).
+    BrokerHeartbeat {
+        broker_id: i32,
+        want_shutdown: bool,
+    },
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
@@ -187,7 +192,7 @@ pub(crate) fn encode_request(from: u64, to: u64, req: &Request) -> Result<Vec<u8
         Request::InstallSnapshot(_) => KIND_INSTALL_SNAPSHOT,
         Request::ClientWrite(_) => KIND_CLIENT_WRITE,
         Request::ReadIndex => KIND_READ_INDEX,
-        Request::BrokerHeartbeat(_) => KIND_BROKER_HEARTBEAT,
+        Request::BrokerHeartbeat { .. } => KIND_BROKER_HEARTBEAT,
     });
     b.extend_from_slice(&from.to_be_bytes());
     b.extend_from_slice(&to.to_be_bytes());
@@ -231,7 +236,13 @@ pub(crate) fn encode_request(from: u64, to: u64, req: &Request) -> Result<Vec<u8
             }
         }
         Request::ReadIndex => {}
-        Request::BrokerHeartbeat(broker_id) => b.extend_from_slice(&broker_id.to_be_bytes()),
+        Request::BrokerHeartbeat {
+            broker_id,
+            want_shutdown,
+        } => {
+            b.extend_from_slice(&broker_id.to_be_bytes());
+            b.push(*want_shutdown as u8);
+        }
     }
     let len = b.len() - 4;
     if len > MAX_FRAME_BYTES {
@@ -346,9 +357,16 @@ pub(crate) fn decode_request(payload: &[u8]) -> Result<(u64, u64, Request), Stri
             Request::ReadIndex
         }
         KIND_BROKER_HEARTBEAT => {
-            let id = i32::from_be_bytes(r.take(4)?.try_into().unwrap());
+            let broker_id = i32::from_be_bytes(r.take(4)?.try_into().unwrap());
+            let want_shutdown = match r.take(1) {
+                Ok(flag) => flag[0] != 0,
+                Err(_) => false,
+            };
             r.end()?;
-            Request::BrokerHeartbeat(id)
+            Request::BrokerHeartbeat {
+                broker_id,
+                want_shutdown,
+            }
         }
         k => return Err(format!("unknown request kind {k}")),
     };
@@ -642,10 +660,15 @@ impl Transport {
         &self,
         target: u64,
         broker_id: i32,
+        want_shutdown: bool,
         timeout: Duration,
     ) -> Result<(), ServiceCallError> {
-        let frame = encode_request(self.node_id, target, &Request::BrokerHeartbeat(broker_id))
-            .map_err(ServiceCallError::NotSent)?;
+        let heartbeat = Request::BrokerHeartbeat {
+            broker_id,
+            want_shutdown,
+        };
+        let frame =
+            encode_request(self.node_id, target, &heartbeat).map_err(ServiceCallError::NotSent)?;
         self.service_call(target, &frame, timeout, true).await
     }
 
@@ -947,10 +970,13 @@ async fn handle(
     req: Request,
 ) -> (u8, Vec<u8>) {
     match req {
-        Request::BrokerHeartbeat(broker_id) => {
+        Request::BrokerHeartbeat {
+            broker_id,
+            want_shutdown,
+        } => {
             let leader = raft.metrics().borrow().current_leader;
             reply(if leader == Some(node_id) {
-                heartbeats.record(broker_id);
+                heartbeats.record(broker_id, want_shutdown);
                 Ok(())
             } else {
                 Err(ServiceError::NotLeader { leader })
@@ -1077,12 +1103,36 @@ mod tests {
         assert!(
             matches!(decode_request(payload(&f)).unwrap(), (_, _, Request::ClientWrite(b)) if b == values)
         );
-        let f = encode_request(2, 7, &Request::BrokerHeartbeat(-3)).unwrap();
+        let hb = |want_shutdown| Request::BrokerHeartbeat {
+            broker_id: -3,
+            want_shutdown,
+        };
+        let f = encode_request(2, 7, &hb(true)).unwrap();
         assert!(matches!(
             decode_request(payload(&f)).unwrap(),
-            (2, 7, Request::BrokerHeartbeat(-3))
+            (
+                2,
+                7,
+                Request::BrokerHeartbeat {
+                    broker_id: -3,
+                    want_shutdown: true
+                }
+            )
         ));
+        let f = encode_request(2, 7, &hb(true)).unwrap();
         let mut short = payload(&f).to_vec();
+        short.pop(); // without the flag: a plain heartbeat (older nodes)
+        assert!(matches!(
+            decode_request(&short).unwrap(),
+            (
+                2,
+                7,
+                Request::BrokerHeartbeat {
+                    broker_id: -3,
+                    want_shutdown: false
+                }
+            )
+        ));
         short.pop();
         assert!(decode_request(&short).is_err());
         let f = encode_request(2, 7, &Request::ReadIndex).unwrap();

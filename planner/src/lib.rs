@@ -372,9 +372,12 @@ mod tests;
 /// heard from again is unfenced. `alive` is the set of brokers heard from
 /// within the session; `grace_over` is false during the first session after
 /// this controller became leader (it has not heard from anyone yet).
+/// Brokers in `stopping` asked to be fenced (a controlled shutdown's
+/// `wantShutDown`): they are fenced at once, grace or not, and stay fenced.
 pub fn broker_liveness(
     image: &MetadataImage,
     alive: &std::collections::BTreeSet<i32>,
+    stopping: &std::collections::BTreeSet<i32>,
     grace_over: bool,
 ) -> Vec<MetadataRecord> {
     image
@@ -382,9 +385,12 @@ pub fn broker_liveness(
         .values()
         .filter_map(|b| {
             let broker_id = b.registration.broker_id;
-            let heard = alive.contains(&broker_id);
+            let stopping = stopping.contains(&broker_id);
+            let heard = alive.contains(&broker_id) && !stopping;
             match (b.fenced, heard) {
-                (false, false) if grace_over => Some(MetadataRecord::FenceBroker { broker_id }),
+                (false, false) if grace_over || stopping => {
+                    Some(MetadataRecord::FenceBroker { broker_id })
+                }
                 (true, true) => Some(MetadataRecord::UnfenceBroker { broker_id }),
                 _ => None,
             }

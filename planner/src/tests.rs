@@ -371,8 +371,8 @@ fn silent_brokers_are_fenced_after_the_grace_and_unfenced_when_heard() {
     let mut image = cluster(3);
     let alive: std::collections::BTreeSet<i32> = [1, 3].into();
     // A new leader has heard from nobody yet: no fencing in its first session.
-    assert!(broker_liveness(&image, &alive, false).is_empty());
-    let records = broker_liveness(&image, &alive, true);
+    assert!(broker_liveness(&image, &alive, &none(), false).is_empty());
+    let records = broker_liveness(&image, &alive, &none(), true);
     assert_eq!(records, vec![MetadataRecord::FenceBroker { broker_id: 2 }]);
     assert_eq!(commit(&mut image, &records), 0);
     // Fenced: no new segment lands on it.
@@ -384,10 +384,31 @@ fn silent_brokers_are_fenced_after_the_grace_and_unfenced_when_heard() {
         assert_ne!(open.replicas, vec![2]);
     }
     // Quiet while nothing changes; heard again, it is unfenced.
-    assert!(broker_liveness(&image, &alive, true).is_empty());
+    assert!(broker_liveness(&image, &alive, &none(), true).is_empty());
     let all: std::collections::BTreeSet<i32> = [1, 2, 3].into();
     assert_eq!(
-        broker_liveness(&image, &all, true),
+        broker_liveness(&image, &all, &none(), true),
+        vec![MetadataRecord::UnfenceBroker { broker_id: 2 }]
+    );
+}
+
+fn none() -> std::collections::BTreeSet<i32> {
+    Default::default()
+}
+
+#[test]
+fn a_broker_asking_to_stop_is_fenced_at_once_and_stays_fenced() {
+    let mut image = cluster(3);
+    let all: std::collections::BTreeSet<i32> = [1, 2, 3].into();
+    let stopping: std::collections::BTreeSet<i32> = [2].into();
+    // Even in a new leader's grace, and although its heartbeats are fresh.
+    let records = broker_liveness(&image, &all, &stopping, false);
+    assert_eq!(records, vec![MetadataRecord::FenceBroker { broker_id: 2 }]);
+    assert_eq!(commit(&mut image, &records), 0);
+    assert!(broker_liveness(&image, &all, &stopping, true).is_empty());
+    // Restarted (plain heartbeats again): unfenced.
+    assert_eq!(
+        broker_liveness(&image, &all, &none(), true),
         vec![MetadataRecord::UnfenceBroker { broker_id: 2 }]
     );
 }
@@ -407,7 +428,7 @@ fn fence(image: &mut MetadataImage, broker: i32) {
         .copied()
         .filter(|b| *b != broker)
         .collect();
-    let records = broker_liveness(image, &alive, true);
+    let records = broker_liveness(image, &alive, &none(), true);
     assert_eq!(commit(image, &records), 0);
 }
 

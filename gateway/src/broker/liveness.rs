@@ -15,6 +15,9 @@ use super::Broker;
 pub(super) async fn heartbeat(broker: Weak<Broker>) {
     loop {
         let Some(b) = broker.upgrade() else { return };
+        if b.is_shutting_down() {
+            return; // a controlled shutdown sends its own (want-shutdown) heartbeats
+        }
         let interval = Duration::from_millis(b.config.broker_heartbeat_interval_ms.max(1));
         if let Err(e) = b.controller.heartbeat(b.config.node_id).await {
             tracing::debug!(error = %e, "broker heartbeat not delivered");
@@ -24,8 +27,8 @@ pub(super) async fn heartbeat(broker: Weak<Broker>) {
     }
 }
 
-/// On the active controller: fences brokers whose session expired and
-/// unfences those heard from again.
+/// On the active controller: fences brokers whose session expired or who
+/// asked to shut down, and unfences those heard from again.
 pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
     let mut leading_since: Option<Instant> = None;
     loop {
@@ -47,8 +50,18 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
                         .is_some_and(|t| t >= since && t.elapsed() < session)
                 })
                 .collect();
-            let records =
-                tessera_planner::broker_liveness(&image, &alive, since.elapsed() >= session);
+            let stopping: BTreeSet<i32> = image
+                .brokers
+                .keys()
+                .copied()
+                .filter(|id| b.controller.wants_shutdown(*id))
+                .collect();
+            let records = tessera_planner::broker_liveness(
+                &image,
+                &alive,
+                &stopping,
+                since.elapsed() >= session,
+            );
             if !records.is_empty() {
                 tracing::info!(?records, "broker sessions: fencing/unfencing");
                 if let Err(e) = b.controller.write_on_leader(records).await {

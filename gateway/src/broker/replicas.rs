@@ -230,9 +230,26 @@ impl Broker {
 
     /// Starts a seal-by-quorum of `segment` unless one is running.
     pub(crate) fn seal_by_quorum(&self, segment: SegmentId) {
+        self.seal_by_quorum_avoiding(segment, None);
+    }
+
+    /// Like [`Broker::seal_by_quorum`], preferring any replica but `avoid`
+    /// as the next primary when their copies end at the same place (a
+    /// controlled shutdown moves leadership off the broker that stops).
+    pub(crate) fn seal_by_quorum_avoiding(&self, segment: SegmentId, avoid: Option<i32>) {
         if self.replicas.sealing.lock().insert(segment) {
-            tokio::spawn(seal_task(self.weak(), segment));
+            tokio::spawn(seal_task(self.weak(), segment, avoid));
         }
+    }
+
+    /// The ranges this broker ships to followers, with their logs.
+    pub(super) fn shipped_logs(&self) -> Vec<(RangeId, Arc<RangeLog>)> {
+        self.replicas
+            .shipping
+            .lock()
+            .iter()
+            .map(|(id, r)| (*id, r.log().clone()))
+            .collect()
     }
 }
 
@@ -300,7 +317,7 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
 /// it at the largest durable end among them and opens the next segment on
 /// the replica holding that end (one metadata entry). Retried until the
 /// image shows the segment sealed.
-async fn seal_task(broker: Weak<Broker>, id: SegmentId) {
+async fn seal_task(broker: Weak<Broker>, id: SegmentId, avoid: Option<i32>) {
     loop {
         let Some(b) = broker.upgrade() else { return };
         let image = b.image();
@@ -308,7 +325,7 @@ async fn seal_task(broker: Weak<Broker>, id: SegmentId) {
             Some(s) if !s.is_sealed() => s.clone(),
             _ => break,
         };
-        match b.try_seal(&image, &seg).await {
+        match b.try_seal(&image, &seg, avoid).await {
             Ok(()) => {}
             Err(e) => {
                 tracing::info!(segment = %id, error = %e, "seal-by-quorum not done yet; retrying")
@@ -323,7 +340,12 @@ async fn seal_task(broker: Weak<Broker>, id: SegmentId) {
 }
 
 impl Broker {
-    async fn try_seal(&self, image: &MetadataImage, seg: &SegmentImage) -> anyhow::Result<()> {
+    async fn try_seal(
+        &self,
+        image: &MetadataImage,
+        seg: &SegmentImage,
+        avoid: Option<i32>,
+    ) -> anyhow::Result<()> {
         let me = self.config.node_id;
         let k = key(seg.id);
         let view = View(self.weak());
@@ -346,7 +368,8 @@ impl Broker {
             }
         });
         let replies = futures_join_all(calls).await;
-        // Live brokers first, so that the next primary is one that is up.
+        // Live brokers first, so that the next primary is one that is up;
+        // then any but `avoid` (seal_point gives ties to the earliest).
         let fenced = |id: &i32| image.brokers.get(id).is_none_or(|b| b.fenced);
         let mut reports = Vec::new();
         let mut spans: HashMap<i32, Vec<(u32, i64, i64)>> = HashMap::new();
@@ -364,7 +387,13 @@ impl Broker {
                 }
             }
         }
-        reports.sort_by_key(|r| (fenced(&r.replica), r.replica != me));
+        reports.sort_by_key(|r| {
+            (
+                fenced(&r.replica),
+                Some(r.replica) == avoid,
+                r.replica != me,
+            )
+        });
         let Some(point) = seal_point(&reports, seg.replicas.len()) else {
             anyhow::bail!(
                 "{} of {} replicas answered the fence",
