@@ -196,7 +196,7 @@ pub struct Controller {
     voters: BTreeMap<u64, String>,
     /// Client side of the transport (forwarded writes, read index).
     transport: Arc<Transport>,
-    /// Brokers' heartbeats heard while this node leads.
+    /// Brokers' heartbeats heard by this voter (leader or not).
     heartbeats: Arc<Heartbeats>,
     /// The controller listener's task, if this node listens.
     server: Mutex<Option<JoinHandle<()>>>,
@@ -561,31 +561,61 @@ impl Controller {
         self.send_heartbeat(broker_id, true).await
     }
 
-    /// True when broker `broker_id` asked this node, as leader, to shut down.
+    /// True when broker `broker_id` asked this voter to shut down.
     pub fn wants_shutdown(&self, broker_id: i32) -> bool {
         self.heartbeats.wants_shutdown(broker_id)
     }
 
+    /// Every voter keeps the heartbeats it hears, not only the leader: a
+    /// newly elected leader then knows who is alive and fences a broker
+    /// that died with the old leader one session after its last heartbeat,
+    /// not one session after the election. Succeeds when the leader (this
+    /// node or another) heard it.
     async fn send_heartbeat(
         &self,
         broker_id: i32,
         want_shutdown: bool,
     ) -> Result<(), MetadataError> {
-        if self.is_leader() {
+        if !self.voters.is_empty() && !self.voters.contains_key(&self.node_id) {
+            // Not a voter: nothing to record here.
+        } else {
             self.heartbeats.record(broker_id, want_shutdown);
-            return Ok(());
         }
         let leader = self.raft.metrics().borrow().current_leader;
-        let Some(leader) = leader.filter(|l| *l != self.node_id) else {
-            return Err(MetadataError::NotLeader { leader: None });
-        };
-        self.transport
-            .send_heartbeat(leader, broker_id, want_shutdown, HEARTBEAT_TIMEOUT)
-            .await
-            .map_err(|e| MetadataError::Raft(format!("heartbeat to controller {leader}: {e}")))
+        let sends: Vec<_> = self
+            .voters
+            .keys()
+            .copied()
+            .filter(|v| *v != self.node_id)
+            .map(|voter| {
+                let transport = self.transport.clone();
+                tokio::spawn(async move {
+                    let sent = transport
+                        .send_heartbeat(voter, broker_id, want_shutdown, HEARTBEAT_TIMEOUT)
+                        .await;
+                    (voter, sent)
+                })
+            })
+            .collect();
+        let mut leader_heard = leader == Some(self.node_id);
+        let mut last_error = None;
+        for send in sends {
+            match send.await {
+                Ok((voter, Ok(()))) => leader_heard |= leader == Some(voter),
+                Ok((voter, Err(e))) => {
+                    last_error = Some(format!("heartbeat to controller {voter}: {e}"))
+                }
+                Err(e) => last_error = Some(e.to_string()),
+            }
+        }
+        match (leader_heard, last_error) {
+            (true, _) => Ok(()),
+            (false, Some(e)) => Err(MetadataError::Raft(e)),
+            (false, None) => Err(MetadataError::NotLeader { leader: None }),
+        }
     }
 
-    /// When this node, as leader, last heard from broker `broker_id`.
+    /// When this voter last heard from broker `broker_id`.
     pub fn last_heartbeat(&self, broker_id: i32) -> Option<std::time::Instant> {
         self.heartbeats.last_seen(broker_id)
     }

@@ -1,7 +1,8 @@
-//! Brokers' heartbeats as the active controller hears them (Kafka's
-//! BrokerHeartbeat, over the controller transport). Kept in memory only:
-//! a new leader knows nobody's last heartbeat and gives every broker a full
-//! session before fencing it.
+//! Brokers' heartbeats as a controller voter hears them (Kafka's
+//! BrokerHeartbeat, over the controller transport; brokers send them to
+//! every voter, so a newly elected leader already knows who is alive).
+//! Kept in memory only: a restarted voter knows nobody's last heartbeat and
+//! gives every broker a full session before fencing it.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Instant;

@@ -940,7 +940,7 @@ async fn serve_connection(
             tracing::warn!(%peer, from, to, node_id, "request for another controller; closing");
             return;
         }
-        let (status, body) = handle(&raft, &heartbeats, node_id, req).await;
+        let (status, body) = handle(&raft, &heartbeats, req).await;
         let out = encode_response(status, &body);
         match tokio::time::timeout(SERVER_FRAME_TIMEOUT, stream.write_all(&out)).await {
             Ok(Ok(())) => {}
@@ -963,24 +963,15 @@ fn reply<T: serde::Serialize, E: serde::Serialize>(r: Result<T, E>) -> (u8, Vec<
     }
 }
 
-async fn handle(
-    raft: &MetadataRaft,
-    heartbeats: &Heartbeats,
-    node_id: u64,
-    req: Request,
-) -> (u8, Vec<u8>) {
+async fn handle(raft: &MetadataRaft, heartbeats: &Heartbeats, req: Request) -> (u8, Vec<u8>) {
     match req {
         Request::BrokerHeartbeat {
             broker_id,
             want_shutdown,
         } => {
-            let leader = raft.metrics().borrow().current_leader;
-            reply(if leader == Some(node_id) {
-                heartbeats.record(broker_id, want_shutdown);
-                Ok(())
-            } else {
-                Err(ServiceError::NotLeader { leader })
-            })
+            // Every voter records it (a new leader knows who is alive).
+            heartbeats.record(broker_id, want_shutdown);
+            reply(Ok::<(), ServiceError>(()))
         }
         Request::AppendEntries(r) => reply(raft.append_entries(r).await),
         Request::Vote(r) => reply(raft.vote(r).await),

@@ -28,17 +28,17 @@ pub(super) async fn heartbeat(broker: Weak<Broker>) {
 }
 
 /// On the active controller: fences brokers whose session expired or who
-/// asked to shut down, and unfences those heard from again.
+/// asked to shut down, and unfences those heard from again. Every voter
+/// hears the heartbeats (see `Controller::heartbeat`), so a new leader
+/// judges by them at once; only in the first session after this process
+/// started has it not heard from everyone yet (the grace).
 pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
-    let mut leading_since: Option<Instant> = None;
+    let started = Instant::now();
     loop {
         let Some(b) = broker.upgrade() else { return };
         let interval = Duration::from_millis(b.config.broker_heartbeat_interval_ms.max(1));
         let session = Duration::from_millis(b.config.broker_session_timeout_ms);
-        if !b.controller.is_leader() {
-            leading_since = None;
-        } else {
-            let since = *leading_since.get_or_insert_with(Instant::now);
+        if b.controller.is_leader() {
             let image = b.image();
             let alive: BTreeSet<i32> = image
                 .brokers
@@ -47,7 +47,7 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
                 .filter(|id| {
                     b.controller
                         .last_heartbeat(*id)
-                        .is_some_and(|t| t >= since && t.elapsed() < session)
+                        .is_some_and(|t| t.elapsed() < session)
                 })
                 .collect();
             let stopping: BTreeSet<i32> = image
@@ -60,7 +60,7 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
                 &image,
                 &alive,
                 &stopping,
-                since.elapsed() >= session,
+                started.elapsed() >= session,
             );
             if !records.is_empty() {
                 tracing::info!(?records, "broker sessions: fencing/unfencing");

@@ -27,6 +27,9 @@ use crate::error::ApiError;
 
 /// How long one fence or repair exchange may take.
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
+/// How long a seal-by-quorum waits for the other replicas' fence answers
+/// once a quorum has answered.
+const QUORUM_GRACE: Duration = Duration::from_millis(300);
 /// Pause between attempts of a seal or repair that could not finish.
 const RETRY: Duration = Duration::from_millis(500);
 
@@ -349,11 +352,12 @@ impl Broker {
         let me = self.config.node_id;
         let k = key(seg.id);
         let view = View(self.weak());
-        let calls = seg.replicas.iter().map(|&r| {
+        let mut calls = tokio::task::JoinSet::new();
+        for &r in &seg.replicas {
             let addr = view.address_of(r);
             let store = self.replicas.store.clone();
             let view = View(self.weak());
-            async move {
+            calls.spawn(async move {
                 let reply = if r == me {
                     Ok(service::fence(k, &store, &view))
                 } else {
@@ -365,9 +369,41 @@ impl Broker {
                     }
                 };
                 (r, reply)
+            });
+        }
+        // Any quorum's largest end covers every committed byte, so a quorum
+        // of answers is enough; the others get a moment more (a live
+        // holder is better than a fenced one) but a dead replica's call
+        // timing out does not hold the failover up.
+        let quorum = tessera_replication::quorum_size(seg.replicas.len());
+        let mut replies = Vec::new();
+        let mut answered = 0;
+        let mut grace: Option<tokio::time::Instant> = None;
+        loop {
+            let next = match grace {
+                Some(deadline) => {
+                    match tokio::time::timeout_at(deadline, calls.join_next()).await {
+                        Ok(next) => next,
+                        Err(_) => break,
+                    }
+                }
+                None => calls.join_next().await,
+            };
+            let Some(Ok((r, reply))) = next else {
+                if next.is_none() {
+                    break;
+                }
+                continue;
+            };
+            if matches!(reply, Ok(Message::Fenced { .. })) {
+                answered += 1;
+                if answered >= quorum && grace.is_none() {
+                    grace = Some(tokio::time::Instant::now() + QUORUM_GRACE);
+                }
             }
-        });
-        let replies = futures_join_all(calls).await;
+            replies.push((r, reply));
+        }
+        calls.abort_all();
         // Live brokers first, so that the next primary is one that is up;
         // then any but `avoid` (seal_point gives ties to the earliest).
         let fenced = |id: &i32| image.brokers.get(id).is_none_or(|b| b.fenced);
@@ -421,20 +457,4 @@ impl Broker {
         self.controller.write(records).await?;
         Ok(())
     }
-}
-
-/// Runs futures concurrently and collects their outputs in order.
-async fn futures_join_all<F>(futs: impl Iterator<Item = F>) -> Vec<F::Output>
-where
-    F: std::future::Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    let handles: Vec<_> = futs.map(tokio::spawn).collect();
-    let mut out = Vec::with_capacity(handles.len());
-    for h in handles {
-        if let Ok(v) = h.await {
-            out.push(v);
-        }
-    }
-    out
 }
