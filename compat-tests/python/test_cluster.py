@@ -101,18 +101,21 @@ CLUSTER_DEFAULTS = {
 @pytest.fixture
 def cluster(request):
     """A 3-node `tessera cluster`; ``@pytest.mark.cluster_overrides({...})``
-    changes or adds ``-o`` overrides for every node."""
+    changes or adds ``-o`` overrides for every node, and
+    ``@pytest.mark.cluster_nodes(n)`` runs n nodes."""
+    sized = request.node.get_closest_marker("cluster_nodes")
+    nodes = sized.args[0] if sized else NODES
     marker = request.node.get_closest_marker("cluster_overrides")
     overrides = {**CLUSTER_DEFAULTS, **(marker.args[0] if marker else {})}
     workdir = Path(tempfile.mkdtemp(prefix="tessera-cluster-"))
-    kafka, admin, controller = free_block(NODES), free_block(NODES), free_block(NODES)
+    kafka, admin, controller = free_block(nodes), free_block(nodes), free_block(nodes)
     log = open(workdir / "cluster.log", "wb")
     proc = procguard.spawn(
         [
             str(tessera_bin()),
             *[a for k, v in overrides.items() for a in ("-o", f"{k}={v}")],
             "cluster",
-            "--nodes", str(NODES),
+            "--nodes", str(nodes),
             "--base-port", str(kafka),
             "--admin-base-port", str(admin),
             "--controller-base-port", str(controller),
@@ -125,8 +128,8 @@ def cluster(request):
     info = {
         "proc": proc,
         "workdir": workdir,
-        "bootstrap": [f"127.0.0.1:{kafka + i}" for i in range(NODES)],
-        "admin": [f"http://127.0.0.1:{admin + i}" for i in range(NODES)],
+        "bootstrap": [f"127.0.0.1:{kafka + i}" for i in range(nodes)],
+        "admin": [f"http://127.0.0.1:{admin + i}" for i in range(nodes)],
     }
 
     def ready(i):
@@ -137,11 +140,11 @@ def cluster(request):
             return False
 
     try:
-        eventually("every node ready", lambda: all(ready(i) for i in range(NODES)))
+        eventually("every node ready", lambda: all(ready(i) for i in range(nodes)))
         yield info
     finally:
         procguard.kill(proc)
-        for i in range(1, NODES + 1):
+        for i in range(1, nodes + 1):
             pid = node_pid(workdir, i)
             if pid:
                 try:

@@ -10,6 +10,11 @@
   the run: 40 s here, 120 s for the acceptance figures).
 * ``min.insync.replicas``: with a follower down, acks=all produce gets
   NOT_ENOUGH_REPLICAS while acks=1 still succeeds.
+* Healing: on 5 nodes, a broker holding copies of sealed segments dies
+  for good; once it has been fenced for ``replica.heal.delay.ms`` its
+  copies are re-created on the spare broker (repaired from the
+  survivors), every sealed segment has 3 complete copies again, and every
+  record is still consumed.
 * Controlled shutdown: SIGTERM to the primary moves its leadership to
   another replica before the process exits (the session is 60 s there, so
   nothing else could have moved it); the producer barely pauses and every
@@ -30,7 +35,7 @@ from confluent_kafka import Consumer, KafkaError, Producer
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import procguard
-from test_cluster import cluster, eventually, node_pid  # noqa: F401 - fixture
+from test_cluster import cluster, eventually, http, node_pid  # noqa: F401 - fixture
 
 RUN_SECONDS = float(os.environ.get("TESSERA_FAILOVER_SECONDS", "40"))
 RESTART_AFTER = float(os.environ.get("TESSERA_RESTART_AFTER", "5"))
@@ -310,3 +315,60 @@ def test_sigterm_moves_leadership_before_the_broker_exits(cluster):
     c.close()
     lost = [k for k, v in acked.items() if consumed.get(k) != v]
     assert lost == [], f"{len(lost)} acknowledged records not consumed: {lost[:5]}"
+
+
+@pytest.mark.cluster_nodes(5)
+@pytest.mark.cluster_overrides({"replica.heal.delay.ms": "2000", "log.segment.bytes": "65536"})
+def test_a_dead_brokers_sealed_copies_heal_back_to_three(cluster):
+    boot = ",".join(cluster["bootstrap"])
+    topic = "healing"
+    create_replicated(boot, topic, 2, 3, {"min.insync.replicas": "2"})
+    p = Producer({"bootstrap.servers": boot, "acks": "all", "linger.ms": 5})
+    sent = {}
+    for i in range(20000):
+        p.produce(topic, key=str(i).encode(), value=b"x" * 100 + str(i).encode(), partition=i % 2)
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+
+    def sealed(node: int):
+        return [s for s in http(cluster["admin"][node - 1] + "/segments")
+                if s["topic"] == topic and s["sealed_bytes"] is not None]
+
+    segments = sealed(1)
+    assert len(segments) >= 5, f"expected several rolled segments, got {len(segments)}"
+    # The victim: a follower (not the active segment's primary), so the
+    # range keeps its leader and only sealed copies need healing.
+    active = [s for s in http(cluster["admin"][0] + "/segments")
+              if s["topic"] == topic and s["sealed_bytes"] is None][0]
+    victim = active["replicas"][1]
+    spares = {n for n in range(1, 6) if n not in active["replicas"]}
+    assert all(victim in s["replicas"] for s in segments)
+    os.kill(node_pid(cluster["workdir"], victim), signal.SIGKILL)
+    witness = next(n for n in range(1, 6) if n != victim)
+
+    def healed():
+        now = sealed(witness)
+        if any(victim in s["replicas"] or len(s["replicas"]) != 3 for s in now):
+            return False
+        # Every listed copy is complete on its broker.
+        for node in {r for s in now for r in s["replicas"]}:
+            local = {(s["range"], s["seq"]): s for s in sealed(node)}
+            for s in now:
+                if node in s["replicas"] and local[(s["range"], s["seq"])]["local_bytes"] != s["sealed_bytes"]:
+                    return False
+        return True
+
+    eventually("sealed copies healed onto the spare broker", healed, timeout=90)
+    assert all(set(s["replicas"]) & spares for s in sealed(witness))
+
+    c = Consumer({"bootstrap.servers": boot, "group.id": "heal-check", "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    seen = set()
+    deadline = time.monotonic() + 60
+    while len(seen) < 20000 and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            seen.add(int(m.key()))
+    c.close()
+    assert len(seen) == 20000

@@ -94,6 +94,11 @@ async fn handle(mut stream: TcpStream, broker: &Broker) -> std::io::Result<()> {
             json,
             serde_json::to_string(&broker.list_ranges()).unwrap_or_default(),
         ),
+        ("GET", "/segments") => (
+            "200 OK",
+            json,
+            serde_json::to_string(&broker.list_segments()).unwrap_or_default(),
+        ),
         ("POST", "/ranges/split") => match param("range") {
             None => ("400 Bad Request", json, error_json("missing ?range=ID")),
             Some(range) => match broker

@@ -60,6 +60,13 @@ pub struct BrokerConfig {
     /// `replica.lag.time.max.ms`: a follower not caught up for this long
     /// leaves the in-sync replicas.
     pub replica_lag_time_max_ms: u64,
+    /// `replica.heal.delay.ms`: how long a broker stays fenced before the
+    /// copies of sealed segments it holds are re-created on other brokers
+    /// (healing). Tessera's own key: Kafka has no healing.
+    pub replica_heal_delay_ms: u64,
+    /// `replica.heal.max.bytes.per.sec`: the rate at which this broker
+    /// copies segments for healing and repair.
+    pub replica_heal_max_bytes_per_sec: u64,
     /// `controlled.shutdown.enable`: on SIGTERM, move the leadership of
     /// this broker's replicated ranges to other replicas before stopping.
     pub controlled_shutdown_enable: bool,
@@ -155,6 +162,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("log.retention.bytes", "-1"),
     ("min.insync.replicas", "1"),
     ("replica.lag.time.max.ms", "30000"),
+    ("replica.heal.delay.ms", "300000"),
+    ("replica.heal.max.bytes.per.sec", "52428800"),
     ("controlled.shutdown.enable", "true"),
     ("controlled.shutdown.max.retries", "3"),
     ("controlled.shutdown.retry.backoff.ms", "5000"),
@@ -386,6 +395,8 @@ impl BrokerConfig {
             log_retention_bytes: parse(map, "log.retention.bytes")?,
             min_insync_replicas: parse(map, "min.insync.replicas")?,
             replica_lag_time_max_ms: parse(map, "replica.lag.time.max.ms")?,
+            replica_heal_delay_ms: parse(map, "replica.heal.delay.ms")?,
+            replica_heal_max_bytes_per_sec: parse(map, "replica.heal.max.bytes.per.sec")?,
             controlled_shutdown_enable: parse(map, "controlled.shutdown.enable")?,
             controlled_shutdown_max_retries: parse(map, "controlled.shutdown.max.retries")?,
             controlled_shutdown_retry_backoff_ms: parse(

@@ -42,7 +42,47 @@ pub struct RangeInfo {
     pub bytes_appended: u64,
 }
 
+/// One segment as `GET /segments` shows it, with this broker's copy.
+#[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
+pub struct SegmentInfo {
+    pub range: RangeId,
+    pub seq: u32,
+    pub topic: String,
+    pub replicas: Vec<i32>,
+    pub leader_epoch: i32,
+    /// The sealed size; `None` while active.
+    pub sealed_bytes: Option<u64>,
+    /// Bytes of the segment's file on this broker (`None`: no file here).
+    pub local_bytes: Option<u64>,
+}
+
 impl Broker {
+    /// Every segment of every range, by (range, seq).
+    pub fn list_segments(&self) -> Vec<SegmentInfo> {
+        let image = self.image();
+        image
+            .segments
+            .values()
+            .filter_map(|s| {
+                let range = image.ranges.get(&s.id.range)?;
+                let topic = image.topics.get(&range.topic_id)?;
+                let dir = self.range_dir_of(&image, s.id.range)?;
+                let local_bytes = std::fs::metadata(tessera_log::segment::log_path(&dir, s.id.seq))
+                    .ok()
+                    .map(|m| m.len());
+                Some(SegmentInfo {
+                    range: s.id.range,
+                    seq: s.id.seq,
+                    topic: topic.name.clone(),
+                    replicas: s.replicas.clone(),
+                    leader_epoch: s.leader_epoch,
+                    sealed_bytes: s.sealed.as_ref().map(|i| i.size_bytes),
+                    local_bytes,
+                })
+            })
+            .collect()
+    }
+
     /// Every range of every topic, by id.
     pub fn list_ranges(&self) -> Vec<RangeInfo> {
         let image = self.image();

@@ -143,6 +143,12 @@ pub enum MetadataRecord {
         first_producer_id: i64,
         count: i32,
     },
+    /// The replica set of a sealed segment changes (healing: a copy on a
+    /// broker that is gone is replaced by a copy elsewhere).
+    SetSegmentReplicas {
+        segment: SegmentId,
+        replicas: Vec<i32>,
+    },
 }
 
 /// Record type numbers. Never reuse or renumber: they are in the log.
@@ -161,8 +167,9 @@ pub mod record_type {
     pub const DELETE_SEGMENT: u16 = 11;
     pub const SET_LOG_START_OFFSET: u16 = 12;
     pub const ALLOCATE_PRODUCER_IDS: u16 = 13;
+    pub const SET_SEGMENT_REPLICAS: u16 = 16;
     /// The largest type number this build reads.
-    pub const MAX: u16 = ALLOCATE_PRODUCER_IDS;
+    pub const MAX: u16 = SET_SEGMENT_REPLICAS;
 }
 
 impl MetadataRecord {
@@ -184,6 +191,7 @@ impl MetadataRecord {
             MetadataRecord::DeleteSegment { .. } => DELETE_SEGMENT,
             MetadataRecord::SetLogStartOffset { .. } => SET_LOG_START_OFFSET,
             MetadataRecord::AllocateProducerIds { .. } => ALLOCATE_PRODUCER_IDS,
+            MetadataRecord::SetSegmentReplicas { .. } => SET_SEGMENT_REPLICAS,
         }
     }
 
@@ -287,6 +295,13 @@ impl MetadataRecord {
                 w.i32(*broker_id);
                 w.i64(*first_producer_id);
                 w.i32(*count);
+            }
+            MetadataRecord::SetSegmentReplicas { segment, replicas } => {
+                w.segment(segment);
+                w.count(replicas.len());
+                for r in replicas {
+                    w.i32(*r);
+                }
             }
         }
         w.0
@@ -447,7 +462,16 @@ impl MetadataRecord {
                 first_producer_id: r.i64("first_producer_id")?,
                 count: r.i32("count")?,
             },
-            _ => unreachable!("type checked above"),
+            SET_SEGMENT_REPLICAS => {
+                let segment = r.segment()?;
+                let n = r.count("replicas", 4)?;
+                let mut replicas = Vec::with_capacity(n);
+                for _ in 0..n {
+                    replicas.push(r.i32("replica")?);
+                }
+                MetadataRecord::SetSegmentReplicas { segment, replicas }
+            }
+            _ => return Err(RecordDecodeError::UnknownType(ty)),
         };
         if r.pos != bytes.len() {
             return Err(RecordDecodeError::TrailingBytes(bytes.len() - r.pos));
@@ -548,19 +572,7 @@ impl MetadataRecord {
             MetadataRecord::SealRange { range_id } => check_range_id("range_id", *range_id),
             MetadataRecord::OpenSegment(s) => {
                 check_range_id("segment range", s.segment.range)?;
-                if s.replicas.is_empty() || s.replicas.len() > MAX_REPLICAS {
-                    return Err(E::invalid(
-                        "replicas",
-                        format!("{} replicas, need 1..={MAX_REPLICAS}", s.replicas.len()),
-                    ));
-                }
-                let mut seen = BTreeSet::new();
-                for r in &s.replicas {
-                    check_broker_id("replica", *r)?;
-                    if !seen.insert(*r) {
-                        return Err(E::invalid("replicas", format!("duplicate broker {r}")));
-                    }
-                }
+                check_replicas(&s.replicas)?;
                 if s.leader_epoch < 0 {
                     return Err(E::invalid("leader_epoch", s.leader_epoch.to_string()));
                 }
@@ -630,8 +642,31 @@ impl MetadataRecord {
                 }
                 Ok(())
             }
+            MetadataRecord::SetSegmentReplicas { segment, replicas } => {
+                check_range_id("segment range", segment.range)?;
+                check_replicas(replicas)
+            }
         }
     }
+}
+
+/// A replica set: 1..=MAX_REPLICAS valid, distinct broker ids.
+fn check_replicas(replicas: &[i32]) -> Result<(), RecordDecodeError> {
+    use RecordDecodeError as E;
+    if replicas.is_empty() || replicas.len() > MAX_REPLICAS {
+        return Err(E::invalid(
+            "replicas",
+            format!("{} replicas, need 1..={MAX_REPLICAS}", replicas.len()),
+        ));
+    }
+    let mut seen = BTreeSet::new();
+    for r in replicas {
+        check_broker_id("replica", *r)?;
+        if !seen.insert(*r) {
+            return Err(E::invalid("replicas", format!("duplicate broker {r}")));
+        }
+    }
+    Ok(())
 }
 
 fn check_broker_id(field: &'static str, id: i32) -> Result<(), RecordDecodeError> {
@@ -993,6 +1028,14 @@ pub(crate) mod tests {
                     }
                 }
             ),
+            (
+                arb_segment(),
+                proptest::collection::btree_set(0i32..1000, 1..5)
+            )
+                .prop_map(|(segment, replicas)| MetadataRecord::SetSegmentReplicas {
+                    segment,
+                    replicas: replicas.into_iter().collect(),
+                }),
         ]
     }
 

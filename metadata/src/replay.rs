@@ -119,6 +119,12 @@ impl MetadataImage {
                 None => Some("unknown segment"),
                 Some(s) => fail(s.sealed.is_none(), "segment is active"),
             },
+            // Only a sealed segment's copies move (an active one's replica
+            // set is its quorum: it changes by seal-by-quorum only).
+            R::SetSegmentReplicas { segment, .. } => match self.segments.get(segment) {
+                None => Some("unknown segment"),
+                Some(s) => fail(s.sealed.is_none(), "segment is active"),
+            },
             R::SetLogStartOffset {
                 topic_id,
                 partition,
@@ -253,6 +259,11 @@ impl MetadataImage {
             }
             R::DeleteSegment { segment } => {
                 self.segments.remove(segment);
+            }
+            R::SetSegmentReplicas { segment, replicas } => {
+                if let Some(seg) = self.segments.get_mut(segment) {
+                    Arc::make_mut(seg).replicas = replicas.clone();
+                }
             }
             R::SetLogStartOffset {
                 topic_id,
@@ -671,6 +682,25 @@ mod tests {
         let (img, applied) = replay(&with(with(base(), seal(1, 0, vec![])), del));
         assert!(applied.iter().all(|a| *a));
         assert!(img.segments.is_empty());
+    }
+
+    #[test]
+    fn segment_replicas_change_only_when_sealed() {
+        let set = MetadataRecord::SetSegmentReplicas {
+            segment: SegmentId::new(1, 0),
+            replicas: vec![4, 5],
+        };
+        assert!(!last_applies(std::slice::from_ref(&set)), "unknown segment");
+        assert!(!last_applies(&with(base(), set.clone())), "active segment");
+        let (img, applied) = replay(&with(with(base(), seal(1, 0, vec![])), set));
+        assert!(applied.iter().all(|a| *a));
+        assert_eq!(img.segments_of(1)[0].replicas, vec![4, 5]);
+        // A snapshot of the image keeps the new set.
+        let mut again = MetadataImage::empty();
+        for (i, r) in img.to_records().iter().enumerate() {
+            again.apply(r, i as i64);
+        }
+        assert_eq!(again.segments_of(1)[0].replicas, vec![4, 5]);
     }
 
     #[test]

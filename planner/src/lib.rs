@@ -478,3 +478,68 @@ pub fn seal_by_quorum(
         ),
     ])
 }
+
+/// Healing: every sealed segment with a copy on a broker in `gone` (fenced
+/// for longer than the heal delay) gets that copy replaced by one on a live
+/// broker outside its replica set, placed like a new segment (weighted
+/// rendezvous, racks spread). Survivors keep their order; the new copies
+/// come last (they are repaired from the survivors). At most `max_segments`
+/// segments per call, so a dead broker's data moves at a bounded pace. A
+/// segment with no live survivor, or no broker to take a copy, is left as it
+/// is.
+pub fn heal_segments(
+    image: &MetadataImage,
+    gone: &std::collections::BTreeSet<i32>,
+    max_segments: usize,
+) -> Vec<MetadataRecord> {
+    if gone.is_empty() {
+        return Vec::new();
+    }
+    let live = |id: &i32| image.brokers.get(id).is_some_and(|b| !b.fenced);
+    let all = candidates(image);
+    let mut records = Vec::new();
+    for seg in image.segments.values() {
+        if records.len() >= max_segments {
+            break;
+        }
+        if !seg.is_sealed() || !seg.replicas.iter().any(|r| gone.contains(r)) {
+            continue;
+        }
+        let survivors: Vec<i32> = seg
+            .replicas
+            .iter()
+            .copied()
+            .filter(|r| !gone.contains(r))
+            .collect();
+        if !survivors.iter().any(live) {
+            continue; // nobody left to copy from
+        }
+        let spare: Vec<BrokerCandidate> = all
+            .iter()
+            .filter(|c| !c.fenced && !seg.replicas.contains(&c.broker_id))
+            .cloned()
+            .collect();
+        let wanted = (seg.replicas.len() - survivors.len()).min(spare.len());
+        if wanted == 0 {
+            continue;
+        }
+        let Ok(placed) = place_replicas(&seg.id.to_string(), &spare, wanted) else {
+            continue;
+        };
+        let mut replicas = survivors;
+        replicas.extend(placed);
+        // Copies that found no replacement stay listed until one does.
+        replicas.extend(
+            seg.replicas
+                .iter()
+                .filter(|r| gone.contains(r))
+                .skip(wanted)
+                .copied(),
+        );
+        records.push(MetadataRecord::SetSegmentReplicas {
+            segment: seg.id,
+            replicas,
+        });
+    }
+    records
+}

@@ -506,3 +506,76 @@ fn a_quorum_seal_needs_a_holder_in_the_replica_set_and_spans_in_the_range() {
     }];
     assert!(seal_by_quorum(&image, &q).is_err());
 }
+
+#[test]
+fn healing_replaces_the_copies_of_a_gone_broker_on_sealed_segments_only() {
+    let (mut image, range) = replicated_topic(4, 3);
+    let first = image.active_segment(range).unwrap();
+    let victim = first.replicas[1];
+    let spare = *image
+        .brokers
+        .keys()
+        .find(|b| !first.replicas.contains(b))
+        .unwrap();
+    // Seal the first segment (a roll) and open the next on the same set.
+    let roll = record_local_segments(
+        &image,
+        range,
+        &[SegmentSealRecord {
+            segment: first.id,
+            size_bytes: 100,
+            spans: vec![],
+        }],
+        Some(1),
+    );
+    assert_eq!(commit(&mut image, &roll), 0);
+    fence(&mut image, victim);
+    let gone: std::collections::BTreeSet<i32> = [victim].into();
+    let records = heal_segments(&image, &gone, 10);
+    // Only the sealed segment moves; the active one is the quorum's business.
+    assert_eq!(records.len(), 1, "{records:?}");
+    assert_eq!(commit(&mut image, &records), 0);
+    let healed = image.segments.get(&first.id).unwrap();
+    assert_eq!(healed.replicas.len(), 3);
+    assert!(!healed.replicas.contains(&victim));
+    assert_eq!(healed.replicas[2], spare, "the new copy comes last");
+    assert_eq!(healed.replicas[..2], [first.replicas[0], first.replicas[2]]);
+    // Nothing left to heal; nothing to do without a gone broker.
+    assert!(heal_segments(&image, &gone, 10).is_empty());
+    assert!(heal_segments(&image, &none(), 10).is_empty());
+}
+
+#[test]
+fn healing_waits_for_a_spare_broker_and_is_bounded() {
+    // Three brokers, RF 3: no spare to copy to.
+    let (mut image, range) = replicated_topic(3, 3);
+    let first = image.active_segment(range).unwrap();
+    let roll = record_local_segments(
+        &image,
+        range,
+        &[SegmentSealRecord {
+            segment: first.id,
+            size_bytes: 1,
+            spans: vec![],
+        }],
+        Some(1),
+    );
+    assert_eq!(commit(&mut image, &roll), 0);
+    let victim = first.replicas[0];
+    fence(&mut image, victim);
+    assert!(heal_segments(&image, &[victim].into(), 10).is_empty());
+    // A fourth broker joins: now it heals, at most `max_segments` at a time.
+    assert_eq!(
+        commit(&mut image, &register_broker(registration(4, None))),
+        0
+    );
+    assert!(heal_segments(&image, &[victim].into(), 0).is_empty());
+    let records = heal_segments(&image, &[victim].into(), 1);
+    assert_eq!(
+        records,
+        vec![MetadataRecord::SetSegmentReplicas {
+            segment: first.id,
+            replicas: vec![first.replicas[1], first.replicas[2], 4],
+        }]
+    );
+}

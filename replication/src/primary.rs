@@ -291,6 +291,18 @@ async fn pump(
                 }
                 Some(Message::Refused { retry: true, reason, .. }) => return Err(reason),
                 Some(Message::Refused { retry: false, reason, segment }) => {
+                    if segment.seq == seq && r.log.position_of(seq + 1, 0).is_some() {
+                        // A rolled segment whose seal the follower saw
+                        // before the rest of its stream (it repairs the
+                        // tail from a peer): go on with the next one.
+                        tracing::debug!(range = r.range, follower, seq, %reason, "follower has the rolled segment sealed; moving on");
+                        seq += 1;
+                        pos = 0;
+                        acked = 0;
+                        synced = false;
+                        probing = false;
+                        continue;
+                    }
                     tracing::info!(range = r.range, follower, seq = segment.seq, %reason, "follower refused the segment");
                     return Ok(());
                 }

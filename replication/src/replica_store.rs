@@ -160,6 +160,30 @@ impl ReplicaStore {
         self.copies.lock().get(&key).cloned()
     }
 
+    /// Deletes this broker's copy of `key` in `dir` (the segment's replica
+    /// set no longer lists this broker: healing replaced it). Returns true
+    /// when there was a file.
+    pub fn discard(&self, key: SegmentKey, dir: &Path) -> Result<bool, LogError> {
+        self.copies.lock().remove(&key);
+        let log = segment::log_path(dir, key.seq);
+        let existed = log.exists();
+        for path in [
+            log,
+            segment::index_path(dir, key.seq),
+            fenced_path(dir, key.seq),
+        ] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e.into()),
+            }
+        }
+        if existed {
+            tessera_fs::sync_dir(dir)?;
+        }
+        Ok(existed)
+    }
+
     /// Closes the copies of `range` (its logs are deleted or opened as a
     /// primary's range log now).
     pub fn close_range(&self, range: u64) {

@@ -5,11 +5,15 @@
 //! unfences it when it is heard from again. Decisions are
 //! `tessera_planner::broker_liveness`; this module is the clock and the I/O.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::Broker;
+
+/// Sealed segments given a new replica per liveness tick (the copying
+/// itself is rate-limited by `replica.heal.max.bytes.per.sec`).
+const HEAL_SEGMENTS_PER_TICK: usize = 16;
 
 /// Heartbeats this broker to the active controller until the broker is gone.
 pub(super) async fn heartbeat(broker: Weak<Broker>) {
@@ -34,6 +38,8 @@ pub(super) async fn heartbeat(broker: Weak<Broker>) {
 /// started has it not heard from everyone yet (the grace).
 pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
     let started = Instant::now();
+    // When this controller first saw each broker fenced (for healing).
+    let mut fenced_since: HashMap<i32, Instant> = HashMap::new();
     loop {
         let Some(b) = broker.upgrade() else { return };
         let interval = Duration::from_millis(b.config.broker_heartbeat_interval_ms.max(1));
@@ -81,6 +87,33 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
                     b.seal_by_quorum(seg.id);
                 }
             }
+            // Healing: the sealed copies of a broker fenced for longer than
+            // the heal delay are re-created elsewhere, a few segments a tick.
+            let heal_delay = Duration::from_millis(b.config.replica_heal_delay_ms);
+            fenced_since.retain(|id, _| image.brokers.get(id).is_some_and(|b| b.fenced));
+            for broker in image.brokers.values().filter(|b| b.fenced) {
+                fenced_since
+                    .entry(broker.registration.broker_id)
+                    .or_insert_with(Instant::now);
+            }
+            let gone: BTreeSet<i32> = fenced_since
+                .iter()
+                .filter(|(_, since)| since.elapsed() >= heal_delay)
+                .map(|(id, _)| *id)
+                .collect();
+            let heal = tessera_planner::heal_segments(&image, &gone, HEAL_SEGMENTS_PER_TICK);
+            if !heal.is_empty() {
+                tracing::info!(
+                    segments = heal.len(),
+                    ?gone,
+                    "healing: re-creating copies of sealed segments"
+                );
+                if let Err(e) = b.controller.write_on_leader(heal).await {
+                    tracing::warn!(error = %e, "could not record healing");
+                }
+            }
+        } else {
+            fenced_since.clear();
         }
         drop(b);
         tokio::time::sleep(interval).await;

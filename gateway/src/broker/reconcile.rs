@@ -14,7 +14,7 @@
 //! topic, a split) waits with [`Broker::await_reconciled`] for the pass that
 //! covers its offset.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -430,7 +430,56 @@ pub(super) async fn record_rolls(
     broker: Arc<Broker>,
     mut rx: mpsc::UnboundedReceiver<(RangeId, SealedSegment)>,
 ) {
+    // One worker per range: its rolls are recorded in order, and a range
+    // waiting for its followers holds up no other range.
+    let mut workers: HashMap<RangeId, mpsc::UnboundedSender<SealedSegment>> = HashMap::new();
     while let Some((range, sealed)) = rx.recv().await {
+        workers.retain(|_, tx| !tx.is_closed());
+        let tx = workers.entry(range).or_insert_with(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(record_range_rolls(Arc::downgrade(&broker), range, rx));
+            tx
+        });
+        let _ = tx.send(sealed);
+    }
+}
+
+/// How long a roll of a replicated range waits for its segment to be
+/// committed before it is recorded anyway.
+const ROLL_COMMIT_WAIT: Duration = Duration::from_secs(30);
+
+async fn record_range_rolls(
+    broker: std::sync::Weak<Broker>,
+    range: RangeId,
+    mut rx: mpsc::UnboundedReceiver<SealedSegment>,
+) {
+    while let Some(sealed) = rx.recv().await {
+        let Some(broker) = broker.upgrade() else {
+            return;
+        };
+        // A replicated segment is sealed in the image only once a quorum
+        // holds all of it: followers still receiving it would otherwise
+        // refuse the rest of its stream as sealed, and its tail would be
+        // committed by nobody.
+        if let Some(log) = broker.log_of(range) {
+            let replicated = broker
+                .image()
+                .segments
+                .get(&SegmentId::new(range, sealed.seq))
+                .is_some_and(|s| s.replicas.len() > 1);
+            if let (true, Some(end)) = (replicated, log.position_of(sealed.next_seq, 0)) {
+                if tokio::time::timeout(ROLL_COMMIT_WAIT, log.wait_durable(end))
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(
+                        range,
+                        seq = sealed.seq,
+                        "rolled segment not committed yet; recording its seal anyway"
+                    );
+                }
+            }
+        }
         let image = broker.image();
         let records = tessera_planner::record_local_segments(
             &image,

@@ -47,6 +47,12 @@ pub(crate) struct Replicas {
     repairing: Mutex<HashSet<SegmentId>>,
     /// Seals already applied to this broker's copies.
     sealed_copies: Mutex<HashSet<SegmentId>>,
+    /// Sealed segments not on this broker, checked for a stale copy (by
+    /// replica set: healing may list this broker again later).
+    foreign_checked: Mutex<HashSet<(SegmentId, Vec<i32>)>>,
+    /// When the copying budget (`replica.heal.max.bytes.per.sec`) is free
+    /// again, shared by every repair and healing copy of this broker.
+    copy_pace: Mutex<Option<std::time::Instant>>,
 }
 
 fn key(id: SegmentId) -> SegmentKey {
@@ -190,12 +196,32 @@ impl Broker {
         let me = self.config.node_id;
         for seg in image.segments_of(range) {
             let Some(info) = &seg.sealed else { continue };
-            if !seg.replicas.contains(&me) || self.replicas.sealed_copies.lock().contains(&seg.id) {
+            if self.replicas.sealed_copies.lock().contains(&seg.id) {
                 continue;
             }
             let Some(dir) = self.range_dir_of(image, range) else {
                 continue;
             };
+            if !seg.replicas.contains(&me) {
+                // Healing moved this copy elsewhere while this broker was
+                // gone: what is left here (possibly longer than the seal,
+                // never truncated) must not be read as the segment.
+                if !self
+                    .replicas
+                    .foreign_checked
+                    .lock()
+                    .insert((seg.id, seg.replicas.clone()))
+                {
+                    continue;
+                }
+                let in_log = self
+                    .log_of(range)
+                    .is_some_and(|l| l.holds_sealed(seg.id.seq));
+                if !in_log && self.replicas.store.discard(key(seg.id), &dir)? {
+                    tracing::info!(segment = %seg.id, "deleted a copy no longer in the segment's replica set");
+                }
+                continue;
+            }
             if !tessera_log::segment::log_path(&dir, seg.id.seq).exists()
                 && self.replicas.store.get(key(seg.id)).is_none()
                 && seg.primary() == Some(me)
@@ -231,6 +257,18 @@ impl Broker {
         Ok(())
     }
 
+    /// Reserves `bytes` of the copying budget; returns when they may have
+    /// been copied at `replica.heal.max.bytes.per.sec`.
+    fn copy_pace(&self, bytes: usize) -> std::time::Instant {
+        let rate = self.config.replica_heal_max_bytes_per_sec.max(1) as f64;
+        let cost = Duration::from_secs_f64(bytes as f64 / rate);
+        let now = std::time::Instant::now();
+        let mut next = self.replicas.copy_pace.lock();
+        let done = next.map_or(now, |n| n.max(now)) + cost;
+        *next = Some(done);
+        done
+    }
+
     /// Starts a seal-by-quorum of `segment` unless one is running.
     pub(crate) fn seal_by_quorum(&self, segment: SegmentId) {
         self.seal_by_quorum_avoiding(segment, None);
@@ -254,6 +292,15 @@ impl Broker {
             .map(|(id, r)| (*id, r.log().clone()))
             .collect()
     }
+}
+
+/// Writes repaired frames to a copy (its lock is not held across awaits).
+fn write_repair(
+    copy: &Mutex<tessera_replication::replica_store::ReplicaCopy>,
+    position: u64,
+    frames: &[u8],
+) -> Result<bool, tessera_log::LogError> {
+    copy.lock().repair(position, frames)
 }
 
 /// Copies the missing tail of a sealed segment from another replica.
@@ -288,9 +335,10 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
             match service::call(&addr, &read, CALL_TIMEOUT).await {
                 Ok(Message::Data {
                     position, frames, ..
-                }) if !frames.is_empty() => match copy.lock().repair(position, &frames) {
+                }) if !frames.is_empty() => match write_repair(&copy, position, &frames) {
                     Ok(true) => {
                         progressed = true;
+                        tokio::time::sleep_until(b.copy_pace(frames.len()).into()).await;
                         break;
                     }
                     Ok(false) => {}
