@@ -279,6 +279,7 @@ def pytest_configure(config):
         "markers", "cluster_overrides(dict): -o key=value overrides for every node of the cluster fixture"
     )
     config.addinivalue_line("markers", "cluster_nodes(n): the number of nodes of the cluster fixture")
+    config.addinivalue_line("markers", "cluster_args(list): extra arguments of `tessera cluster`")
     # SIGTERM to pytest unwinds like Ctrl-C: teardowns run, brokers die.
     procguard.install_sigterm_handler()
 

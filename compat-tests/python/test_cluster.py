@@ -102,7 +102,9 @@ CLUSTER_DEFAULTS = {
 def cluster(request):
     """A 3-node `tessera cluster`; ``@pytest.mark.cluster_overrides({...})``
     changes or adds ``-o`` overrides for every node, and
-    ``@pytest.mark.cluster_nodes(n)`` runs n nodes."""
+    ``@pytest.mark.cluster_nodes(n)`` runs n nodes;
+    ``@pytest.mark.cluster_args([...])`` adds arguments to `tessera cluster`."""
+    args = request.node.get_closest_marker("cluster_args")
     sized = request.node.get_closest_marker("cluster_nodes")
     nodes = sized.args[0] if sized else NODES
     marker = request.node.get_closest_marker("cluster_overrides")
@@ -120,6 +122,7 @@ def cluster(request):
             "--admin-base-port", str(admin),
             "--controller-base-port", str(controller),
             "--dir", str(workdir / "cluster"),
+            *(args.args[0] if args else []),
         ],
         cwd=workdir,
         stdout=log,

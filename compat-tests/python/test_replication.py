@@ -15,6 +15,9 @@
   copies are re-created on the spare broker (repaired from the
   survivors), every sealed segment has 3 complete copies again, and every
   record is still consumed.
+* Fetch from followers (KIP-392): with the rack-aware replica selector, a
+  consumer whose ``client.rack`` is a follower's rack reads the sealed
+  segments from that follower and the rest from the leader, in order.
 * Controlled shutdown: SIGTERM to the primary moves its leadership to
   another replica before the process exits (the session is 60 s there, so
   nothing else could have moved it); the producer barely pauses and every
@@ -28,10 +31,11 @@ import signal
 import statistics
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import procguard
@@ -372,3 +376,55 @@ def test_a_dead_brokers_sealed_copies_heal_back_to_three(cluster):
             seen.add(int(m.key()))
     c.close()
     assert len(seen) == 20000
+
+
+RACK_AWARE = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
+
+
+def metric(admin_url: str, name: str) -> float:
+    with urllib.request.urlopen(admin_url + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{"):
+                return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+@pytest.mark.cluster_args(["--racks", "r1,r2,r3"])
+@pytest.mark.cluster_overrides({"replica.selector.class": RACK_AWARE, "log.segment.bytes": "65536"})
+def test_a_consumer_reads_sealed_data_from_a_replica_in_its_rack(cluster):
+    boot = ",".join(cluster["bootstrap"])
+    topic = "racks"
+    admin = create_replicated(boot, topic, 1, 3, {})
+    p = Producer({"bootstrap.servers": boot, "acks": "all", "linger.ms": 5})
+    for i in range(20000):
+        p.produce(topic, value=b"v%d" % i, partition=0)
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+    leader = leader_of(admin, topic)
+    follower = next(n for n in (1, 2, 3) if n != leader)
+
+    c = Consumer({
+        "bootstrap.servers": boot,
+        "group.id": "rack-reader",
+        "client.rack": f"r{follower}",
+        # read_committed (librdkafka's default) stays on the leader.
+        "isolation.level": "read_uncommitted",
+        "auto.offset.reset": "earliest",
+        "enable.auto.commit": False,
+    })
+    c.assign([TopicPartition(topic, 0, 0)])
+    got = []
+    deadline = time.monotonic() + 60
+    while len(got) < 20000 and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got.append((m.offset(), m.value()))
+    c.close()
+    assert [o for o, _ in got] == list(range(20000))
+    assert all(v == b"v%d" % o for o, v in got)
+    from_follower = metric(cluster["admin"][follower - 1], "tessera_follower_fetched_bytes_total")
+    from_leader = metric(cluster["admin"][leader - 1], "tessera_follower_fetched_bytes_total")
+    print(f"\nfetched from follower {follower}: {from_follower:.0f} bytes (leader {leader} as follower: {from_leader:.0f})")
+    assert from_follower > 100_000, from_follower
+    assert from_leader == 0

@@ -6,6 +6,7 @@
 //! makes the open logs and the coordinators follow every image the
 //! controller publishes.
 
+mod follower_fetch;
 mod liveness;
 mod reconcile;
 mod replicas;

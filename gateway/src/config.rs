@@ -67,6 +67,10 @@ pub struct BrokerConfig {
     /// `replica.heal.max.bytes.per.sec`: the rate at which this broker
     /// copies segments for healing and repair.
     pub replica_heal_max_bytes_per_sec: u64,
+    /// `replica.selector.class`: Kafka's default (empty) serves consumers
+    /// from leaders only; `...RackAwareReplicaSelector` sends a consumer
+    /// with `client.rack` to a replica in its rack for sealed data (KIP-392).
+    pub replica_selector_class: String,
     /// `controlled.shutdown.enable`: on SIGTERM, move the leadership of
     /// this broker's replicated ranges to other replicas before stopping.
     pub controlled_shutdown_enable: bool,
@@ -164,6 +168,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("replica.lag.time.max.ms", "30000"),
     ("replica.heal.delay.ms", "300000"),
     ("replica.heal.max.bytes.per.sec", "52428800"),
+    ("replica.selector.class", ""),
     ("controlled.shutdown.enable", "true"),
     ("controlled.shutdown.max.retries", "3"),
     ("controlled.shutdown.retry.backoff.ms", "5000"),
@@ -397,6 +402,7 @@ impl BrokerConfig {
             replica_lag_time_max_ms: parse(map, "replica.lag.time.max.ms")?,
             replica_heal_delay_ms: parse(map, "replica.heal.delay.ms")?,
             replica_heal_max_bytes_per_sec: parse(map, "replica.heal.max.bytes.per.sec")?,
+            replica_selector_class: get("replica.selector.class"),
             controlled_shutdown_enable: parse(map, "controlled.shutdown.enable")?,
             controlled_shutdown_max_retries: parse(map, "controlled.shutdown.max.retries")?,
             controlled_shutdown_retry_backoff_ms: parse(

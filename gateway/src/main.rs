@@ -60,6 +60,10 @@ enum Command {
         /// Parent of the nodes' data directories.
         #[arg(long, default_value = "./tessera-cluster")]
         dir: PathBuf,
+        /// `broker.rack` of the nodes, comma-separated, given out in turn
+        /// (node i gets the ((i - 1) mod n)-th), e.g. `--racks a,b,c`.
+        #[arg(long, value_delimiter = ',')]
+        racks: Vec<String>,
     },
     /// List, split and merge ranges of a running broker (through its admin port).
     Ranges {
@@ -156,6 +160,7 @@ fn run_cluster(
     nodes: u16,
     ports: ClusterPorts,
     dir: &std::path::Path,
+    racks: &[String],
     overrides: &[String],
 ) -> anyhow::Result<()> {
     if ![1, 3, 5].contains(&nodes) {
@@ -182,6 +187,10 @@ fn run_cluster(
             .arg(format!("127.0.0.1:{}", ports.admin + i))
             .arg("-o")
             .arg(format!("controller.quorum.voters={voters}"));
+        if !racks.is_empty() {
+            let rack = &racks[(i as usize) % racks.len()];
+            cmd.arg("-o").arg(format!("broker.rack={rack}"));
+        }
         for o in overrides {
             cmd.arg("-o").arg(o);
         }
@@ -252,6 +261,7 @@ fn main() -> anyhow::Result<()> {
         admin_base_port,
         controller_base_port,
         dir,
+        racks,
     }) = &cli.command
     {
         let ports = ClusterPorts {
@@ -259,7 +269,7 @@ fn main() -> anyhow::Result<()> {
             admin: *admin_base_port,
             controller: *controller_base_port,
         };
-        return run_cluster(*nodes, ports, dir, &cli.overrides);
+        return run_cluster(*nodes, ports, dir, racks, &cli.overrides);
     }
     if let Some(Command::Ranges { admin, action }) = &cli.command {
         if let Err(e) = ranges_command(admin, action) {

@@ -10,6 +10,8 @@ pub struct Metrics {
     pub produced_batches: AtomicU64,
     pub produced_bytes: AtomicU64,
     pub fetched_bytes: AtomicU64,
+    /// Of those, served by this broker as a follower (KIP-392).
+    pub follower_fetched_bytes: AtomicU64,
     pub connections_opened: AtomicU64,
     pub connections_closed: AtomicU64,
     pub rejected_frames: AtomicU64,
@@ -27,6 +29,7 @@ impl Default for Metrics {
             produced_batches: AtomicU64::new(0),
             produced_bytes: AtomicU64::new(0),
             fetched_bytes: AtomicU64::new(0),
+            follower_fetched_bytes: AtomicU64::new(0),
             connections_opened: AtomicU64::new(0),
             connections_closed: AtomicU64::new(0),
             rejected_frames: AtomicU64::new(0),
@@ -104,6 +107,11 @@ impl Metrics {
                 "tessera_fetched_bytes_total",
                 "Record bytes returned by Fetch.",
                 &self.fetched_bytes,
+            ),
+            (
+                "tessera_follower_fetched_bytes_total",
+                "Record bytes returned by Fetch from sealed copies this broker follows (KIP-392).",
+                &self.follower_fetched_bytes,
             ),
             (
                 "tessera_connections_opened_total",

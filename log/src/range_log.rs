@@ -1084,6 +1084,31 @@ pub(crate) fn batch_metadata(e: &IndexEntry) -> BatchMetadata {
 
 /// Reads the planned batches into one contiguous buffer, coalescing batches
 /// that sit next to each other in the same file into one read.
+/// Reads `partition`'s batches from one sealed segment on its own (a
+/// follower's copy, read for a fetch from a follower): from the batch
+/// holding `offset`, up to `max_bytes` (the first batch always).
+pub fn read_sealed_segment(
+    segment: &Segment,
+    partition: u32,
+    offset: i64,
+    max_bytes: usize,
+) -> Result<Bytes, LogError> {
+    let Some(entries) = segment.index.partitions.get(&partition) else {
+        return Ok(Bytes::new());
+    };
+    let start = entries.partition_point(|e| e.last_offset < offset);
+    let mut plan = Vec::new();
+    let mut total = 0usize;
+    for e in &entries[start..] {
+        if !plan.is_empty() && total + e.length as usize > max_bytes {
+            break;
+        }
+        total += e.length as usize;
+        plan.push((segment.file.clone(), *e));
+    }
+    read_plan(&plan)
+}
+
 fn read_plan(plan: &[(Arc<File>, IndexEntry)]) -> Result<Bytes, LogError> {
     let total: usize = plan.iter().map(|(_, e)| e.length as usize).sum();
     let mut out = Vec::with_capacity(total);

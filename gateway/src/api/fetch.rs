@@ -93,9 +93,12 @@ fn gather(broker: &Broker, version: i16, request: &FetchRequest) -> (FetchRespon
                     &image,
                     t,
                     p,
-                    read_committed,
+                    Reader {
+                        read_committed,
+                        rack: request.rack_id.as_str(),
+                        first_in_response: total == 0,
+                    },
                     &mut remaining,
-                    total == 0,
                 ),
             };
             let data = match data {
@@ -139,16 +142,37 @@ fn gather(broker: &Broker, version: i16, request: &FetchRequest) -> (FetchRespon
     )
 }
 
+/// Who asks, as far as one partition's read is concerned.
+struct Reader<'a> {
+    read_committed: bool,
+    /// The consumer's `client.rack` (v11+), for fetches from followers.
+    rack: &'a str,
+    first_in_response: bool,
+}
+
 fn read_partition(
     broker: &Broker,
     image: &tessera_metadata::MetadataImage,
     topic: &TopicImage,
     p: &FetchPartition,
-    read_committed: bool,
+    reader: Reader<'_>,
     remaining: &mut usize,
-    first_in_response: bool,
 ) -> Result<PartitionData, ApiError> {
-    let route = broker.route(image, topic, p.partition)?;
+    let Reader {
+        read_committed,
+        rack,
+        first_in_response,
+    } = reader;
+    let route = match broker.route(image, topic, p.partition) {
+        Ok(route) => route,
+        // A consumer sent here as the preferred read replica (KIP-392).
+        Err(ApiError::NotLeaderOrFollower)
+            if broker.follower_fetch_enabled() && !rack.is_empty() && !read_committed =>
+        {
+            return follower_partition(broker, image, topic, p, remaining, first_in_response);
+        }
+        Err(e) => return Err(e),
+    };
     if p.current_leader_epoch >= 0 && p.current_leader_epoch != route.leader_epoch {
         let e = if p.current_leader_epoch > route.leader_epoch {
             ApiError::UnknownLeaderEpoch
@@ -170,6 +194,21 @@ fn read_partition(
         offsets.high_watermark
     };
     let mut records = Bytes::new();
+    let preferred = if read_committed {
+        None
+    } else {
+        broker.preferred_read_replica(image, topic, partition, p.fetch_offset, rack)
+    };
+    if let Some(replica) = preferred {
+        // No records: the consumer fetches them from that replica.
+        return Ok(PartitionData::default()
+            .with_partition_index(p.partition)
+            .with_high_watermark(offsets.high_watermark)
+            .with_last_stable_offset(offsets.last_stable)
+            .with_log_start_offset(offsets.log_start)
+            .with_preferred_read_replica(BrokerId(replica))
+            .with_records(Some(Bytes::new())));
+    }
     if p.fetch_offset < upper && (limit > 0 || first_in_response) {
         // Offsets below the active range's base live in an ancestor range.
         let log = if p.fetch_offset >= route.log.base_offset(partition)? {
@@ -207,4 +246,38 @@ fn read_partition(
         data = data.with_aborted_transactions(Some(aborted));
     }
     Ok(data)
+}
+
+/// A partition read served by this broker as a follower (sealed data only).
+fn follower_partition(
+    broker: &Broker,
+    image: &tessera_metadata::MetadataImage,
+    topic: &TopicImage,
+    p: &FetchPartition,
+    remaining: &mut usize,
+    first_in_response: bool,
+) -> Result<PartitionData, ApiError> {
+    if p.partition < 0 || p.partition as u32 >= topic.partitions {
+        return Err(ApiError::UnknownTopicOrPartition);
+    }
+    let partition = p.partition as u32;
+    let log_start = image.log_start_offset(topic.id, partition);
+    if p.fetch_offset < log_start {
+        return Err(ApiError::OffsetOutOfRange);
+    }
+    let limit = (p.partition_max_bytes.max(0) as usize).min(*remaining);
+    let read = broker.follower_read(image, topic, partition, p.fetch_offset, limit)?;
+    let records = if read.records.len() <= limit || first_in_response {
+        read.records
+    } else {
+        Bytes::new()
+    };
+    *remaining = remaining.saturating_sub(records.len());
+    Ok(PartitionData::default()
+        .with_partition_index(p.partition)
+        .with_high_watermark(read.high_watermark)
+        .with_last_stable_offset(read.high_watermark)
+        .with_log_start_offset(log_start)
+        .with_preferred_read_replica(BrokerId(-1))
+        .with_records(Some(records)))
 }

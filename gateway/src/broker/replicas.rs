@@ -53,6 +53,8 @@ pub(crate) struct Replicas {
     /// When the copying budget (`replica.heal.max.bytes.per.sec`) is free
     /// again, shared by every repair and healing copy of this broker.
     copy_pace: Mutex<Option<std::time::Instant>>,
+    /// Complete sealed copies opened for fetches from followers.
+    pub(super) read_copies: Mutex<HashMap<SegmentId, Arc<tessera_log::segment::Segment>>>,
 }
 
 fn key(id: SegmentId) -> SegmentKey {

@@ -1,0 +1,143 @@
+//! Fetch from followers (KIP-392), for sealed data.
+//!
+//! With `replica.selector.class` set to Kafka's `RackAwareReplicaSelector`,
+//! a leader answers a consumer that sent its `client.rack` with a
+//! `preferred_read_replica` when the offset it asks for lies in a sealed
+//! segment that a live replica in the client's rack holds (and this broker
+//! is not in that rack). The consumer then fetches from that replica, which
+//! serves it from its complete sealed copy. Past the sealed data it holds a
+//! follower answers OFFSET_OUT_OF_RANGE, as a Kafka follower does past its
+//! log end, and the client goes back to the leader (librdkafka and the Java
+//! client both do) for the active segment. A follower knows only what is
+//! sealed, so read_committed consumers stay on the leader (the aborted
+//! transactions list comes from the leader's range log).
+
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tessera_log::segment::Segment;
+use tessera_metadata::{MetadataImage, SegmentImage, TopicImage};
+
+use super::Broker;
+use crate::error::ApiError;
+
+/// Bound on the sealed copies kept open for follower fetches.
+const MAX_OPEN_COPIES: usize = 256;
+
+/// The sealed segment of `partition` (across its range lineage) that holds
+/// `offset`.
+fn sealed_segment_holding(
+    image: &MetadataImage,
+    topic: &TopicImage,
+    partition: u32,
+    offset: i64,
+) -> Option<Arc<SegmentImage>> {
+    image
+        .all_ranges(topic.id)
+        .into_iter()
+        .filter(|r| r.contains(partition))
+        .flat_map(|r| image.segments_of(r.id))
+        .find(|s| {
+            s.span_of(partition)
+                .is_some_and(|sp| sp.start_offset <= offset && offset < sp.end_offset)
+        })
+}
+
+/// What a follower serves for one partition.
+pub(crate) struct FollowerRead {
+    pub records: Bytes,
+    /// The end of the partition's sealed data: committed for sure (the
+    /// follower does not know the leader's high watermark).
+    pub high_watermark: i64,
+}
+
+impl Broker {
+    pub(crate) fn follower_fetch_enabled(&self) -> bool {
+        self.config
+            .replica_selector_class
+            .ends_with("RackAwareReplicaSelector")
+    }
+
+    /// KIP-392 on the leader: a live replica in `client_rack` that holds the
+    /// sealed segment of `offset`, unless this broker is in that rack.
+    pub(crate) fn preferred_read_replica(
+        &self,
+        image: &MetadataImage,
+        topic: &TopicImage,
+        partition: u32,
+        offset: i64,
+        client_rack: &str,
+    ) -> Option<i32> {
+        if !self.follower_fetch_enabled()
+            || client_rack.is_empty()
+            || self.config.rack.as_deref() == Some(client_rack)
+        {
+            return None;
+        }
+        let segment = sealed_segment_holding(image, topic, partition, offset)?;
+        segment.replicas.iter().copied().find(|r| {
+            *r != self.config.node_id
+                && image.brokers.get(r).is_some_and(|b| {
+                    !b.fenced && b.registration.rack.as_deref() == Some(client_rack)
+                })
+        })
+    }
+
+    /// A fetch this broker serves as a follower: sealed data of which it
+    /// holds a complete copy; OFFSET_OUT_OF_RANGE past it.
+    pub(crate) fn follower_read(
+        &self,
+        image: &MetadataImage,
+        topic: &TopicImage,
+        partition: u32,
+        offset: i64,
+        max_bytes: usize,
+    ) -> Result<FollowerRead, ApiError> {
+        let segment = sealed_segment_holding(image, topic, partition, offset)
+            .filter(|s| s.replicas.contains(&self.config.node_id))
+            .ok_or(ApiError::OffsetOutOfRange)?;
+        let copy = self
+            .sealed_copy(image, &segment)
+            .ok_or(ApiError::OffsetOutOfRange)?;
+        let records =
+            tessera_log::range_log::read_sealed_segment(&copy, partition, offset, max_bytes)?;
+        let high_watermark = image
+            .all_ranges(topic.id)
+            .into_iter()
+            .filter(|r| r.contains(partition))
+            .flat_map(|r| image.segments_of(r.id))
+            .filter_map(|s| s.span_of(partition).map(|sp| sp.end_offset))
+            .max()
+            .unwrap_or(offset);
+        crate::metrics::Metrics::add(&self.metrics.follower_fetched_bytes, records.len() as u64);
+        Ok(FollowerRead {
+            records,
+            high_watermark,
+        })
+    }
+
+    /// This broker's complete copy of a sealed segment, opened once.
+    fn sealed_copy(&self, image: &MetadataImage, segment: &SegmentImage) -> Option<Arc<Segment>> {
+        let size = segment.sealed.as_ref()?.size_bytes;
+        if let Some(copy) = self.replicas.read_copies.lock().get(&segment.id) {
+            return Some(copy.clone());
+        }
+        let dir = self.range_dir_of(image, segment.id.range)?;
+        let path = tessera_log::segment::log_path(&dir, segment.id.seq);
+        // A copy still being repaired, or not truncated yet, is not served.
+        if std::fs::metadata(&path).ok()?.len() != size {
+            return None;
+        }
+        let copy = Segment::open(&dir, segment.id.seq, true, tessera_log::now_ms()).ok()?;
+        if copy.size != size {
+            return None;
+        }
+        let copy = Arc::new(copy);
+        let mut open = self.replicas.read_copies.lock();
+        if open.len() >= MAX_OPEN_COPIES {
+            open.clear();
+        }
+        open.insert(segment.id, copy.clone());
+        Some(copy)
+    }
+}
