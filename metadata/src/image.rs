@@ -223,7 +223,11 @@ impl MetadataImage {
     /// The dynamic value of broker config `key` for `broker_id`: its own,
     /// else the cluster-wide default, with `true` when it is its own.
     pub fn dynamic_broker_config(&self, broker_id: i32, key: &str) -> Option<(&str, bool)> {
-        if let Some(v) = self.broker_configs.get(&Some(broker_id)).and_then(|m| m.get(key)) {
+        if let Some(v) = self
+            .broker_configs
+            .get(&Some(broker_id))
+            .and_then(|m| m.get(key))
+        {
             return Some((v, true));
         }
         self.broker_configs

@@ -1381,8 +1381,14 @@ pub(crate) mod tests {
             RecordDecodeError::InvalidValue { field, .. } => field,
             other => panic!("unexpected {other:?}"),
         };
-        assert_eq!(field(rejects(broker_config(Some(-1), "k", None))), "broker_id");
-        assert_eq!(field(rejects(broker_config(None, "", Some("v")))), "config key");
+        assert_eq!(
+            field(rejects(broker_config(Some(-1), "k", None))),
+            "broker_id"
+        );
+        assert_eq!(
+            field(rejects(broker_config(None, "", Some("v")))),
+            "config key"
+        );
         assert_eq!(
             field(rejects(broker_config(None, &"k".repeat(256), None))),
             "config key"
@@ -1393,6 +1399,9 @@ pub(crate) mod tests {
         assert_eq!(field(MetadataRecord::decode(&b).unwrap_err()), "broker_id");
         let mut b = broker_config(None, "k", None).encode();
         *b.last_mut().unwrap() = 7;
-        assert_eq!(field(MetadataRecord::decode(&b).unwrap_err()), "config value");
+        assert_eq!(
+            field(MetadataRecord::decode(&b).unwrap_err()),
+            "config value"
+        );
     }
 }

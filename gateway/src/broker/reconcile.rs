@@ -202,7 +202,10 @@ impl Broker {
                 std::fs::File::create(tessera_log::segment::log_path(&dir, last.id.seq))?;
                 tessera_fs::sync_dir(&dir)?;
             }
-            let effective = EffectiveTopicConfig::resolve(&topic.configs, &self.config);
+            let effective = EffectiveTopicConfig::resolve(
+                &topic.configs,
+                &crate::dynamic_config::BrokerView::new(&self.config, image),
+            );
             let seed = if range.parents.is_empty() {
                 None
             } else {
