@@ -510,6 +510,37 @@ async fn dynamic_broker_configs_apply_and_survive_a_restart() {
     .await;
     assert_eq!(r, (NONE, None));
 
+    // segment.bytes reaches the range log already open: it rolls at the
+    // next append, and stops rolling once the key is deleted again.
+    let before = running.broker.segment_count();
+    let r = incremental(
+        &mut client,
+        1,
+        TOPIC,
+        "t",
+        &[("segment.bytes", SET, Some("14"))],
+        false,
+    )
+    .await;
+    assert_eq!(r, (NONE, None));
+    assert_eq!(produce(&mut client, "t", 3).await, NONE);
+    assert_eq!(produce(&mut client, "t", 3).await, NONE);
+    let rolled = running.broker.segment_count();
+    assert_eq!(rolled, before + 2);
+    let r = incremental(
+        &mut client,
+        1,
+        TOPIC,
+        "t",
+        &[("segment.bytes", DELETE, None)],
+        false,
+    )
+    .await;
+    assert_eq!(r, (NONE, None));
+    assert_eq!(produce(&mut client, "t", 3).await, NONE);
+    assert_eq!(produce(&mut client, "t", 3).await, NONE);
+    assert_eq!(running.broker.segment_count(), rolled);
+
     // Everything is in the metadata log: a restart keeps it.
     drop(client);
     running.shutdown().await;

@@ -56,7 +56,8 @@ impl Broker {
             // The topic was deleted between our plan and our write.
             return Err(ApiError::UnknownTopicOrPartition);
         }
-        Ok(())
+        // Answered once this broker's open logs follow (roll limits).
+        self.await_reconciled(outcome.offset).await
     }
 
     async fn alter_broker_configs(
@@ -75,7 +76,7 @@ impl Broker {
         if validate_only || records.is_empty() {
             return Ok(());
         }
-        self.controller.write(records).await?;
-        Ok(())
+        let offset = self.controller.write(records).await?;
+        self.await_reconciled(offset).await
     }
 }
