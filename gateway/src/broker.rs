@@ -6,6 +6,7 @@
 //! makes the open logs and the coordinators follow every image the
 //! controller publishes.
 
+mod configs;
 mod follower_fetch;
 mod liveness;
 mod reconcile;
@@ -262,7 +263,10 @@ impl Broker {
             range_id: range.id,
             log,
             leader_epoch: segment.leader_epoch,
-            config: EffectiveTopicConfig::resolve(&topic.configs, &self.config),
+            config: EffectiveTopicConfig::resolve(
+                &topic.configs,
+                &crate::dynamic_config::BrokerView::new(&self.config, image),
+            ),
         })
     }
 

@@ -121,6 +121,9 @@ pub struct BrokerConfig {
     pub transactional_id_expiration_ms: i64,
     /// The automatic range policy (`range.*` keys; see range_policy.rs).
     pub range_policy: RangePolicyConfig,
+    /// The keys set at startup (file, environment, flags) as given: what
+    /// DescribeConfigs reports as STATIC_BROKER_CONFIG.
+    pub explicit: BTreeMap<String, String>,
 }
 
 /// Broker-wide settings of the automatic range split/merge policy. The
@@ -200,6 +203,16 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("range.max.count", "64"),
     ("range.policy.sustain.intervals", "3"),
 ];
+
+/// Every broker key this build reads at startup.
+pub fn static_keys() -> impl Iterator<Item = &'static str> {
+    DEFAULTS.iter().map(|(k, _)| *k)
+}
+
+/// The default of a broker key this build reads at startup.
+pub fn static_default(key: &str) -> Option<&'static str> {
+    DEFAULTS.iter().find(|(k, _)| *k == key).map(|(_, v)| *v)
+}
 
 impl Default for BrokerConfig {
     fn default() -> Self {
@@ -445,6 +458,10 @@ impl BrokerConfig {
                 max_count: parse(map, "range.max.count")?,
                 sustain_intervals: parse::<u32>(map, "range.policy.sustain.intervals")?.max(1),
             },
+            explicit: map
+                .iter()
+                .map(|(k, v)| (k.clone(), v.trim().to_string()))
+                .collect(),
         };
         if config.num_partitions == 0 {
             return Err(ConfigError::InvalidValue {

@@ -2,11 +2,13 @@
 //! handler per Kafka API, partition -> range routing, and the binary.
 
 pub mod admin;
+pub mod alter_config;
 pub mod api;
 pub mod append;
 pub mod broker;
 pub mod config;
 pub mod coordinator;
+pub mod dynamic_config;
 pub mod error;
 pub mod groups;
 pub mod internal_topics;

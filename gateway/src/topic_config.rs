@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::config::BrokerConfig;
+use crate::dynamic_config::BrokerView;
 use crate::error::ApiError;
 
 /// Kafka's limit on a topic name's length.
@@ -37,8 +37,9 @@ pub fn validate_topic_name(name: &str) -> Result<(), ApiError> {
     Ok(())
 }
 
-#[derive(Clone, Copy)]
-enum Kind {
+/// A config's type, with what its values may be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Kind {
     /// A long with a lower bound.
     Long(i64),
     /// An int with a lower bound.
@@ -46,84 +47,356 @@ enum Kind {
     Bool,
     Double,
     OneOf(&'static [&'static str]),
+    /// A comma-separated list of allowed items (possibly empty).
     List(&'static [&'static str]),
-    /// Free text (throttled replica lists, versions).
+    /// Kafka's throttled-replica list: `*`, or `partition:broker` pairs.
+    ThrottledReplicas,
+    /// Free text (versions).
     Text,
 }
 
-/// Every topic-level config key Kafka accepts, with its type.
-/// `(key, type, Kafka's default)`.
-const TOPIC_CONFIGS: &[(&str, Kind, &str)] = &[
-    (
+impl Kind {
+    /// Kafka's ConfigType code (BOOLEAN 1, STRING 2, INT 3, LONG 5, DOUBLE 6, LIST 7).
+    pub(crate) fn config_type(self) -> i8 {
+        match self {
+            Kind::Bool => 1,
+            Kind::OneOf(_) | Kind::Text => 2,
+            Kind::Int(_) => 3,
+            Kind::Long(_) => 5,
+            Kind::Double => 6,
+            Kind::List(_) | Kind::ThrottledReplicas => 7,
+        }
+    }
+
+    /// Whether IncrementalAlterConfigs may APPEND to / SUBTRACT from it.
+    pub(crate) fn is_list(self) -> bool {
+        matches!(self, Kind::List(_) | Kind::ThrottledReplicas)
+    }
+}
+
+/// The broker config a topic config falls back on (Kafka's
+/// `ServerTopicConfigSynonyms`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Synonym {
+    /// No broker-level value: the topic default applies.
+    None,
+    /// A broker config that can also be set dynamically (per broker or
+    /// cluster-wide) with AlterConfigs, as Kafka's `DynamicLogConfig` allows.
+    Dynamic(&'static str),
+    /// A broker config set only at startup.
+    Static(&'static str),
+}
+
+/// One topic-level config key Kafka accepts.
+pub(crate) struct TopicKey {
+    pub name: &'static str,
+    pub kind: Kind,
+    /// Kafka's default, used where no broker synonym has a value.
+    pub default: &'static str,
+    pub synonym: Synonym,
+    pub doc: &'static str,
+}
+
+const fn key(
+    name: &'static str,
+    kind: Kind,
+    default: &'static str,
+    synonym: Synonym,
+    doc: &'static str,
+) -> TopicKey {
+    TopicKey {
+        name,
+        kind,
+        default,
+        synonym,
+        doc,
+    }
+}
+
+use Synonym::{Dynamic, Static};
+
+const MAX_LONG: &str = "9223372036854775807";
+
+/// Every topic-level config key Kafka accepts (and tessera's range policy
+/// keys), with its type, default, broker synonym and documentation.
+pub(crate) const TOPIC_CONFIGS: &[TopicKey] = &[
+    key(
         "cleanup.policy",
         Kind::List(&["delete", "compact"]),
         "delete",
+        Dynamic("log.cleanup.policy"),
+        "How old log segments are retired: \"delete\" removes them past the retention limits, \"compact\" keeps the latest value of each key; both may be listed.",
     ),
-    (
+    key(
         "compression.type",
         Kind::OneOf(&["uncompressed", "zstd", "lz4", "snappy", "gzip", "producer"]),
         "producer",
+        Dynamic("compression.type"),
+        "The compression the topic stores batches with; \"producer\" keeps the producer's codec.",
     ),
-    ("compression.gzip.level", Kind::Int(i64::MIN), "-1"),
-    ("compression.lz4.level", Kind::Int(i64::MIN), "9"),
-    ("compression.zstd.level", Kind::Int(i64::MIN), "3"),
-    ("delete.retention.ms", Kind::Long(0), "86400000"),
-    ("file.delete.delay.ms", Kind::Long(0), "60000"),
-    ("flush.messages", Kind::Long(1), "9223372036854775807"),
-    ("flush.ms", Kind::Long(0), "9223372036854775807"),
-    ("follower.replication.throttled.replicas", Kind::Text, ""),
-    ("index.interval.bytes", Kind::Int(0), "4096"),
-    ("leader.replication.throttled.replicas", Kind::Text, ""),
-    ("local.retention.bytes", Kind::Long(-2), "-2"),
-    ("local.retention.ms", Kind::Long(-2), "-2"),
-    (
+    key(
+        "compression.gzip.level",
+        Kind::Int(i64::MIN),
+        "-1",
+        Dynamic("compression.gzip.level"),
+        "The level used when compression.type is gzip.",
+    ),
+    key(
+        "compression.lz4.level",
+        Kind::Int(i64::MIN),
+        "9",
+        Dynamic("compression.lz4.level"),
+        "The level used when compression.type is lz4.",
+    ),
+    key(
+        "compression.zstd.level",
+        Kind::Int(i64::MIN),
+        "3",
+        Dynamic("compression.zstd.level"),
+        "The level used when compression.type is zstd.",
+    ),
+    key(
+        "delete.retention.ms",
+        Kind::Long(0),
+        "86400000",
+        Dynamic("log.cleaner.delete.retention.ms"),
+        "How long delete tombstones are kept in a compacted topic.",
+    ),
+    key(
+        "file.delete.delay.ms",
+        Kind::Long(0),
+        "60000",
+        Dynamic("log.segment.delete.delay.ms"),
+        "How long to wait before deleting a file from the filesystem.",
+    ),
+    key(
+        "flush.messages",
+        Kind::Long(1),
+        MAX_LONG,
+        Dynamic("log.flush.interval.messages"),
+        "Force an fsync after this many messages.",
+    ),
+    key(
+        "flush.ms",
+        Kind::Long(0),
+        MAX_LONG,
+        Dynamic("log.flush.interval.ms"),
+        "Force an fsync after this much time.",
+    ),
+    key(
+        "follower.replication.throttled.replicas",
+        Kind::ThrottledReplicas,
+        "",
+        Synonym::None,
+        "Replicas whose follower-side replication is throttled: \"partition:broker\" pairs, or \"*\".",
+    ),
+    key(
+        "index.interval.bytes",
+        Kind::Int(0),
+        "4096",
+        Dynamic("log.index.interval.bytes"),
+        "How often an offset index entry is added.",
+    ),
+    key(
+        "leader.replication.throttled.replicas",
+        Kind::ThrottledReplicas,
+        "",
+        Synonym::None,
+        "Replicas whose leader-side replication is throttled: \"partition:broker\" pairs, or \"*\".",
+    ),
+    key(
+        "local.retention.bytes",
+        Kind::Long(-2),
+        "-2",
+        Dynamic("log.local.retention.bytes"),
+        "The most bytes of a partition kept locally with tiered storage (-2: retention.bytes).",
+    ),
+    key(
+        "local.retention.ms",
+        Kind::Long(-2),
+        "-2",
+        Dynamic("log.local.retention.ms"),
+        "How long segments are kept locally with tiered storage (-2: retention.ms).",
+    ),
+    key(
         "max.compaction.lag.ms",
         Kind::Long(1),
-        "9223372036854775807",
+        MAX_LONG,
+        Dynamic("log.cleaner.max.compaction.lag.ms"),
+        "The longest a message stays uncompacted.",
     ),
-    ("max.message.bytes", Kind::Int(0), "1048588"),
-    ("message.downconversion.enable", Kind::Bool, "true"),
-    ("message.format.version", Kind::Text, "3.0-IV1"),
-    (
+    key(
+        "max.message.bytes",
+        Kind::Int(0),
+        "1048588",
+        Dynamic("message.max.bytes"),
+        "The largest record batch the topic accepts, in bytes.",
+    ),
+    key(
+        "message.downconversion.enable",
+        Kind::Bool,
+        "true",
+        Dynamic("log.message.downconversion.enable"),
+        "Whether old fetch versions get down-converted batches.",
+    ),
+    key(
+        "message.format.version",
+        Kind::Text,
+        "3.0-IV1",
+        Static("log.message.format.version"),
+        "Deprecated: the message format version (tessera stores magic 2 only).",
+    ),
+    key(
         "message.timestamp.after.max.ms",
         Kind::Long(0),
-        "9223372036854775807",
+        MAX_LONG,
+        Dynamic("log.message.timestamp.after.max.ms"),
+        "How far a record's timestamp may be ahead of the broker's clock.",
     ),
-    (
+    key(
         "message.timestamp.before.max.ms",
         Kind::Long(0),
-        "9223372036854775807",
+        MAX_LONG,
+        Dynamic("log.message.timestamp.before.max.ms"),
+        "How far a record's timestamp may be behind the broker's clock.",
     ),
-    (
+    key(
         "message.timestamp.difference.max.ms",
         Kind::Long(0),
-        "9223372036854775807",
+        MAX_LONG,
+        Dynamic("log.message.timestamp.difference.max.ms"),
+        "Deprecated: the largest difference between a record's timestamp and the broker's clock.",
     ),
-    (
+    key(
         "message.timestamp.type",
         Kind::OneOf(&["CreateTime", "LogAppendTime"]),
         "CreateTime",
+        Dynamic("log.message.timestamp.type"),
+        "Whether stored timestamps are the producer's (CreateTime) or the broker's (LogAppendTime).",
     ),
-    ("min.cleanable.dirty.ratio", Kind::Double, "0.5"),
-    ("min.compaction.lag.ms", Kind::Long(0), "0"),
-    ("min.insync.replicas", Kind::Int(1), "1"),
-    ("preallocate", Kind::Bool, "false"),
-    ("remote.storage.enable", Kind::Bool, "false"),
-    ("retention.bytes", Kind::Long(i64::MIN), "-1"),
-    ("retention.ms", Kind::Long(-1), "604800000"),
-    ("segment.bytes", Kind::Int(14), "1073741824"),
-    ("segment.index.bytes", Kind::Int(4), "10485760"),
-    ("segment.jitter.ms", Kind::Long(0), "0"),
-    ("segment.ms", Kind::Long(1), "604800000"),
-    ("unclean.leader.election.enable", Kind::Bool, "false"),
+    key(
+        "min.cleanable.dirty.ratio",
+        Kind::Double,
+        "0.5",
+        Dynamic("log.cleaner.min.cleanable.ratio"),
+        "The share of uncompacted log above which the cleaner compacts.",
+    ),
+    key(
+        "min.compaction.lag.ms",
+        Kind::Long(0),
+        "0",
+        Dynamic("log.cleaner.min.compaction.lag.ms"),
+        "The shortest time a message stays uncompacted.",
+    ),
+    key(
+        "min.insync.replicas",
+        Kind::Int(1),
+        "1",
+        Dynamic("min.insync.replicas"),
+        "With acks=all, the fewest in-sync replicas that must have a write; fewer is NOT_ENOUGH_REPLICAS.",
+    ),
+    key(
+        "preallocate",
+        Kind::Bool,
+        "false",
+        Dynamic("log.preallocate"),
+        "Whether segment files are preallocated.",
+    ),
+    key(
+        "remote.storage.enable",
+        Kind::Bool,
+        "false",
+        Synonym::None,
+        "Whether tiered storage is on for the topic.",
+    ),
+    key(
+        "retention.bytes",
+        Kind::Long(i64::MIN),
+        "-1",
+        Dynamic("log.retention.bytes"),
+        "The most bytes a partition keeps before old segments are deleted (-1: no limit).",
+    ),
+    key(
+        "retention.ms",
+        Kind::Long(-1),
+        "604800000",
+        Dynamic("log.retention.ms"),
+        "How long a segment is kept before it is deleted (-1: no limit).",
+    ),
+    key(
+        "segment.bytes",
+        Kind::Int(14),
+        "1073741824",
+        Dynamic("log.segment.bytes"),
+        "The size at which a segment rolls.",
+    ),
+    key(
+        "segment.index.bytes",
+        Kind::Int(4),
+        "10485760",
+        Dynamic("log.index.size.max.bytes"),
+        "The size of a segment's offset index.",
+    ),
+    key(
+        "segment.jitter.ms",
+        Kind::Long(0),
+        "0",
+        Dynamic("log.roll.jitter.ms"),
+        "The most random jitter subtracted from segment.ms.",
+    ),
+    key(
+        "segment.ms",
+        Kind::Long(1),
+        "604800000",
+        Dynamic("log.roll.ms"),
+        "The age at which a non-empty segment rolls.",
+    ),
+    key(
+        "unclean.leader.election.enable",
+        Kind::Bool,
+        "false",
+        Dynamic("unclean.leader.election.enable"),
+        "Whether a replica that is not in sync may become leader.",
+    ),
     // Tessera's range policy, overridable per topic (broker defaults apply otherwise).
-    ("range.split.bytes.per.sec", Kind::Long(1), "67108864"),
-    ("range.merge.bytes.per.sec", Kind::Long(0), "8388608"),
-    ("range.min.count", Kind::Int(1), "1"),
-    ("range.max.count", Kind::Int(1), "64"),
+    key(
+        "range.split.bytes.per.sec",
+        Kind::Long(1),
+        "67108864",
+        Static("range.split.bytes.per.sec"),
+        "Tessera: a range producing above this rate for range.policy.sustain.intervals splits.",
+    ),
+    key(
+        "range.merge.bytes.per.sec",
+        Kind::Long(0),
+        "8388608",
+        Static("range.merge.bytes.per.sec"),
+        "Tessera: two adjacent ranges both below this rate merge.",
+    ),
+    key(
+        "range.min.count",
+        Kind::Int(1),
+        "1",
+        Static("range.min.count"),
+        "Tessera: the fewest active ranges the policy merges down to.",
+    ),
+    key(
+        "range.max.count",
+        Kind::Int(1),
+        "64",
+        Static("range.max.count"),
+        "Tessera: the most active ranges the policy splits up to.",
+    ),
 ];
 
-fn check_value(key: &str, kind: Kind, value: &str) -> Result<(), ApiError> {
+/// The topic config `name`, if Kafka (or tessera) has it.
+pub(crate) fn topic_key(name: &str) -> Option<&'static TopicKey> {
+    TOPIC_CONFIGS.iter().find(|k| k.name == name)
+}
+
+/// Checks `value` against `kind`; the error is INVALID_CONFIG with Kafka's
+/// kind of message.
+pub(crate) fn check_value(key: &str, kind: Kind, value: &str) -> Result<(), ApiError> {
     let bad = |why: &str| {
         ApiError::InvalidConfig(format!(
             "invalid value {value:?} for configuration {key}: {why}"
@@ -157,14 +430,31 @@ fn check_value(key: &str, kind: Kind, value: &str) -> Result<(), ApiError> {
             }
         }
         Kind::List(allowed) => {
-            let items: Vec<&str> = v.split(',').map(str::trim).collect();
-            if items.iter().any(|i| !allowed.contains(i)) {
+            if list_items(v).any(|i| !allowed.contains(&i)) {
                 return Err(bad(&format!("each item must be one of {allowed:?}")));
+            }
+        }
+        Kind::ThrottledReplicas => {
+            let pair = |i: &str| {
+                i.split_once(':').is_some_and(|(p, b)| {
+                    !p.is_empty()
+                        && !b.is_empty()
+                        && p.bytes().all(|c| c.is_ascii_digit())
+                        && b.bytes().all(|c| c.is_ascii_digit())
+                })
+            };
+            if v != "*" && !list_items(v).all(pair) {
+                return Err(bad("must be \"*\" or a list of \"partition:broker\" pairs"));
             }
         }
         Kind::Text => {}
     }
     Ok(())
+}
+
+/// The items of a comma-separated list value (empty items dropped).
+pub(crate) fn list_items(value: &str) -> impl Iterator<Item = &str> {
+    value.split(',').map(str::trim).filter(|i| !i.is_empty())
 }
 
 /// Validates a CreateTopics config list; returns the configs to store.
@@ -173,7 +463,7 @@ pub fn validate_topic_configs(
 ) -> Result<BTreeMap<String, String>, ApiError> {
     let mut out = BTreeMap::new();
     for (key, value) in configs {
-        let Some((_, kind, _)) = TOPIC_CONFIGS.iter().find(|(k, _, _)| *k == key) else {
+        let Some(k) = topic_key(&key) else {
             return Err(ApiError::InvalidConfig(format!(
                 "unknown topic config name: {key}"
             )));
@@ -183,7 +473,7 @@ pub fn validate_topic_configs(
                 "null value not supported for topic config {key}"
             )));
         };
-        check_value(&key, *kind, &value)?;
+        check_value(&key, k.kind, &value)?;
         out.insert(key, value.trim().to_string());
     }
     Ok(out)
@@ -191,69 +481,79 @@ pub fn validate_topic_configs(
 
 /// Kafka's config sources (DescribeConfigs `config_source`).
 pub const SOURCE_TOPIC: i8 = 1;
+pub const SOURCE_DYNAMIC_BROKER: i8 = 2;
+pub const SOURCE_DYNAMIC_DEFAULT_BROKER: i8 = 3;
+pub const SOURCE_STATIC_BROKER: i8 = 4;
 pub const SOURCE_DEFAULT: i8 = 5;
 
-/// One topic config as DescribeConfigs and CreateTopics (v5+) report it.
+/// One place a config's value comes from (DescribeConfigs synonyms).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigSynonym {
+    pub name: &'static str,
+    pub value: String,
+    pub source: i8,
+}
+
+/// One config as DescribeConfigs and CreateTopics (v5+) report it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DescribedConfig {
     pub name: &'static str,
     pub value: String,
     pub source: i8,
-    /// Kafka's ConfigType code (BOOLEAN 1, STRING 2, INT 3, LONG 5, DOUBLE 6, LIST 7).
+    /// Kafka's ConfigType code (BOOLEAN 1, STRING 2, INT 3, SHORT 4, LONG 5, DOUBLE 6, LIST 7).
     pub config_type: i8,
+    pub read_only: bool,
+    pub sensitive: bool,
+    /// Every source with a value, highest precedence first (the first is
+    /// where `value` comes from).
+    pub synonyms: Vec<ConfigSynonym>,
+    pub doc: &'static str,
 }
 
-/// Every topic config with its value: the topic's own, else the broker's
-/// default where the broker has one, else Kafka's default.
+/// Every topic config with its value and where it comes from, as Kafka's
+/// `ConfigHelper` reports it: the topic's own (TOPIC_CONFIG), else the
+/// broker synonym's (DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG,
+/// STATIC_BROKER_CONFIG, DEFAULT_CONFIG), else Kafka's default.
 pub fn describe_topic_configs(
     topic: &BTreeMap<String, String>,
-    broker: &BrokerConfig,
+    broker: &BrokerView<'_>,
 ) -> Vec<DescribedConfig> {
-    let broker_default = |key: &str| -> Option<String> {
-        Some(match key {
-            "cleanup.policy" => broker.log_cleanup_policy.clone(),
-            "max.message.bytes" => broker.message_max_bytes.to_string(),
-            "message.timestamp.type" => broker.log_message_timestamp_type.clone(),
-            "retention.bytes" => broker.log_retention_bytes.to_string(),
-            "retention.ms" => broker.log_retention_ms.to_string(),
-            "segment.bytes" => broker.log_segment_bytes.to_string(),
-            "segment.ms" => broker.log_roll_ms.to_string(),
-            "range.split.bytes.per.sec" => broker.range_policy.split_bytes_per_sec.to_string(),
-            "range.merge.bytes.per.sec" => broker.range_policy.merge_bytes_per_sec.to_string(),
-            "range.min.count" => broker.range_policy.min_count.to_string(),
-            "range.max.count" => broker.range_policy.max_count.to_string(),
-            _ => return None,
-        })
-    };
     TOPIC_CONFIGS
         .iter()
-        .map(|(name, kind, default)| {
-            let (value, source) = match topic.get(*name) {
-                Some(v) => (v.clone(), SOURCE_TOPIC),
-                None => (
-                    broker_default(name).unwrap_or_else(|| default.to_string()),
-                    SOURCE_DEFAULT,
-                ),
-            };
-            let config_type = match kind {
-                Kind::Bool => 1,
-                Kind::OneOf(_) | Kind::Text => 2,
-                Kind::Int(_) => 3,
-                Kind::Long(_) => 5,
-                Kind::Double => 6,
-                Kind::List(_) => 7,
-            };
+        .map(|k| {
+            let mut synonyms = Vec::new();
+            if let Some(v) = topic.get(k.name) {
+                synonyms.push(ConfigSynonym {
+                    name: k.name,
+                    value: v.clone(),
+                    source: SOURCE_TOPIC,
+                });
+            }
+            match k.synonym {
+                Synonym::Dynamic(s) | Synonym::Static(s) => synonyms.extend(broker.sources(s)),
+                Synonym::None => {}
+            }
+            let (value, source) = synonyms
+                .first()
+                .map(|s| (s.value.clone(), s.source))
+                .unwrap_or_else(|| (k.default.to_string(), SOURCE_DEFAULT));
             DescribedConfig {
-                name,
+                name: k.name,
                 value,
                 source,
-                config_type,
+                config_type: k.kind.config_type(),
+                read_only: false,
+                sensitive: false,
+                synonyms,
+                doc: k.doc,
             }
         })
         .collect()
 }
 
-/// The configs the log of a topic runs with: the topic's own, else the broker's defaults.
+/// The configs the log of a topic runs with: the topic's own, else the
+/// broker's dynamic value (its own, then the cluster default), else its
+/// static one.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct EffectiveTopicConfig {
     pub segment_bytes: u64,
@@ -269,26 +569,44 @@ pub struct EffectiveTopicConfig {
 impl EffectiveTopicConfig {
     pub fn resolve(
         topic: &BTreeMap<String, String>,
-        broker: &BrokerConfig,
+        broker: &BrokerView<'_>,
     ) -> EffectiveTopicConfig {
-        let num = |key: &str, default: i64| {
+        let num = |key: &str, broker_key: &str, fallback: i64| {
             topic
                 .get(key)
-                .and_then(|v| v.parse::<i64>().ok())
-                .unwrap_or(default)
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .or_else(|| broker.dynamic(broker_key)?.trim().parse().ok())
+                .unwrap_or(fallback)
         };
+        let c = broker.config;
         let ts_type = topic
             .get("message.timestamp.type")
-            .unwrap_or(&broker.log_message_timestamp_type);
+            .map(String::as_str)
+            .or_else(|| broker.dynamic("log.message.timestamp.type"))
+            .unwrap_or(&c.log_message_timestamp_type);
         EffectiveTopicConfig {
-            segment_bytes: num("segment.bytes", broker.log_segment_bytes).max(14) as u64,
-            segment_ms: num("segment.ms", broker.log_roll_ms).max(1),
-            max_message_bytes: num("max.message.bytes", broker.message_max_bytes).max(0) as usize,
-            log_append_time: ts_type == "LogAppendTime",
-            retention_ms: num("retention.ms", broker.log_retention_ms),
-            retention_bytes: num("retention.bytes", broker.log_retention_bytes),
-            min_insync_replicas: num("min.insync.replicas", broker.min_insync_replicas).max(1)
-                as usize,
+            segment_bytes: num("segment.bytes", "log.segment.bytes", c.log_segment_bytes).max(14)
+                as u64,
+            segment_ms: num("segment.ms", "log.roll.ms", c.log_roll_ms).max(1),
+            max_message_bytes: num(
+                "max.message.bytes",
+                "message.max.bytes",
+                c.message_max_bytes,
+            )
+            .max(0) as usize,
+            log_append_time: ts_type.trim() == "LogAppendTime",
+            retention_ms: num("retention.ms", "log.retention.ms", c.log_retention_ms),
+            retention_bytes: num(
+                "retention.bytes",
+                "log.retention.bytes",
+                c.log_retention_bytes,
+            ),
+            min_insync_replicas: num(
+                "min.insync.replicas",
+                "min.insync.replicas",
+                c.min_insync_replicas,
+            )
+            .max(1) as usize,
         }
     }
 }
@@ -296,6 +614,8 @@ impl EffectiveTopicConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::config::BrokerConfig;
+    use tessera_metadata::{MetadataImage, MetadataRecord};
 
     #[test]
     fn topic_names_follow_kafka() {
@@ -331,30 +651,139 @@ mod tests {
         assert!(validate_topic_configs([("retention.ms".into(), None)]).is_err());
     }
 
-    #[test]
-    fn described_configs_cover_every_key_and_mark_sources() {
-        let broker = BrokerConfig::default();
-        let mut t = BTreeMap::new();
-        t.insert("retention.ms".to_string(), "1000".to_string());
-        let d = describe_topic_configs(&t, &broker);
-        assert_eq!(d.len(), TOPIC_CONFIGS.len());
-        let r = d.iter().find(|c| c.name == "retention.ms").unwrap();
-        assert_eq!((r.value.as_str(), r.source), ("1000", SOURCE_TOPIC));
-        let s = d.iter().find(|c| c.name == "segment.bytes").unwrap();
-        assert_eq!((s.value.as_str(), s.source), ("1073741824", SOURCE_DEFAULT));
+    fn image_with(dynamic: &[(Option<i32>, &str, &str)]) -> MetadataImage {
+        let mut image = MetadataImage::default();
+        for (i, (broker_id, key, value)) in dynamic.iter().enumerate() {
+            image.apply(
+                &MetadataRecord::SetBrokerConfig {
+                    broker_id: *broker_id,
+                    key: key.to_string(),
+                    value: Some(value.to_string()),
+                },
+                i as i64,
+            );
+        }
+        image
+    }
+
+    fn find<'a>(d: &'a [DescribedConfig], name: &str) -> &'a DescribedConfig {
+        d.iter().find(|c| c.name == name).unwrap()
     }
 
     #[test]
-    fn effective_config_prefers_topic_values() {
-        let broker = BrokerConfig::default();
+    fn described_configs_cover_every_key_and_mark_sources() {
+        let mut map = BTreeMap::new();
+        map.insert("log.segment.bytes".to_string(), "2097152".to_string());
+        let broker = BrokerConfig::from_map(&map).unwrap();
+        let image = image_with(&[
+            (None, "log.retention.bytes", "100"),
+            (None, "message.max.bytes", "2000"),
+            (Some(1), "message.max.bytes", "3000"),
+        ]);
+        let view = BrokerView::new(&broker, &image);
         let mut t = BTreeMap::new();
-        let e = EffectiveTopicConfig::resolve(&t, &broker);
+        t.insert("retention.ms".to_string(), "1000".to_string());
+        let d = describe_topic_configs(&t, &view);
+        assert_eq!(d.len(), TOPIC_CONFIGS.len());
+        let r = find(&d, "retention.ms");
+        assert_eq!((r.value.as_str(), r.source), ("1000", SOURCE_TOPIC));
+        assert_eq!(
+            r.synonyms,
+            vec![
+                ConfigSynonym {
+                    name: "retention.ms",
+                    value: "1000".into(),
+                    source: SOURCE_TOPIC
+                },
+                ConfigSynonym {
+                    name: "log.retention.ms",
+                    value: "604800000".into(),
+                    source: SOURCE_DEFAULT
+                },
+            ]
+        );
+        let s = find(&d, "segment.bytes");
+        assert_eq!(
+            (s.value.as_str(), s.source),
+            ("2097152", SOURCE_STATIC_BROKER)
+        );
+        let s = find(&d, "segment.ms");
+        assert_eq!((s.value.as_str(), s.source), ("604800000", SOURCE_DEFAULT));
+        let s = find(&d, "retention.bytes");
+        assert_eq!(
+            (s.value.as_str(), s.source),
+            ("100", SOURCE_DYNAMIC_DEFAULT_BROKER)
+        );
+        let s = find(&d, "max.message.bytes");
+        assert_eq!(
+            (s.value.as_str(), s.source),
+            ("3000", SOURCE_DYNAMIC_BROKER)
+        );
+        let sources: Vec<(&str, i8)> = s.synonyms.iter().map(|s| (s.name, s.source)).collect();
+        assert_eq!(
+            sources,
+            vec![
+                ("message.max.bytes", SOURCE_DYNAMIC_BROKER),
+                ("message.max.bytes", SOURCE_DYNAMIC_DEFAULT_BROKER),
+                ("message.max.bytes", SOURCE_DEFAULT),
+            ]
+        );
+        // No broker synonym: Kafka's default, no synonyms.
+        let s = find(&d, "remote.storage.enable");
+        assert_eq!((s.value.as_str(), s.source), ("false", SOURCE_DEFAULT));
+        assert!(s.synonyms.is_empty());
+        assert_eq!(find(&d, "cleanup.policy").config_type, 7);
+        assert_eq!(
+            find(&d, "leader.replication.throttled.replicas").config_type,
+            7
+        );
+        assert!(d
+            .iter()
+            .all(|c| !c.read_only && !c.sensitive && !c.doc.is_empty()));
+    }
+
+    #[test]
+    fn effective_config_prefers_topic_then_dynamic_then_static_values() {
+        let broker = BrokerConfig::default();
+        let empty = MetadataImage::default();
+        let view = BrokerView::new(&broker, &empty);
+        let mut t = BTreeMap::new();
+        let e = EffectiveTopicConfig::resolve(&t, &view);
         assert_eq!(e.segment_bytes, 1 << 30);
+        assert_eq!(e.max_message_bytes, 1048588);
+        assert_eq!(e.min_insync_replicas, 1);
         assert!(!e.log_append_time);
-        t.insert("segment.bytes".into(), "2048".into());
-        t.insert("message.timestamp.type".into(), "LogAppendTime".into());
-        let e = EffectiveTopicConfig::resolve(&t, &broker);
-        assert_eq!(e.segment_bytes, 2048);
+        let image = image_with(&[
+            (None, "min.insync.replicas", "2"),
+            (None, "message.max.bytes", "1000"),
+            (Some(1), "message.max.bytes", "2000"),
+            (Some(2), "message.max.bytes", "3000"),
+            (None, "log.message.timestamp.type", "LogAppendTime"),
+        ]);
+        let view = BrokerView::new(&broker, &image);
+        let e = EffectiveTopicConfig::resolve(&t, &view);
+        assert_eq!(e.min_insync_replicas, 2);
+        assert_eq!(e.max_message_bytes, 2000, "this broker's own value wins");
         assert!(e.log_append_time);
+        t.insert("segment.bytes".into(), "2048".into());
+        t.insert("max.message.bytes".into(), "100".into());
+        t.insert("message.timestamp.type".into(), "CreateTime".into());
+        let e = EffectiveTopicConfig::resolve(&t, &view);
+        assert_eq!(e.segment_bytes, 2048);
+        assert_eq!(e.max_message_bytes, 100);
+        assert!(!e.log_append_time);
+    }
+
+    #[test]
+    fn list_kinds_and_throttled_replicas() {
+        assert!(one("cleanup.policy", "").is_ok());
+        assert!(one("cleanup.policy", "compact, delete").is_ok());
+        assert!(one("leader.replication.throttled.replicas", "*").is_ok());
+        assert!(one("leader.replication.throttled.replicas", "0:1,1:2").is_ok());
+        assert!(one("leader.replication.throttled.replicas", "").is_ok());
+        assert!(one("follower.replication.throttled.replicas", "0-1").is_err());
+        assert!(one("follower.replication.throttled.replicas", "a:1").is_err());
+        assert!(topic_key("cleanup.policy").unwrap().kind.is_list());
+        assert!(!topic_key("retention.ms").unwrap().kind.is_list());
     }
 }

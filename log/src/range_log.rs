@@ -9,7 +9,7 @@
 use std::collections::VecDeque;
 use std::fs::File;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::Arc;
 
 use bytes::Bytes;
@@ -201,6 +201,10 @@ impl Inner {
 /// The log of one range.
 pub struct RangeLog {
     options: RangeLogOptions,
+    /// Roll limits, from `options` and changed by [`RangeLog::set_roll_limits`]
+    /// (a topic's `segment.bytes` / `segment.ms` altered while it is open).
+    roll_bytes: AtomicU64,
+    roll_ms: AtomicI64,
     inner: Mutex<Inner>,
     flush_wanted: Notify,
     /// Committed position: durable on a quorum of the active segment's
@@ -357,6 +361,8 @@ impl RangeLog {
         };
         let written = inner.written_position();
         let log = Arc::new(RangeLog {
+            roll_bytes: AtomicU64::new(options.segment_bytes),
+            roll_ms: AtomicI64::new(options.segment_ms),
             options,
             inner: Mutex::new(inner),
             flush_wanted: Notify::new(),
@@ -499,8 +505,9 @@ impl RangeLog {
     fn maybe_roll(&self, inner: &mut Inner) -> Result<Option<SealedSegment>, LogError> {
         let now = now_ms();
         let active = inner.segments.last().unwrap();
-        let full = active.size >= self.options.segment_bytes;
-        let old = active.size > 0 && now - active.created_ms >= self.options.segment_ms;
+        let full = active.size >= self.roll_bytes.load(Ordering::Relaxed);
+        let old =
+            active.size > 0 && now - active.created_ms >= self.roll_ms.load(Ordering::Relaxed);
         if !(full || old) {
             return Ok(None);
         }
@@ -895,6 +902,13 @@ impl RangeLog {
     }
 
     /// Number of segments (sealed and active) this range holds.
+    /// Changes the size and age at which the active segment rolls (checked
+    /// at the next append).
+    pub fn set_roll_limits(&self, segment_bytes: u64, segment_ms: i64) {
+        self.roll_bytes.store(segment_bytes, Ordering::Relaxed);
+        self.roll_ms.store(segment_ms, Ordering::Relaxed);
+    }
+
     pub fn segment_count(&self) -> usize {
         self.inner.lock().segments.len()
     }
@@ -1207,6 +1221,26 @@ mod tests {
             out.extend(h.base_offset..=h.last_offset());
         }
         out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn changed_roll_limits_apply_to_the_next_append() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(dir.path());
+        for _ in 0..3 {
+            log.append(0, &mut make_batch(2, 1), None).unwrap();
+        }
+        assert_eq!(log.segment_count(), 1);
+        log.set_roll_limits(14, i64::MAX);
+        log.append(0, &mut make_batch(2, 1), None).unwrap();
+        assert_eq!(log.segment_count(), 2);
+        log.append(0, &mut make_batch(2, 1), None).unwrap();
+        assert_eq!(log.segment_count(), 3);
+        log.set_roll_limits(1 << 30, i64::MAX);
+        let last = log.append(0, &mut make_batch(2, 1), None).unwrap();
+        assert_eq!(log.segment_count(), 3);
+        log.wait_durable(last.end_position).await.unwrap();
+        assert_eq!(read_offsets(&log), (0..12).collect::<Vec<_>>());
     }
 
     /// The interleaving that used to lose records: an append gets past its

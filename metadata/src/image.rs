@@ -108,6 +108,11 @@ pub struct MetadataImage {
     /// The broker that received the last applied producer id block; -1
     /// while none was allocated (`next_producer_id == 0`).
     pub last_producer_id_broker: i32,
+    /// Dynamic broker configs (`SetBrokerConfig`): `None` holds the
+    /// cluster-wide defaults, `Some(id)` one broker's own values. A map
+    /// whose last key was deleted is removed, so an image and the image
+    /// replayed from its snapshot are equal.
+    pub broker_configs: BTreeMap<Option<i32>, BTreeMap<String, String>>,
 }
 
 /// The empty image: `offset` is -1 (nothing applied), not 0, because 0 is
@@ -125,6 +130,7 @@ impl Default for MetadataImage {
             topic_ranges: BTreeSet::new(),
             next_producer_id: 0,
             last_producer_id_broker: -1,
+            broker_configs: BTreeMap::new(),
         }
     }
 }
@@ -214,6 +220,22 @@ impl MetadataImage {
             .map_or(0, |(id, _)| id.seq.saturating_add(1))
     }
 
+    /// The dynamic value of broker config `key` for `broker_id`: its own,
+    /// else the cluster-wide default, with `true` when it is its own.
+    pub fn dynamic_broker_config(&self, broker_id: i32, key: &str) -> Option<(&str, bool)> {
+        if let Some(v) = self
+            .broker_configs
+            .get(&Some(broker_id))
+            .and_then(|m| m.get(key))
+        {
+            return Some((v, true));
+        }
+        self.broker_configs
+            .get(&None)
+            .and_then(|m| m.get(key))
+            .map(|v| (v.as_str(), false))
+    }
+
     /// Log start offset of a partition; 0 until DeleteRecords/retention moved it.
     pub fn log_start_offset(&self, topic: TopicId, partition: u32) -> i64 {
         self.log_start_offsets
@@ -229,7 +251,8 @@ impl MetadataImage {
     /// its ranges with parents before children, each range's segments in
     /// seq order (each sealed right after it opens, so the range never has
     /// two active segments), the range's own seal after its segments, log
-    /// start offsets, and last the producer id allocation. Replaying them
+    /// start offsets, the producer id allocation, and last the dynamic
+    /// broker configs (which depend on nothing). Replaying them
     /// with the image's offset gives an equal image.
     ///
     /// The producer id state is one `AllocateProducerIds` block `[0,
@@ -270,6 +293,15 @@ impl MetadataImage {
             });
         }
         self.emit_producer_ids(&mut out);
+        for (broker_id, configs) in &self.broker_configs {
+            for (key, value) in configs {
+                out.push(MetadataRecord::SetBrokerConfig {
+                    broker_id: *broker_id,
+                    key: key.clone(),
+                    value: Some(value.clone()),
+                });
+            }
+        }
         out
     }
 

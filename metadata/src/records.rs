@@ -28,6 +28,8 @@ pub const MAX_RACK_LEN: usize = 255;
 pub const MAX_CONFIG_KEY_LEN: usize = 255;
 /// Bound on a topic config value.
 pub const MAX_CONFIG_VALUE_LEN: usize = 1 << 20;
+/// Bound on a dynamic broker config key (and its value: [`MAX_CONFIG_VALUE_LEN`]).
+pub const MAX_BROKER_CONFIG_KEY_LEN: usize = MAX_CONFIG_KEY_LEN;
 /// Bound on the number of configs carried by one CreateTopic.
 pub const MAX_TOPIC_CONFIGS: usize = 1024;
 /// Bound on replica set size and on a topic's replication factor.
@@ -143,6 +145,16 @@ pub enum MetadataRecord {
         first_producer_id: i64,
         count: i32,
     },
+    /// A dynamic broker config (Kafka's ConfigRecord for a BROKER resource):
+    /// `broker_id: None` is the cluster-wide default (Kafka's resource name
+    /// ""), `Some(id)` one broker's own value. `value: None` deletes the
+    /// key. The broker need not be registered (Kafka stores configs of
+    /// brokers that have not joined yet).
+    SetBrokerConfig {
+        broker_id: Option<i32>,
+        key: String,
+        value: Option<String>,
+    },
     /// The replica set of a sealed segment changes (healing: a copy on a
     /// broker that is gone is replaced by a copy elsewhere).
     SetSegmentReplicas {
@@ -167,6 +179,7 @@ pub mod record_type {
     pub const DELETE_SEGMENT: u16 = 11;
     pub const SET_LOG_START_OFFSET: u16 = 12;
     pub const ALLOCATE_PRODUCER_IDS: u16 = 13;
+    pub const SET_BROKER_CONFIG: u16 = 14;
     pub const SET_SEGMENT_REPLICAS: u16 = 16;
     /// The largest type number this build reads.
     pub const MAX: u16 = SET_SEGMENT_REPLICAS;
@@ -191,6 +204,7 @@ impl MetadataRecord {
             MetadataRecord::DeleteSegment { .. } => DELETE_SEGMENT,
             MetadataRecord::SetLogStartOffset { .. } => SET_LOG_START_OFFSET,
             MetadataRecord::AllocateProducerIds { .. } => ALLOCATE_PRODUCER_IDS,
+            MetadataRecord::SetBrokerConfig { .. } => SET_BROKER_CONFIG,
             MetadataRecord::SetSegmentReplicas { .. } => SET_SEGMENT_REPLICAS,
         }
     }
@@ -295,6 +309,27 @@ impl MetadataRecord {
                 w.i32(*broker_id);
                 w.i64(*first_producer_id);
                 w.i32(*count);
+            }
+            MetadataRecord::SetBrokerConfig {
+                broker_id,
+                key,
+                value,
+            } => {
+                match broker_id {
+                    None => w.u8(0),
+                    Some(id) => {
+                        w.u8(1);
+                        w.i32(*id);
+                    }
+                }
+                w.str16(key);
+                match value {
+                    None => w.u8(0),
+                    Some(v) => {
+                        w.u8(1);
+                        w.str32(v);
+                    }
+                }
             }
             MetadataRecord::SetSegmentReplicas { segment, replicas } => {
                 w.segment(segment);
@@ -462,6 +497,24 @@ impl MetadataRecord {
                 first_producer_id: r.i64("first_producer_id")?,
                 count: r.i32("count")?,
             },
+            SET_BROKER_CONFIG => {
+                let broker_id = if r.option("broker_id")? {
+                    Some(r.i32("broker_id")?)
+                } else {
+                    None
+                };
+                let key = r.str16("config key")?;
+                let value = if r.option("config value")? {
+                    Some(r.str32("config value")?)
+                } else {
+                    None
+                };
+                MetadataRecord::SetBrokerConfig {
+                    broker_id,
+                    key,
+                    value,
+                }
+            }
             SET_SEGMENT_REPLICAS => {
                 let segment = r.segment()?;
                 let n = r.count("replicas", 4)?;
@@ -471,6 +524,7 @@ impl MetadataRecord {
                 }
                 MetadataRecord::SetSegmentReplicas { segment, replicas }
             }
+            // Numbers not (or no longer) in use.
             _ => return Err(RecordDecodeError::UnknownType(ty)),
         };
         if r.pos != bytes.len() {
@@ -639,6 +693,20 @@ impl MetadataRecord {
                         "count",
                         format!("block {first_producer_id} + {count} overflows i64"),
                     ));
+                }
+                Ok(())
+            }
+            MetadataRecord::SetBrokerConfig {
+                broker_id,
+                key,
+                value,
+            } => {
+                if let Some(id) = broker_id {
+                    check_broker_id("broker_id", *id)?;
+                }
+                check_len("config key", key, 1, MAX_BROKER_CONFIG_KEY_LEN)?;
+                if let Some(v) = value {
+                    check_len("config value", v, 0, MAX_CONFIG_VALUE_LEN)?;
                 }
                 Ok(())
             }
@@ -1029,6 +1097,16 @@ pub(crate) mod tests {
                 }
             ),
             (
+                proptest::option::of(0i32..),
+                arb_nonempty_text(20),
+                proptest::option::of(arb_text(30))
+            )
+                .prop_map(|(broker_id, key, value)| MetadataRecord::SetBrokerConfig {
+                    broker_id,
+                    key,
+                    value
+                }),
+            (
                 arb_segment(),
                 proptest::collection::btree_set(0i32..1000, 1..5)
             )
@@ -1304,5 +1382,70 @@ pub(crate) mod tests {
         assert_eq!(field(rejects(alloc(1, i64::MAX, 1))), "count");
         assert_eq!(field(rejects(alloc(1, i64::MAX - 4, 5))), "count");
         assert_eq!(field(rejects(alloc(1, i64::MAX - 9, i32::MAX))), "count");
+    }
+
+    fn broker_config(broker_id: Option<i32>, key: &str, value: Option<&str>) -> MetadataRecord {
+        MetadataRecord::SetBrokerConfig {
+            broker_id,
+            key: key.into(),
+            value: value.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn set_broker_config_codec() {
+        // The cluster default, set: type 14, version 0, no broker id, key, value.
+        let rec = broker_config(None, "log.retention.ms", Some("1000"));
+        let bytes = rec.encode();
+        let mut want = vec![0u8, 14, 0, 0, 0];
+        want.extend_from_slice(&16u16.to_be_bytes());
+        want.extend_from_slice(b"log.retention.ms");
+        want.push(1);
+        want.extend_from_slice(&4u32.to_be_bytes());
+        want.extend_from_slice(b"1000");
+        assert_eq!(bytes, want);
+        assert_eq!(MetadataRecord::decode(&bytes), Ok(rec));
+        // One broker's value, deleted.
+        let rec = broker_config(Some(3), "message.max.bytes", None);
+        let bytes = rec.encode();
+        let mut want = vec![0u8, 14, 0, 0, 1, 0, 0, 0, 3];
+        want.extend_from_slice(&17u16.to_be_bytes());
+        want.extend_from_slice(b"message.max.bytes");
+        want.push(0);
+        assert_eq!(bytes, want);
+        assert_eq!(MetadataRecord::decode(&bytes), Ok(rec));
+        // An empty value is a value (not a delete).
+        let rec = broker_config(Some(0), "log.cleanup.policy", Some(""));
+        assert_eq!(MetadataRecord::decode(&rec.encode()), Ok(rec));
+    }
+
+    #[test]
+    fn set_broker_config_out_of_range_rejected() {
+        let field = |e: RecordDecodeError| match e {
+            RecordDecodeError::InvalidValue { field, .. } => field,
+            other => panic!("unexpected {other:?}"),
+        };
+        assert_eq!(
+            field(rejects(broker_config(Some(-1), "k", None))),
+            "broker_id"
+        );
+        assert_eq!(
+            field(rejects(broker_config(None, "", Some("v")))),
+            "config key"
+        );
+        assert_eq!(
+            field(rejects(broker_config(None, &"k".repeat(256), None))),
+            "config key"
+        );
+        // Bad option tags for the broker id and the value.
+        let mut b = broker_config(Some(1), "k", None).encode();
+        b[4] = 2;
+        assert_eq!(field(MetadataRecord::decode(&b).unwrap_err()), "broker_id");
+        let mut b = broker_config(None, "k", None).encode();
+        *b.last_mut().unwrap() = 7;
+        assert_eq!(
+            field(MetadataRecord::decode(&b).unwrap_err()),
+            "config value"
+        );
     }
 }

@@ -53,7 +53,9 @@ impl MetadataImage {
         use MetadataRecord as R;
         let fail = |cond: bool, why: &'static str| if cond { Some(why) } else { None };
         match record {
-            R::NoOp | R::RegisterBroker(_) => None,
+            // A broker config needs no registered broker (as in Kafka), and
+            // deleting a key that is not set changes nothing.
+            R::NoOp | R::RegisterBroker(_) | R::SetBrokerConfig { .. } => None,
             R::FenceBroker { broker_id } | R::UnfenceBroker { broker_id } => {
                 fail(!self.brokers.contains_key(broker_id), "unknown broker")
             }
@@ -283,6 +285,26 @@ impl MetadataImage {
                 self.next_producer_id = first_producer_id.saturating_add(i64::from(*count));
                 self.last_producer_id_broker = *broker_id;
             }
+            R::SetBrokerConfig {
+                broker_id,
+                key,
+                value,
+            } => match value {
+                Some(v) => {
+                    self.broker_configs
+                        .entry(*broker_id)
+                        .or_default()
+                        .insert(key.clone(), v.clone());
+                }
+                None => {
+                    if let Some(configs) = self.broker_configs.get_mut(broker_id) {
+                        configs.remove(key);
+                        if configs.is_empty() {
+                            self.broker_configs.remove(broker_id);
+                        }
+                    }
+                }
+            },
         }
     }
 
@@ -557,6 +579,59 @@ mod tests {
             partition: 0,
             offset: 1
         }]));
+    }
+
+    fn broker_config(broker_id: Option<i32>, key: &str, value: Option<&str>) -> MetadataRecord {
+        MetadataRecord::SetBrokerConfig {
+            broker_id,
+            key: key.into(),
+            value: value.map(Into::into),
+        }
+    }
+
+    #[test]
+    fn broker_configs() {
+        let (img, applied) = replay(&[
+            // No registered broker needed, for the default or a broker.
+            broker_config(None, "log.retention.ms", Some("1000")),
+            broker_config(Some(2), "log.retention.ms", Some("2000")),
+            broker_config(Some(2), "message.max.bytes", Some("512")),
+            // Deleting a key that is not set applies and changes nothing.
+            broker_config(Some(7), "message.max.bytes", None),
+            broker_config(None, "min.insync.replicas", None),
+        ]);
+        assert_eq!(applied, vec![true; 5]);
+        assert_eq!(
+            img.dynamic_broker_config(2, "log.retention.ms"),
+            Some(("2000", true))
+        );
+        assert_eq!(
+            img.dynamic_broker_config(1, "log.retention.ms"),
+            Some(("1000", false))
+        );
+        assert_eq!(img.dynamic_broker_config(1, "message.max.bytes"), None);
+        assert!(!img.broker_configs.contains_key(&Some(7)));
+        assert_snapshot_round_trips(&img);
+        // Deleting the last key of a broker removes its map: the image
+        // equals one that never had it (and its snapshot).
+        let (img, _) = replay(&[
+            broker_config(Some(2), "message.max.bytes", Some("512")),
+            broker_config(Some(2), "message.max.bytes", None),
+            broker_config(None, "log.retention.ms", Some("5")),
+            broker_config(None, "log.retention.ms", Some("6")),
+        ]);
+        assert!(!img.broker_configs.contains_key(&Some(2)));
+        assert_eq!(img.broker_configs[&None]["log.retention.ms"], "6");
+        assert_snapshot_round_trips(&img);
+        // Unchanged by topic deletes and broker fencing.
+        let (img, _) = replay(&[
+            broker(1, 1),
+            broker_config(Some(1), "k", Some("v")),
+            MetadataRecord::FenceBroker { broker_id: 1 },
+            topic(1, "t", 1),
+            MetadataRecord::DeleteTopic { topic_id: tid(1) },
+        ]);
+        assert_eq!(img.dynamic_broker_config(1, "k"), Some(("v", true)));
     }
 
     #[test]
@@ -913,6 +988,8 @@ mod tests {
             },
             alloc(2, 0, 1000),
             alloc(1, 1000, 1000),
+            broker_config(None, "log.retention.ms", Some("1")),
+            broker_config(Some(2), "log.retention.ms", Some("2")),
         ];
         let (img, applied) = replay(&v);
         assert!(applied.iter().all(|a| *a), "{applied:?}");
@@ -992,6 +1069,16 @@ mod tests {
                 }
             }),
             (0i32..3, 0i64..3, 1i32..3).prop_map(|(b, first, n)| alloc(b, first, n)),
+            (
+                proptest::option::of(0i32..3),
+                0usize..2,
+                proptest::option::of("[a-z]{0,3}")
+            )
+                .prop_map(|(broker_id, k, value)| broker_config(
+                    broker_id,
+                    ["x", "y"][k],
+                    value.as_deref()
+                )),
         ]
     }
 

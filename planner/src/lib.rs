@@ -172,6 +172,66 @@ pub fn delete_topic(
     Ok(vec![MetadataRecord::DeleteTopic { topic_id }])
 }
 
+/// The changes that turn `current` into `wanted`: `(key, Some(value))` for
+/// every key set or changed, `(key, None)` for every key dropped, by key.
+fn config_diff(
+    current: Option<&BTreeMap<String, String>>,
+    wanted: &BTreeMap<String, String>,
+) -> Vec<(String, Option<String>)> {
+    let empty = BTreeMap::new();
+    let current = current.unwrap_or(&empty);
+    let mut out: Vec<(String, Option<String>)> = current
+        .keys()
+        .filter(|k| !wanted.contains_key(*k))
+        .map(|k| (k.clone(), None))
+        .collect();
+    out.extend(
+        wanted
+            .iter()
+            .filter(|(k, v)| current.get(*k) != Some(*v))
+            .map(|(k, v)| (k.clone(), Some(v.clone()))),
+    );
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+/// AlterConfigs / IncrementalAlterConfigs on a topic: the records that
+/// make the topic's configs exactly `wanted` (already validated by the
+/// caller, with incremental operations already applied), as one entry.
+/// Empty when nothing changes.
+pub fn alter_topic_configs(
+    image: &MetadataImage,
+    topic_id: TopicId,
+    wanted: &BTreeMap<String, String>,
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    let topic = image.topics.get(&topic_id).ok_or(PlanError::UnknownTopic)?;
+    Ok(config_diff(Some(&topic.configs), wanted)
+        .into_iter()
+        .map(|(key, value)| MetadataRecord::SetTopicConfig {
+            topic_id,
+            key,
+            value,
+        })
+        .collect())
+}
+
+/// The same for the dynamic configs of one broker (`Some(id)`) or of the
+/// cluster-wide default (`None`). The broker need not be registered.
+pub fn alter_broker_configs(
+    image: &MetadataImage,
+    broker_id: Option<i32>,
+    wanted: &BTreeMap<String, String>,
+) -> Vec<MetadataRecord> {
+    config_diff(image.broker_configs.get(&broker_id), wanted)
+        .into_iter()
+        .map(|(key, value)| MetadataRecord::SetBrokerConfig {
+            broker_id,
+            key,
+            value,
+        })
+        .collect()
+}
+
 /// A broker (re)starting. It registers fenced, as in Kafka; with no
 /// heartbeats yet the controller unfences it at once.
 pub fn register_broker(registration: BrokerRegistration) -> Vec<MetadataRecord> {

@@ -579,3 +579,88 @@ fn healing_waits_for_a_spare_broker_and_is_bounded() {
         }]
     );
 }
+
+fn configs(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+#[test]
+fn altering_topic_configs_writes_only_the_difference() {
+    let (mut image, id) = with_topic(1);
+    let wanted = configs(&[("retention.ms", "1000"), ("segment.bytes", "2048")]);
+    let records = alter_topic_configs(&image, id, &wanted).unwrap();
+    assert_eq!(records.len(), 2);
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(image.topics[&id].configs, wanted);
+    // The same again: nothing to write.
+    assert!(alter_topic_configs(&image, id, &wanted).unwrap().is_empty());
+    // One changed, one dropped, one added.
+    let wanted = configs(&[("retention.ms", "5"), ("cleanup.policy", "compact")]);
+    let records = alter_topic_configs(&image, id, &wanted).unwrap();
+    assert_eq!(
+        records,
+        vec![
+            MetadataRecord::SetTopicConfig {
+                topic_id: id,
+                key: "cleanup.policy".into(),
+                value: Some("compact".into())
+            },
+            MetadataRecord::SetTopicConfig {
+                topic_id: id,
+                key: "retention.ms".into(),
+                value: Some("5".into())
+            },
+            MetadataRecord::SetTopicConfig {
+                topic_id: id,
+                key: "segment.bytes".into(),
+                value: None
+            },
+        ]
+    );
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(image.topics[&id].configs, wanted);
+    // Everything dropped.
+    let records = alter_topic_configs(&image, id, &BTreeMap::new()).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    assert!(image.topics[&id].configs.is_empty());
+}
+
+#[test]
+fn altering_configs_of_an_unknown_topic_fails() {
+    let image = cluster(1);
+    assert_eq!(
+        alter_topic_configs(&image, uuid::Uuid::new_v4(), &BTreeMap::new()),
+        Err(PlanError::UnknownTopic)
+    );
+}
+
+#[test]
+fn altering_broker_configs_per_broker_and_cluster_default() {
+    let mut image = cluster(1);
+    let default = configs(&[("log.retention.ms", "1000")]);
+    let records = alter_broker_configs(&image, None, &default);
+    assert_eq!(commit(&mut image, &records), 0);
+    // An unregistered broker's own configs are planned and applied too.
+    let own = configs(&[("message.max.bytes", "4096")]);
+    let records = alter_broker_configs(&image, Some(9), &own);
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(image.broker_configs[&None], default);
+    assert_eq!(image.broker_configs[&Some(9)], own);
+    assert!(alter_broker_configs(&image, Some(9), &own).is_empty());
+    // Replacing a broker's set by an empty one deletes every key.
+    let records = alter_broker_configs(&image, Some(9), &BTreeMap::new());
+    assert_eq!(
+        records,
+        vec![MetadataRecord::SetBrokerConfig {
+            broker_id: Some(9),
+            key: "message.max.bytes".into(),
+            value: None
+        }]
+    );
+    assert_eq!(commit(&mut image, &records), 0);
+    assert!(!image.broker_configs.contains_key(&Some(9)));
+    assert_eq!(image.broker_configs[&None], default);
+}

@@ -145,13 +145,17 @@ fn describe_configs(
     broker: &Broker,
     topic: &BTreeMap<String, String>,
 ) -> Vec<CreatableTopicConfigs> {
-    describe_topic_configs(topic, &broker.config)
-        .into_iter()
-        .map(|c| {
-            CreatableTopicConfigs::default()
-                .with_name(StrBytes::from_static_str(c.name))
-                .with_value(Some(StrBytes::from_string(c.value)))
-                .with_config_source(c.source)
-        })
-        .collect()
+    let image = broker.image();
+    describe_topic_configs(
+        topic,
+        &crate::dynamic_config::BrokerView::new(&broker.config, &image),
+    )
+    .into_iter()
+    .map(|c| {
+        CreatableTopicConfigs::default()
+            .with_name(StrBytes::from_static_str(c.name))
+            .with_value(Some(StrBytes::from_string(c.value)))
+            .with_config_source(c.source)
+    })
+    .collect()
 }

@@ -1,21 +1,21 @@
-//! DescribeConfigs: topic configs (the topic's own values and the defaults
-//! behind the others) and this broker's configs.
+//! DescribeConfigs: topic configs (the topic's own values and where the
+//! others come from: dynamic or static broker configs, defaults) and this
+//! broker's configs (static and dynamic), with synonyms and documentation
+//! when asked, as Kafka's `ConfigHelper` reports them.
 
 use std::sync::Arc;
 
 use kafka_protocol::messages::describe_configs_response::{
-    DescribeConfigsResourceResult, DescribeConfigsResult,
+    DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
 };
 use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
+use crate::alter_config::{broker_resource, RESOURCE_BROKER, RESOURCE_TOPIC};
 use crate::broker::Broker;
+use crate::dynamic_config::{describe_broker_configs, BrokerView};
 use crate::error::ApiError;
-use crate::topic_config::{describe_topic_configs, DescribedConfig, SOURCE_DEFAULT};
-
-/// Kafka's ConfigResource types.
-const RESOURCE_TOPIC: i8 = 2;
-const RESOURCE_BROKER: i8 = 4;
+use crate::topic_config::{describe_topic_configs, DescribedConfig};
 
 pub async fn handle(
     broker: &Arc<Broker>,
@@ -24,6 +24,7 @@ pub async fn handle(
 ) -> DescribeConfigsResponse {
     let version = header.request_api_version;
     let image = broker.image();
+    let view = BrokerView::new(&broker.config, &image);
     let results = request
         .resources
         .iter()
@@ -32,14 +33,10 @@ pub async fn handle(
             let described: Result<Vec<DescribedConfig>, ApiError> = match resource.resource_type {
                 RESOURCE_TOPIC => image
                     .topic_by_name(name)
-                    .map(|t| describe_topic_configs(&t.configs, &broker.config))
+                    .map(|t| describe_topic_configs(&t.configs, &view))
                     .ok_or(ApiError::UnknownTopicOrPartition),
-                RESOURCE_BROKER if name.is_empty() || name == broker.config.node_id.to_string() => {
-                    Ok(broker_configs(broker))
-                }
-                RESOURCE_BROKER => Err(ApiError::InvalidRequest(format!(
-                    "unexpected broker id {name:?}"
-                ))),
+                RESOURCE_BROKER => broker_resource(name, broker.config.node_id)
+                    .map(|id| describe_broker_configs(&view, id.is_some())),
                 other => Err(ApiError::InvalidRequest(format!(
                     "unsupported resource type {other}"
                 ))),
@@ -57,16 +54,7 @@ pub async fn handle(
                                 .as_ref()
                                 .is_none_or(|keys| keys.iter().any(|k| k.as_str() == c.name))
                         })
-                        .map(|c| {
-                            let mut r = DescribeConfigsResourceResult::default()
-                                .with_name(StrBytes::from_static_str(c.name))
-                                .with_value(Some(StrBytes::from_string(c.value)))
-                                .with_config_source(c.source);
-                            if version >= 3 {
-                                r = r.with_config_type(c.config_type);
-                            }
-                            r
-                        })
+                        .map(|c| entry(c, version, &request))
                         .collect(),
                 ),
                 Err(e) => result
@@ -78,37 +66,35 @@ pub async fn handle(
     DescribeConfigsResponse::default().with_results(results)
 }
 
-fn broker_configs(broker: &Broker) -> Vec<DescribedConfig> {
-    let c = &broker.config;
-    let entries: [(&'static str, String, i8); 8] = [
-        ("node.id", c.node_id.to_string(), 3),
-        ("num.partitions", c.num_partitions.to_string(), 3),
-        (
-            "default.replication.factor",
-            c.default_replication_factor.to_string(),
-            3,
-        ),
-        (
-            "auto.create.topics.enable",
-            c.auto_create_topics.to_string(),
-            1,
-        ),
-        (
-            "socket.request.max.bytes",
-            c.socket_request_max_bytes.to_string(),
-            3,
-        ),
-        ("message.max.bytes", c.message_max_bytes.to_string(), 3),
-        ("log.segment.bytes", c.log_segment_bytes.to_string(), 3),
-        ("log.retention.ms", c.log_retention_ms.to_string(), 5),
-    ];
-    entries
-        .into_iter()
-        .map(|(name, value, config_type)| DescribedConfig {
-            name,
-            value,
-            source: SOURCE_DEFAULT,
-            config_type,
-        })
-        .collect()
+fn entry(
+    c: DescribedConfig,
+    version: i16,
+    request: &DescribeConfigsRequest,
+) -> DescribeConfigsResourceResult {
+    let mut r = DescribeConfigsResourceResult::default()
+        .with_name(StrBytes::from_static_str(c.name))
+        .with_value((!c.sensitive).then(|| StrBytes::from_string(c.value)))
+        .with_read_only(c.read_only)
+        .with_config_source(c.source)
+        .with_is_sensitive(c.sensitive);
+    if request.include_synonyms {
+        r = r.with_synonyms(
+            c.synonyms
+                .into_iter()
+                .map(|s| {
+                    DescribeConfigsSynonym::default()
+                        .with_name(StrBytes::from_static_str(s.name))
+                        .with_value((!c.sensitive).then(|| StrBytes::from_string(s.value)))
+                        .with_source(s.source)
+                })
+                .collect(),
+        );
+    }
+    if version >= 3 {
+        r = r.with_config_type(c.config_type);
+        if request.include_documentation {
+            r = r.with_documentation(Some(StrBytes::from_static_str(c.doc)));
+        }
+    }
+    r
 }

@@ -3,6 +3,7 @@
 
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
+pub mod alter_configs;
 pub mod api_versions;
 pub mod consumer_group_describe;
 pub mod consumer_group_heartbeat;
@@ -18,6 +19,7 @@ pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
 pub mod heartbeat;
+pub mod incremental_alter_configs;
 pub mod init_producer_id;
 pub mod join_group;
 pub mod leave_group;
@@ -67,6 +69,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteTopics, 1, 6),
     (ApiKey::DescribeCluster, 0, 2),
     (ApiKey::DescribeConfigs, 1, 4),
+    (ApiKey::AlterConfigs, 0, 2),
+    (ApiKey::IncrementalAlterConfigs, 0, 1),
     (ApiKey::InitProducerId, 0, 5),
     (ApiKey::FindCoordinator, 0, 6),
     (ApiKey::JoinGroup, 0, 9),
@@ -282,6 +286,8 @@ async fn dispatch(
         ApiKey::DeleteTopics => call!(delete_topics),
         ApiKey::DescribeCluster => call!(describe_cluster),
         ApiKey::DescribeConfigs => call!(describe_configs),
+        ApiKey::AlterConfigs => call!(alter_configs),
+        ApiKey::IncrementalAlterConfigs => call!(incremental_alter_configs),
         ApiKey::InitProducerId => call!(init_producer_id),
         ApiKey::FindCoordinator => call!(find_coordinator),
         ApiKey::JoinGroup => call!(join_group, client_host()),

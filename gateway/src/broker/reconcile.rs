@@ -159,6 +159,13 @@ impl Broker {
                 let lost = range.active && (!primary_here || log.is_sealed());
                 if !lost {
                     if range.active {
+                        // segment.bytes / segment.ms (or their broker
+                        // synonyms) may have been altered since it opened.
+                        let effective = EffectiveTopicConfig::resolve(
+                            &topic.configs,
+                            &crate::dynamic_config::BrokerView::new(&self.config, image),
+                        );
+                        log.set_roll_limits(effective.segment_bytes, effective.segment_ms);
                         self.ship(range.id, &log, last);
                     }
                     continue;
@@ -202,7 +209,10 @@ impl Broker {
                 std::fs::File::create(tessera_log::segment::log_path(&dir, last.id.seq))?;
                 tessera_fs::sync_dir(&dir)?;
             }
-            let effective = EffectiveTopicConfig::resolve(&topic.configs, &self.config);
+            let effective = EffectiveTopicConfig::resolve(
+                &topic.configs,
+                &crate::dynamic_config::BrokerView::new(&self.config, image),
+            );
             let seed = if range.parents.is_empty() {
                 None
             } else {

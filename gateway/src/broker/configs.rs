@@ -1,0 +1,82 @@
+//! Config administration: AlterConfigs and IncrementalAlterConfigs of topic
+//! and broker resources. The new set of configs is computed and validated
+//! (`alter_config.rs`, pure), planned as the records that make the stored
+//! set equal to it (`tessera_planner`) against the committed image, and
+//! written as one metadata entry through the controller.
+
+use super::Broker;
+use crate::alter_config::{
+    broker_resource, new_broker_configs, new_topic_configs, ConfigChange, RESOURCE_BROKER,
+    RESOURCE_TOPIC,
+};
+use crate::error::ApiError;
+
+impl Broker {
+    /// Alters one resource's configs; with `validate_only` everything is
+    /// checked and nothing written.
+    pub async fn alter_configs(
+        &self,
+        resource_type: i8,
+        name: &str,
+        change: &ConfigChange,
+        validate_only: bool,
+    ) -> Result<(), ApiError> {
+        match resource_type {
+            RESOURCE_TOPIC => self.alter_topic_configs(name, change, validate_only).await,
+            RESOURCE_BROKER => self.alter_broker_configs(name, change, validate_only).await,
+            other => Err(ApiError::InvalidRequest(format!(
+                "Unsupported resource type {other}"
+            ))),
+        }
+    }
+
+    async fn alter_topic_configs(
+        &self,
+        name: &str,
+        change: &ConfigChange,
+        validate_only: bool,
+    ) -> Result<(), ApiError> {
+        if name.is_empty() {
+            return Err(ApiError::InvalidRequest(
+                "Default topic resources are not allowed.".into(),
+            ));
+        }
+        let _guard = self.admin.lock().await;
+        let image = self.image();
+        let topic = image
+            .topic_by_name(name)
+            .ok_or(ApiError::UnknownTopicOrPartition)?;
+        let wanted = new_topic_configs(&topic.configs, change)?;
+        let records = tessera_planner::alter_topic_configs(&image, topic.id, &wanted)?;
+        if validate_only || records.is_empty() {
+            return Ok(());
+        }
+        let outcome = self.controller.write_detailed(records).await?;
+        if !outcome.skipped.is_empty() {
+            // The topic was deleted between our plan and our write.
+            return Err(ApiError::UnknownTopicOrPartition);
+        }
+        // Answered once this broker's open logs follow (roll limits).
+        self.await_reconciled(outcome.offset).await
+    }
+
+    async fn alter_broker_configs(
+        &self,
+        name: &str,
+        change: &ConfigChange,
+        validate_only: bool,
+    ) -> Result<(), ApiError> {
+        let broker_id = broker_resource(name, self.config.node_id)?;
+        let _guard = self.admin.lock().await;
+        let image = self.image();
+        let empty = Default::default();
+        let current = image.broker_configs.get(&broker_id).unwrap_or(&empty);
+        let wanted = new_broker_configs(current, change)?;
+        let records = tessera_planner::alter_broker_configs(&image, broker_id, &wanted);
+        if validate_only || records.is_empty() {
+            return Ok(());
+        }
+        let offset = self.controller.write(records).await?;
+        self.await_reconciled(offset).await
+    }
+}

@@ -1,0 +1,569 @@
+//! Broker configs: the static ones a broker starts with (`config.rs`) and
+//! the dynamic ones set with AlterConfigs / IncrementalAlterConfigs and
+//! stored in the metadata log (`SetBrokerConfig`), per broker or as the
+//! cluster-wide default. Pure functions over the static config and the
+//! image; tested below.
+//!
+//! Dynamic keys are the broker synonyms of topic configs that Kafka lets
+//! change at runtime (`DynamicLogConfig`: `log.retention.ms`,
+//! `message.max.bytes`, `min.insync.replicas`, ...). Their precedence, as
+//! in Kafka: this broker's dynamic value, the cluster-wide dynamic default,
+//! the static value, the default.
+
+use std::collections::BTreeMap;
+
+use tessera_metadata::MetadataImage;
+
+use crate::config::{static_default, static_keys, BrokerConfig};
+use crate::error::ApiError;
+use crate::topic_config::{
+    check_value, ConfigSynonym, DescribedConfig, Kind, Synonym, SOURCE_DEFAULT,
+    SOURCE_DYNAMIC_BROKER, SOURCE_DYNAMIC_DEFAULT_BROKER, SOURCE_STATIC_BROKER, TOPIC_CONFIGS,
+};
+
+/// A broker's configs as of an image: static plus dynamic.
+#[derive(Clone, Copy)]
+pub struct BrokerView<'a> {
+    pub config: &'a BrokerConfig,
+    pub image: &'a MetadataImage,
+}
+
+impl<'a> BrokerView<'a> {
+    pub fn new(config: &'a BrokerConfig, image: &'a MetadataImage) -> BrokerView<'a> {
+        BrokerView { config, image }
+    }
+
+    /// The dynamic value of `key` for this broker: its own, else the
+    /// cluster-wide default.
+    pub fn dynamic(&self, key: &str) -> Option<&'a str> {
+        self.image
+            .dynamic_broker_config(self.config.node_id, key)
+            .map(|(v, _)| v)
+    }
+
+    /// Every source with a value for broker key `key`, highest precedence
+    /// first: DYNAMIC_BROKER_CONFIG, DYNAMIC_DEFAULT_BROKER_CONFIG,
+    /// STATIC_BROKER_CONFIG, DEFAULT_CONFIG.
+    pub fn sources(&self, key: &str) -> Vec<ConfigSynonym> {
+        let Some(name) = broker_key_name(key) else {
+            return Vec::new();
+        };
+        let mut out = Vec::new();
+        let mut push = |value: &str, source| {
+            out.push(ConfigSynonym {
+                name,
+                value: value.to_string(),
+                source,
+            })
+        };
+        let own = self.image.broker_configs.get(&Some(self.config.node_id));
+        if let Some(v) = own.and_then(|m| m.get(key)) {
+            push(v, SOURCE_DYNAMIC_BROKER);
+        }
+        if let Some(v) = self
+            .image
+            .broker_configs
+            .get(&None)
+            .and_then(|m| m.get(key))
+        {
+            push(v, SOURCE_DYNAMIC_DEFAULT_BROKER);
+        }
+        if let Some(v) = self.config.explicit.get(key) {
+            push(v, SOURCE_STATIC_BROKER);
+        }
+        if let Some(v) = broker_default(key) {
+            push(v, SOURCE_DEFAULT);
+        }
+        out
+    }
+}
+
+/// The `&'static` spelling of a broker key this build knows.
+fn broker_key_name(key: &str) -> Option<&'static str> {
+    static_keys()
+        .find(|k| *k == key)
+        .or_else(|| dynamic_keys().find(|k| *k == key))
+}
+
+/// The broker keys that can be set dynamically.
+pub fn dynamic_keys() -> impl Iterator<Item = &'static str> {
+    TOPIC_CONFIGS.iter().filter_map(|k| match k.synonym {
+        Synonym::Dynamic(s) => Some(s),
+        _ => None,
+    })
+}
+
+pub fn is_dynamic(key: &str) -> bool {
+    dynamic_keys().any(|k| k == key)
+}
+
+/// The topic config a dynamic broker key is the default of.
+fn topic_of(key: &str) -> Option<&'static crate::topic_config::TopicKey> {
+    TOPIC_CONFIGS.iter().find(|k| match k.synonym {
+        Synonym::Dynamic(s) | Synonym::Static(s) => s == key,
+        Synonym::None => false,
+    })
+}
+
+/// A broker key's default: tessera's where it reads the key at startup,
+/// else the default of the topic config it stands for (Kafka's broker
+/// defaults of these keys are the topic defaults).
+pub fn broker_default(key: &str) -> Option<&'static str> {
+    static_default(key).or_else(|| topic_of(key).map(|k| k.default))
+}
+
+/// Type (Kafka's ConfigType code) and documentation of the keys tessera
+/// reads at startup.
+const STATIC_KEYS: &[(&str, i8, &str)] = &[
+    (
+        "node.id",
+        3,
+        "This node's id, as broker and as metadata voter.",
+    ),
+    (
+        "listeners",
+        2,
+        "The Kafka listener (PLAINTEXT://host:port).",
+    ),
+    (
+        "advertised.listeners",
+        2,
+        "The host and port given to clients; the listener when empty.",
+    ),
+    (
+        "admin.listener",
+        2,
+        "Tessera: the HTTP address of /metrics, /health and /ready.",
+    ),
+    ("log.dirs", 2, "The data directory (the first one listed)."),
+    (
+        "broker.rack",
+        2,
+        "The rack of this broker, for replica placement.",
+    ),
+    (
+        "process.roles",
+        7,
+        "The roles of this node; only broker,controller (combined) is supported.",
+    ),
+    (
+        "controller.quorum.voters",
+        7,
+        "The metadata quorum as id@host:port entries; empty: this node alone.",
+    ),
+    (
+        "broker.heartbeat.interval.ms",
+        3,
+        "How often this broker heartbeats to the active controller.",
+    ),
+    (
+        "broker.session.timeout.ms",
+        3,
+        "A broker not heard from for this long is fenced.",
+    ),
+    (
+        "num.partitions",
+        3,
+        "The partition count of auto-created topics and of CreateTopics with -1.",
+    ),
+    (
+        "default.replication.factor",
+        3,
+        "The replication factor of auto-created topics and of CreateTopics with -1.",
+    ),
+    (
+        "auto.create.topics.enable",
+        1,
+        "Whether Metadata and Produce create unknown topics.",
+    ),
+    (
+        "socket.request.max.bytes",
+        3,
+        "The largest request frame accepted; a larger one closes the connection.",
+    ),
+    (
+        "message.max.bytes",
+        3,
+        "The largest record batch accepted, unless the topic sets max.message.bytes.",
+    ),
+    (
+        "log.segment.bytes",
+        3,
+        "The size at which a segment rolls, unless the topic sets segment.bytes.",
+    ),
+    (
+        "log.roll.ms",
+        5,
+        "The age at which a segment rolls, unless the topic sets segment.ms.",
+    ),
+    (
+        "log.retention.ms",
+        5,
+        "How long segments are kept, unless the topic sets retention.ms.",
+    ),
+    (
+        "log.retention.bytes",
+        5,
+        "The most bytes a partition keeps, unless the topic sets retention.bytes.",
+    ),
+    (
+        "min.insync.replicas",
+        3,
+        "The fewest in-sync replicas for acks=all, unless the topic sets it.",
+    ),
+    (
+        "replica.lag.time.max.ms",
+        5,
+        "A follower not caught up for this long leaves the in-sync replicas.",
+    ),
+    (
+        "replica.heal.delay.ms",
+        5,
+        "How long a broker stays fenced before its copies of sealed segments are re-created elsewhere.",
+    ),
+    (
+        "replica.heal.max.bytes.per.sec",
+        5,
+        "The rate at which this broker copies segments for healing and repair.",
+    ),
+    (
+        "replica.selector.class",
+        8,
+        "RackAwareReplicaSelector lets consumers with client.rack read sealed data from a replica in their rack; empty: leaders only.",
+    ),
+    (
+        "controlled.shutdown.enable",
+        1,
+        "On SIGTERM, move the leadership of this broker's replicated ranges to other replicas before stopping.",
+    ),
+    (
+        "controlled.shutdown.max.retries",
+        3,
+        "Attempts of a controlled shutdown's leadership moves.",
+    ),
+    (
+        "controlled.shutdown.retry.backoff.ms",
+        5,
+        "How long one controlled-shutdown attempt waits for its moves.",
+    ),
+    (
+        "offsets.topic.replication.factor",
+        4,
+        "The replication factor of __consumer_offsets (capped at the live brokers).",
+    ),
+    (
+        "transaction.state.log.replication.factor",
+        4,
+        "The replication factor of __transaction_state (capped at the live brokers).",
+    ),
+    (
+        "log.cleanup.policy",
+        7,
+        "The cleanup policy of topics that set none.",
+    ),
+    (
+        "log.message.timestamp.type",
+        2,
+        "The timestamp type of topics that set none.",
+    ),
+    (
+        "metadata.snapshot.interval.entries",
+        5,
+        "Metadata log entries between snapshots.",
+    ),
+    (
+        "group.initial.rebalance.delay.ms",
+        3,
+        "How long the first rebalance of an empty group waits for more members.",
+    ),
+    (
+        "group.min.session.timeout.ms",
+        3,
+        "The shortest session timeout a group member may ask for.",
+    ),
+    (
+        "group.max.session.timeout.ms",
+        3,
+        "The longest session timeout a group member may ask for.",
+    ),
+    ("group.max.size", 3, "The most members of a classic group."),
+    (
+        "group.consumer.session.timeout.ms",
+        3,
+        "KIP-848 members are fenced after this long without a heartbeat.",
+    ),
+    (
+        "group.consumer.heartbeat.interval.ms",
+        3,
+        "The heartbeat interval told to KIP-848 members.",
+    ),
+    (
+        "group.consumer.max.size",
+        3,
+        "The most members of a KIP-848 consumer group.",
+    ),
+    (
+        "group.consumer.assignors",
+        7,
+        "The server-side assignors of KIP-848 groups, the first the default.",
+    ),
+    (
+        "offset.metadata.max.bytes",
+        3,
+        "The largest metadata string of a committed offset.",
+    ),
+    (
+        "transaction.max.timeout.ms",
+        3,
+        "The largest transaction.timeout.ms a producer may ask for.",
+    ),
+    (
+        "transaction.abort.timed.out.transaction.cleanup.interval.ms",
+        3,
+        "How often timed-out transactions are looked for.",
+    ),
+    (
+        "transactional.id.expiration.ms",
+        3,
+        "An idle transactional id is forgotten after this long.",
+    ),
+    (
+        "range.policy.enable",
+        1,
+        "Tessera: whether ranges split and merge automatically.",
+    ),
+    (
+        "range.policy.interval.ms",
+        5,
+        "Tessera: how often range load is measured and decided on.",
+    ),
+    (
+        "range.split.bytes.per.sec",
+        5,
+        "Tessera: a range producing above this rate splits.",
+    ),
+    (
+        "range.merge.bytes.per.sec",
+        5,
+        "Tessera: two adjacent ranges below this rate merge.",
+    ),
+    (
+        "range.min.count",
+        3,
+        "Tessera: the fewest active ranges per topic.",
+    ),
+    (
+        "range.max.count",
+        3,
+        "Tessera: the most active ranges per topic.",
+    ),
+    (
+        "range.policy.sustain.intervals",
+        3,
+        "Tessera: intervals a rate must last before the policy acts.",
+    ),
+];
+
+/// Type and documentation of a broker key.
+fn broker_key_info(key: &str) -> (i8, &'static str) {
+    if let Some((_, t, doc)) = STATIC_KEYS.iter().find(|(k, _, _)| *k == key) {
+        return (*t, doc);
+    }
+    topic_of(key).map_or((2, ""), |k| (k.kind.config_type(), k.doc))
+}
+
+/// DescribeConfigs of a BROKER resource. `per_broker` (resource name = this
+/// node id): every broker config, static and dynamic, with its source;
+/// otherwise (resource name "") only the cluster-wide dynamic defaults, as
+/// Kafka answers.
+pub fn describe_broker_configs(view: &BrokerView<'_>, per_broker: bool) -> Vec<DescribedConfig> {
+    let mut names: Vec<&'static str> = static_keys().chain(dynamic_keys()).collect();
+    names.sort_unstable();
+    names.dedup();
+    names
+        .into_iter()
+        .filter_map(|name| {
+            let mut synonyms = view.sources(name);
+            if !per_broker {
+                synonyms.retain(|s| s.source == SOURCE_DYNAMIC_DEFAULT_BROKER);
+                synonyms.first()?;
+            }
+            let (value, source) = synonyms
+                .first()
+                .map_or((String::new(), SOURCE_DEFAULT), |s| {
+                    (s.value.clone(), s.source)
+                });
+            let (config_type, doc) = broker_key_info(name);
+            Some(DescribedConfig {
+                name,
+                value,
+                source,
+                config_type,
+                read_only: !is_dynamic(name),
+                sensitive: false,
+                synonyms,
+                doc,
+            })
+        })
+        .collect()
+}
+
+/// Checks one dynamic broker config as Kafka's `DynamicBrokerConfig`
+/// does; every failure is INVALID_REQUEST, Kafka's answer for broker
+/// configs (KAFKA-13609).
+pub fn check_dynamic(key: &str, value: &str) -> Result<(), ApiError> {
+    if !is_dynamic(key) {
+        return Err(ApiError::InvalidRequest(
+            if broker_key_name(key).is_some() {
+                format!("Cannot update these configs dynamically: Set({key})")
+            } else {
+                format!("Unknown broker config: {key}")
+            },
+        ));
+    }
+    let kind = topic_of(key).map_or(Kind::Text, |k| k.kind);
+    check_value(key, kind, value).map_err(|e| match e {
+        ApiError::InvalidConfig(m) => ApiError::InvalidRequest(m),
+        other => other,
+    })
+}
+
+/// Whether the dynamic broker key `key` is a list (APPEND/SUBTRACT).
+pub fn is_list(key: &str) -> bool {
+    is_dynamic(key) && topic_of(key).is_some_and(|k| k.kind.is_list())
+}
+
+/// Validates a broker's whole new set of dynamic configs.
+pub fn validate_dynamic(configs: &BTreeMap<String, String>) -> Result<(), ApiError> {
+    configs.iter().try_for_each(|(k, v)| check_dynamic(k, v))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::topic_config::SOURCE_STATIC_BROKER;
+    use tessera_metadata::MetadataRecord;
+
+    #[test]
+    fn every_static_key_has_a_type_and_a_doc() {
+        for key in static_keys() {
+            assert!(
+                STATIC_KEYS
+                    .iter()
+                    .any(|(k, _, d)| *k == key && !d.is_empty()),
+                "{key} has no entry in STATIC_KEYS"
+            );
+        }
+        for (k, _, _) in STATIC_KEYS {
+            assert!(static_default(k).is_some(), "{k} is not a broker key");
+        }
+    }
+
+    #[test]
+    fn dynamic_keys_are_kafkas() {
+        for k in [
+            "log.retention.ms",
+            "log.retention.bytes",
+            "log.segment.bytes",
+            "log.roll.ms",
+            "message.max.bytes",
+            "min.insync.replicas",
+            "compression.type",
+            "log.cleanup.policy",
+            "log.message.timestamp.type",
+        ] {
+            assert!(is_dynamic(k), "{k}");
+            assert!(broker_default(k).is_some(), "{k}");
+        }
+        for k in [
+            "node.id",
+            "num.partitions",
+            "log.dirs",
+            "log.message.format.version",
+            "range.min.count",
+            "retention.ms",
+        ] {
+            assert!(!is_dynamic(k), "{k}");
+        }
+        assert!(is_list("log.cleanup.policy"));
+        assert!(!is_list("log.retention.ms"));
+    }
+
+    #[test]
+    fn dynamic_values_are_checked_and_refused_as_invalid_request() {
+        assert!(check_dynamic("log.retention.ms", "1000").is_ok());
+        assert!(check_dynamic("log.cleanup.policy", "compact,delete").is_ok());
+        for (k, v) in [
+            ("log.retention.ms", "soon"),
+            ("min.insync.replicas", "0"),
+            ("node.id", "3"),
+            ("no.such.key", "1"),
+            ("log.retention.hours", "1"),
+        ] {
+            let e = check_dynamic(k, v).unwrap_err();
+            assert_eq!(e.code(), 42, "{k}={v}: {e}");
+        }
+        assert!(check_dynamic("node.id", "3")
+            .unwrap_err()
+            .to_string()
+            .contains("Cannot update these configs dynamically"));
+    }
+
+    #[test]
+    fn broker_description_marks_sources_and_read_only() {
+        let mut map = BTreeMap::new();
+        map.insert("num.partitions".to_string(), "3".to_string());
+        let config = BrokerConfig::from_map(&map).unwrap();
+        let mut image = MetadataImage::default();
+        for (i, (broker_id, key, value)) in [
+            (None, "log.retention.ms", "1000"),
+            (Some(1), "log.retention.ms", "2000"),
+            (None, "compression.type", "lz4"),
+            (Some(2), "message.max.bytes", "7"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            image.apply(
+                &MetadataRecord::SetBrokerConfig {
+                    broker_id,
+                    key: key.into(),
+                    value: Some(value.into()),
+                },
+                i as i64,
+            );
+        }
+        let view = BrokerView::new(&config, &image);
+        let all = describe_broker_configs(&view, true);
+        let get = |name: &str| all.iter().find(|c| c.name == name).unwrap();
+        let r = get("log.retention.ms");
+        assert_eq!(
+            (r.value.as_str(), r.source),
+            ("2000", SOURCE_DYNAMIC_BROKER)
+        );
+        assert_eq!(r.synonyms.len(), 3);
+        assert!(!r.read_only);
+        assert_eq!(r.config_type, 5);
+        let c = get("compression.type");
+        assert_eq!(
+            (c.value.as_str(), c.source),
+            ("lz4", SOURCE_DYNAMIC_DEFAULT_BROKER)
+        );
+        let n = get("num.partitions");
+        assert_eq!((n.value.as_str(), n.source), ("3", SOURCE_STATIC_BROKER));
+        assert!(n.read_only);
+        let m = get("message.max.bytes");
+        assert_eq!((m.value.as_str(), m.source), ("1048588", SOURCE_DEFAULT));
+        assert!(
+            all.iter().all(|c| !c.doc.is_empty()),
+            "every key documented"
+        );
+        // The cluster-wide resource: only the dynamic defaults.
+        let defaults = describe_broker_configs(&view, false);
+        let names: Vec<&str> = defaults.iter().map(|c| c.name).collect();
+        assert_eq!(names, vec!["compression.type", "log.retention.ms"]);
+        assert!(defaults
+            .iter()
+            .all(|c| c.source == SOURCE_DYNAMIC_DEFAULT_BROKER && c.synonyms.len() == 1));
+    }
+}
