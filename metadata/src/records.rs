@@ -143,6 +143,16 @@ pub enum MetadataRecord {
         first_producer_id: i64,
         count: i32,
     },
+    /// CreatePartitions: the topic's partition count grows to `partitions`
+    /// (Kafka's counts only grow; replay skips a record that is not an
+    /// increase, which is how a lost race between two CreatePartitions
+    /// shows). Existing ranges are untouched: the entry that carries it
+    /// also carries the `CreateRange`/`OpenSegment` of the range that
+    /// serves the new partitions.
+    IncreasePartitions {
+        topic_id: TopicId,
+        partitions: u32,
+    },
 }
 
 /// Record type numbers. Never reuse or renumber: they are in the log.
@@ -161,8 +171,11 @@ pub mod record_type {
     pub const DELETE_SEGMENT: u16 = 11;
     pub const SET_LOG_START_OFFSET: u16 = 12;
     pub const ALLOCATE_PRODUCER_IDS: u16 = 13;
-    /// The largest type number this build reads.
-    pub const MAX: u16 = ALLOCATE_PRODUCER_IDS;
+    // 14 is taken by another record (added on another branch).
+    pub const INCREASE_PARTITIONS: u16 = 15;
+    /// The largest type number this build reads (numbers below it that
+    /// this build does not know are rejected as unknown too).
+    pub const MAX: u16 = INCREASE_PARTITIONS;
 }
 
 impl MetadataRecord {
@@ -184,6 +197,7 @@ impl MetadataRecord {
             MetadataRecord::DeleteSegment { .. } => DELETE_SEGMENT,
             MetadataRecord::SetLogStartOffset { .. } => SET_LOG_START_OFFSET,
             MetadataRecord::AllocateProducerIds { .. } => ALLOCATE_PRODUCER_IDS,
+            MetadataRecord::IncreasePartitions { .. } => INCREASE_PARTITIONS,
         }
     }
 
@@ -287,6 +301,13 @@ impl MetadataRecord {
                 w.i32(*broker_id);
                 w.i64(*first_producer_id);
                 w.i32(*count);
+            }
+            MetadataRecord::IncreasePartitions {
+                topic_id,
+                partitions,
+            } => {
+                w.uuid(topic_id);
+                w.u32(*partitions);
             }
         }
         w.0
@@ -447,7 +468,11 @@ impl MetadataRecord {
                 first_producer_id: r.i64("first_producer_id")?,
                 count: r.i32("count")?,
             },
-            _ => unreachable!("type checked above"),
+            INCREASE_PARTITIONS => MetadataRecord::IncreasePartitions {
+                topic_id: r.uuid("topic_id")?,
+                partitions: r.u32("partitions")?,
+            },
+            _ => return Err(RecordDecodeError::UnknownType(ty)),
         };
         if r.pos != bytes.len() {
             return Err(RecordDecodeError::TrailingBytes(bytes.len() - r.pos));
@@ -626,6 +651,20 @@ impl MetadataRecord {
                     return Err(E::invalid(
                         "count",
                         format!("block {first_producer_id} + {count} overflows i64"),
+                    ));
+                }
+                Ok(())
+            }
+            MetadataRecord::IncreasePartitions {
+                topic_id,
+                partitions,
+            } => {
+                check_topic_id(topic_id)?;
+                // A topic has at least one partition, so an increase makes 2+.
+                if *partitions < 2 || *partitions > MAX_PARTITIONS {
+                    return Err(E::invalid(
+                        "partitions",
+                        format!("{partitions} not in 2..={MAX_PARTITIONS}"),
                     ));
                 }
                 Ok(())
@@ -993,6 +1032,12 @@ pub(crate) mod tests {
                     }
                 }
             ),
+            (arb_uuid(), 2u32..=MAX_PARTITIONS).prop_map(|(topic_id, partitions)| {
+                MetadataRecord::IncreasePartitions {
+                    topic_id,
+                    partitions,
+                }
+            }),
         ]
     }
 
@@ -1245,6 +1290,43 @@ pub(crate) mod tests {
         alloc(0, i64::MAX - 1, 1).validate().unwrap();
         alloc(0, i64::MAX - 5, 5).validate().unwrap();
         alloc(0, 0, i32::MAX).validate().unwrap();
+    }
+
+    #[test]
+    fn increase_partitions_codec() {
+        let rec = MetadataRecord::IncreasePartitions {
+            topic_id: uuid::Uuid::from_u128(9),
+            partitions: 12,
+        };
+        let bytes = rec.encode();
+        assert_eq!(
+            bytes,
+            [
+                &[0u8, 15, 0, 0][..],
+                uuid::Uuid::from_u128(9).as_bytes(),
+                &12u32.to_be_bytes()
+            ]
+            .concat()
+        );
+        assert_eq!(MetadataRecord::decode(&bytes), Ok(rec));
+        let increase = |topic_id: u128, partitions| MetadataRecord::IncreasePartitions {
+            topic_id: uuid::Uuid::from_u128(topic_id),
+            partitions,
+        };
+        rejects(increase(9, 0));
+        rejects(increase(9, 1));
+        rejects(increase(9, MAX_PARTITIONS + 1));
+        rejects(increase(0, 5));
+        increase(9, MAX_PARTITIONS).validate().unwrap();
+        // 14 (another branch's record) is unknown to this build, not a panic.
+        assert_eq!(
+            MetadataRecord::decode(&[0, 14, 0, 0]),
+            Err(RecordDecodeError::UnknownType(14))
+        );
+        assert_eq!(
+            MetadataRecord::decode(&[0, 16, 0, 0]),
+            Err(RecordDecodeError::UnknownType(16))
+        );
     }
 
     #[test]
