@@ -737,6 +737,33 @@ impl RangeLog {
         }
     }
 
+    /// Moves `partition`'s log start offset forward to `offset` (DeleteRecords,
+    /// as the metadata log recorded it); never back. Reads below it get
+    /// `OffsetOutOfRange` from then on. The batches below it stay on disk
+    /// until retention removes whole segments (not built yet).
+    pub fn advance_log_start(&self, partition: u32, offset: i64) -> Result<(), LogError> {
+        let pi = self.index_of(partition)?;
+        let mut inner = self.inner.lock();
+        let state = &mut inner.partitions[pi];
+        state.log_start = state.log_start.max(offset);
+        Ok(())
+    }
+
+    /// Bytes of stored batches of `partition` in this range's local
+    /// segments (the per-partition index's batch lengths, frame headers
+    /// not counted), for DescribeLogDirs.
+    pub fn partition_size(&self, partition: u32) -> Result<u64, LogError> {
+        self.index_of(partition)?;
+        let inner = self.inner.lock();
+        Ok(inner
+            .segments
+            .iter()
+            .filter_map(|seg| seg.index.partitions.get(&partition))
+            .flat_map(|entries| entries.iter())
+            .map(|e| u64::from(e.length))
+            .sum())
+    }
+
     pub fn offsets(&self, partition: u32) -> Result<PartitionOffsets, LogError> {
         let pi = self.index_of(partition)?;
         let inner = self.inner.lock();
