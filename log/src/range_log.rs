@@ -863,17 +863,21 @@ impl RangeLog {
         })
     }
 
-    /// The first stored batch of `partition` whose max timestamp is at or
-    /// after `timestamp`, with its bytes (the caller finds the record in it).
+    /// The first stored batch of `partition` ending at or after `from` (the
+    /// log start offset) whose max timestamp is at or after `timestamp`,
+    /// with its bytes (the caller finds the record in it).
     pub fn batch_at_timestamp(
         &self,
         partition: u32,
         timestamp: i64,
+        from: i64,
     ) -> Result<Option<Bytes>, LogError> {
         self.find_batch(partition, |entries, hw| {
             entries
                 .iter()
-                .find(|e| e.base_offset < hw && e.max_timestamp >= timestamp)
+                .find(|e| {
+                    e.base_offset < hw && e.last_offset >= from && e.max_timestamp >= timestamp
+                })
                 .copied()
         })
     }

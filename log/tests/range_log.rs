@@ -173,9 +173,12 @@ async fn log_append_time_and_timestamp_lookup() {
         let out = log.append(0, &mut b, None).unwrap();
         log.wait_durable(out.end_position).await.unwrap();
     }
-    let found = log.batch_at_timestamp(0, 15).unwrap().unwrap();
+    let found = log.batch_at_timestamp(0, 15, 0).unwrap().unwrap();
     assert_eq!(batch::parse_header(&found).unwrap().base_offset, 1);
-    assert!(log.batch_at_timestamp(0, 31).unwrap().is_none());
+    assert!(log.batch_at_timestamp(0, 31, 0).unwrap().is_none());
+    // Batches below the log start offset do not count.
+    let found = log.batch_at_timestamp(0, 5, 2).unwrap().unwrap();
+    assert_eq!(batch::parse_header(&found).unwrap().base_offset, 2);
     let max = log.batch_with_max_timestamp(0).unwrap().unwrap();
     assert_eq!(batch::parse_header(&max).unwrap().base_offset, 2);
     let mut b = make_batch(1, 5);

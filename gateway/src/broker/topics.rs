@@ -88,6 +88,73 @@ impl Broker {
         }
     }
 
+    /// CreatePartitions for one topic: planned against the committed image
+    /// (`tessera_planner::create_partitions`: a new range for the new
+    /// partitions, see there why), written as one metadata entry, and
+    /// answered once this broker's logs follow it. With `validate_only`
+    /// the plan is made and nothing is written. Internal topics are
+    /// refused: their partition count is the coordinators' hash modulus.
+    pub async fn create_partitions(
+        &self,
+        name: &str,
+        count: u32,
+        assignments: Option<Vec<Vec<i32>>>,
+        validate_only: bool,
+    ) -> Result<(), ApiError> {
+        let _guard = self.admin.lock().await;
+        let image = self.image();
+        let topic = image
+            .topic_by_name(name)
+            .cloned()
+            .ok_or(ApiError::UnknownTopicOrPartition)?;
+        if crate::internal_topics::is_internal(name) {
+            return Err(ApiError::InvalidRequest(format!(
+                "cannot add partitions to the internal topic {name}: its partition count keys its coordinators"
+            )));
+        }
+        let records =
+            tessera_planner::create_partitions(&image, topic.id, count, assignments.as_deref())?;
+        if validate_only {
+            return Ok(());
+        }
+        let outcome = self.controller.write_detailed(records).await?;
+        if !outcome.skipped.is_empty() {
+            // Another broker changed the topic between our plan and our
+            // write (deleted it, or grew it first): replay skipped ours.
+            let now = self.image();
+            return match now.topics.get(&topic.id) {
+                None => Err(ApiError::UnknownTopicOrPartition),
+                Some(t) => Err(ApiError::InvalidPartitions(format!(
+                    "The topic {name} currently has {} partition(s); {count} would not be an increase.",
+                    t.partitions
+                ))),
+            };
+        }
+        self.await_reconciled(outcome.offset).await
+    }
+
+    /// DeleteRecords: writes the new log start offsets `(partition,
+    /// offset)` of the topics given (already checked by the leader against
+    /// its high watermarks) as one metadata entry, and returns once this
+    /// broker's logs have applied it.
+    pub async fn advance_log_starts(
+        &self,
+        targets: &[(TopicId, Vec<(u32, i64)>)],
+    ) -> Result<(), ApiError> {
+        let image = self.image();
+        let mut records = Vec::new();
+        for (topic_id, offsets) in targets {
+            records.extend(tessera_planner::advance_log_start_offsets(
+                &image, *topic_id, offsets,
+            )?);
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        let offset = self.controller.write(records).await?;
+        self.await_reconciled(offset).await
+    }
+
     /// Deletes a topic: its metadata goes first; its files go when this
     /// broker's logs follow the image without it.
     pub async fn delete_topic(&self, topic_id: TopicId) -> Result<(), ApiError> {
