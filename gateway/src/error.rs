@@ -302,8 +302,14 @@ mod tests {
         assert_eq!(ApiError::InvalidReplicaAssignment(String::new()).code(), 39);
         assert_eq!(ApiError::PolicyViolation(String::new()).code(), 44);
         assert_eq!(ApiError::ElectionNotNeeded.code(), 84);
-        assert_eq!(ApiError::EligibleLeadersNotAvailable(String::new()).code(), 83);
-        assert_eq!(ApiError::PreferredLeaderNotAvailable(String::new()).code(), 80);
+        assert_eq!(
+            ApiError::EligibleLeadersNotAvailable(String::new()).code(),
+            83
+        );
+        assert_eq!(
+            ApiError::PreferredLeaderNotAvailable(String::new()).code(),
+            80
+        );
         assert_eq!(ApiError::NoReassignmentInProgress(String::new()).code(), 85);
     }
 }

@@ -12,7 +12,9 @@ use kafka_protocol::messages::alter_partition_reassignments_request::{
 use kafka_protocol::messages::create_partitions_request::{
     CreatePartitionsAssignment, CreatePartitionsTopic,
 };
-use kafka_protocol::messages::delete_records_request::{DeleteRecordsPartition, DeleteRecordsTopic};
+use kafka_protocol::messages::delete_records_request::{
+    DeleteRecordsPartition, DeleteRecordsTopic,
+};
 use kafka_protocol::messages::describe_log_dirs_request::DescribableLogDirTopic;
 use kafka_protocol::messages::elect_leaders_request::TopicPartitions;
 use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
@@ -133,8 +135,9 @@ async fn list_offset(client: &mut WireClient, partition: i32, timestamp: i64) ->
 }
 
 async fn partition_count(client: &mut WireClient) -> usize {
-    let request = MetadataRequest::default()
-        .with_topics(Some(vec![MetadataRequestTopic::default().with_name(Some(name(TOPIC)))]));
+    let request = MetadataRequest::default().with_topics(Some(vec![
+        MetadataRequestTopic::default().with_name(Some(name(TOPIC))),
+    ]));
     let response = client.call(12, &request).await;
     assert_eq!(response.topics[0].error_code, NONE);
     response.topics[0].partitions.len()
@@ -167,7 +170,10 @@ async fn create_partitions(
     assert_eq!(response.results.len(), 1);
     let r = &response.results[0];
     assert_eq!(r.name.0.as_str(), topic);
-    (r.error_code, r.error_message.as_ref().map(|m| m.to_string()))
+    (
+        r.error_code,
+        r.error_message.as_ref().map(|m| m.to_string()),
+    )
 }
 
 /// DeleteRecords of one topic: per partition `(error, low watermark)`.
@@ -233,23 +239,35 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
         assert_eq!(produce(&mut client, TOPIC, p, 2).await, 0);
         assert_eq!(produce(&mut client, TOPIC, p, 3).await, 2);
     }
-    let ranges_before = running.broker.image().active_ranges(topic_id(&running)).len();
+    let ranges_before = running
+        .broker
+        .image()
+        .active_ranges(topic_id(&running))
+        .len();
 
     // Kafka's refusals, at every version.
     for v in 0..=3 {
         assert_eq!(
             create_partitions(&mut client, v, TOPIC, 3, None, false).await,
-            (INVALID_PARTITIONS, Some("Topic already has 3 partition(s).".into()))
+            (
+                INVALID_PARTITIONS,
+                Some("Topic already has 3 partition(s).".into())
+            )
         );
         assert_eq!(
             create_partitions(&mut client, v, TOPIC, 2, None, false).await,
             (
                 INVALID_PARTITIONS,
-                Some("The topic grow currently has 3 partition(s); 2 would not be an increase.".into())
+                Some(
+                    "The topic grow currently has 3 partition(s); 2 would not be an increase."
+                        .into()
+                )
             )
         );
         assert_eq!(
-            create_partitions(&mut client, v, "nope", 4, None, false).await.0,
+            create_partitions(&mut client, v, "nope", 4, None, false)
+                .await
+                .0,
             UNKNOWN_TOPIC_OR_PARTITION
         );
         let (code, message) =
@@ -260,7 +278,9 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
             Some("Attempted to add 2 additional partition(s), but only 1 assignment(s) were specified.")
         );
         assert_eq!(
-            create_partitions(&mut client, v, TOPIC, 4, Some(vec![vec![42]]), false).await.0,
+            create_partitions(&mut client, v, TOPIC, 4, Some(vec![vec![42]]), false)
+                .await
+                .0,
             INVALID_REPLICA_ASSIGNMENT
         );
         // validate_only: accepted, nothing written.
@@ -270,9 +290,21 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
         );
     }
     assert_eq!(partition_count(&mut client).await, 3);
-    assert_eq!(running.broker.image().topic_by_name(TOPIC).unwrap().partitions, 3);
     assert_eq!(
-        running.broker.image().active_ranges(topic_id(&running)).len(),
+        running
+            .broker
+            .image()
+            .topic_by_name(TOPIC)
+            .unwrap()
+            .partitions,
+        3
+    );
+    assert_eq!(
+        running
+            .broker
+            .image()
+            .active_ranges(topic_id(&running))
+            .len(),
         ranges_before
     );
 
@@ -305,7 +337,13 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
 
     // DeleteRecords.
     assert_eq!(
-        delete_records(&mut client, 2, TOPIC, &[(0, 3), (1, -1), (2, 7), (4, 4), (9, 1)]).await,
+        delete_records(
+            &mut client,
+            2,
+            TOPIC,
+            &[(0, 3), (1, -1), (2, 7), (4, 4), (9, 1)]
+        )
+        .await,
         vec![
             (NONE, 3),
             (NONE, 6),
@@ -316,7 +354,10 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
     );
     // Never back; every version.
     for v in 0..=2 {
-        assert_eq!(delete_records(&mut client, v, TOPIC, &[(0, 1)]).await, vec![(NONE, 3)]);
+        assert_eq!(
+            delete_records(&mut client, v, TOPIC, &[(0, 1)]).await,
+            vec![(NONE, 3)]
+        );
     }
     assert_eq!(
         delete_records(&mut client, 1, "nope", &[(0, 1)]).await,
@@ -355,7 +396,10 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
     let all = client
         .call(1, &DescribeLogDirsRequest::default().with_topics(None))
         .await;
-    assert!(all.results[0].topics.iter().any(|t| t.name.0.as_str() == TOPIC));
+    assert!(all.results[0]
+        .topics
+        .iter()
+        .any(|t| t.name.0.as_str() == TOPIC));
 
     // Leadership follows the range's active segment: nothing to elect or move.
     let elect = client
@@ -376,7 +420,11 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
         .collect();
     assert_eq!(
         codes,
-        vec![ELECTION_NOT_NEEDED, ELECTION_NOT_NEEDED, UNKNOWN_TOPIC_OR_PARTITION]
+        vec![
+            ELECTION_NOT_NEEDED,
+            ELECTION_NOT_NEEDED,
+            UNKNOWN_TOPIC_OR_PARTITION
+        ]
     );
     let all = client
         .call(
@@ -388,7 +436,10 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
         .await;
     assert!(all.replica_election_results.is_empty());
     let listed = client
-        .call(0, &ListPartitionReassignmentsRequest::default().with_timeout_ms(30_000))
+        .call(
+            0,
+            &ListPartitionReassignmentsRequest::default().with_timeout_ms(30_000),
+        )
         .await;
     assert_eq!((listed.error_code, listed.topics.len()), (NONE, 0));
     let alter = client
@@ -447,13 +498,25 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
 /// What DeleteRecords left: partition 0 starts at 3, 1 at 6, 4 at 4.
 async fn check_log_starts(client: &mut WireClient) {
     for (p, start) in [(0, 3), (1, 6), (2, 0), (3, 0), (4, 4), (5, 0)] {
-        assert_eq!(list_offset(client, p, -2).await, (NONE, start), "earliest of {p}");
+        assert_eq!(
+            list_offset(client, p, -2).await,
+            (NONE, start),
+            "earliest of {p}"
+        );
         if start > 0 {
             let (error, _, log_start, _) = fetch(client, p, start - 1).await;
-            assert_eq!((error, log_start), (OFFSET_OUT_OF_RANGE, -1), "fetch below the start of {p}");
+            assert_eq!(
+                (error, log_start),
+                (OFFSET_OUT_OF_RANGE, -1),
+                "fetch below the start of {p}"
+            );
         }
         let (error, _, log_start, _) = fetch(client, p, start).await;
-        assert_eq!((error, log_start), (NONE, start), "fetch at the start of {p}");
+        assert_eq!(
+            (error, log_start),
+            (NONE, start),
+            "fetch at the start of {p}"
+        );
     }
     // A timestamp search does not return a record below the start.
     let (error, offset) = list_offset(client, 0, 0).await;

@@ -515,7 +515,10 @@ fn create_partitions_adds_a_range_for_the_new_partitions_only() {
     assert_eq!((ranges[1].lo, ranges[1].hi), (3, 5));
     assert!(ranges[1].parents.is_empty());
     let seg = image.active_segment(ranges[1].id).unwrap();
-    assert_eq!((seg.id.seq, seg.leader_epoch, seg.replicas.clone()), (0, 0, vec![1]));
+    assert_eq!(
+        (seg.id.seq, seg.leader_epoch, seg.replicas.clone()),
+        (0, 0, vec![1])
+    );
     for p in 0..5 {
         assert_eq!(image.log_start_offset(id, p), 0);
     }
@@ -545,7 +548,10 @@ fn create_partitions_checks_counts_like_kafka() {
             "The topic t currently has 4 partition(s); 3 would not be an increase.".into()
         )
     );
-    assert!(matches!(err(MAX_PARTITIONS + 1, None), PlanError::InvalidPartitions(_)));
+    assert!(matches!(
+        err(MAX_PARTITIONS + 1, None),
+        PlanError::InvalidPartitions(_)
+    ));
     assert_eq!(
         create_partitions(&image, uuid::Uuid::new_v4(), 8, None),
         Err(PlanError::UnknownTopic)
@@ -584,7 +590,13 @@ fn create_partitions_validates_manual_assignments_like_kafka() {
         "The manual partition assignment includes an empty replica list."
     );
     let mut fenced = image.clone();
-    commit(&mut fenced, &[MetadataRecord::FenceBroker { broker_id: 1 }, MetadataRecord::FenceBroker { broker_id: 2 }]);
+    commit(
+        &mut fenced,
+        &[
+            MetadataRecord::FenceBroker { broker_id: 1 },
+            MetadataRecord::FenceBroker { broker_id: 2 },
+        ],
+    );
     assert!(matches!(
         create_partitions(&fenced, id, 3, Some(&[vec![1, 2]])),
         Err(PlanError::InvalidReplicaAssignment(_))
@@ -605,13 +617,23 @@ fn delete_records_only_moves_log_starts_forward() {
     assert_eq!(
         records,
         vec![
-            MetadataRecord::SetLogStartOffset { topic_id: id, partition: 0, offset: 5 },
-            MetadataRecord::SetLogStartOffset { topic_id: id, partition: 2, offset: 3 },
+            MetadataRecord::SetLogStartOffset {
+                topic_id: id,
+                partition: 0,
+                offset: 5
+            },
+            MetadataRecord::SetLogStartOffset {
+                topic_id: id,
+                partition: 2,
+                offset: 3
+            },
         ]
     );
     assert_eq!(commit(&mut image, &records), 0);
     assert_eq!(image.log_start_offset(id, 0), 5);
-    assert!(advance_log_start_offsets(&image, id, &[(0, 4), (0, 5)]).unwrap().is_empty());
+    assert!(advance_log_start_offsets(&image, id, &[(0, 4), (0, 5)])
+        .unwrap()
+        .is_empty());
     assert_eq!(
         advance_log_start_offsets(&image, id, &[(3, 1)]),
         Err(PlanError::UnknownTopic)

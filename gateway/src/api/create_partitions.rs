@@ -50,7 +50,12 @@ pub async fn handle(
                     .collect()
             });
             broker
-                .create_partitions(&name, topic.count as u32, assignments, request.validate_only)
+                .create_partitions(
+                    &name,
+                    topic.count as u32,
+                    assignments,
+                    request.validate_only,
+                )
                 .await
         };
         let mut result = CreatePartitionsTopicResult::default().with_name(topic.name.clone());

@@ -16,7 +16,9 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::elect_leaders_response::{PartitionResult, ReplicaElectionResult};
-use kafka_protocol::messages::{ElectLeadersRequest, ElectLeadersResponse, RequestHeader, TopicName};
+use kafka_protocol::messages::{
+    ElectLeadersRequest, ElectLeadersResponse, RequestHeader, TopicName,
+};
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::{MetadataImage, TopicImage};
 
