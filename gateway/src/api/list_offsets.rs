@@ -122,7 +122,11 @@ fn lookup(
             let mut best: Option<(i64, i64)> = None;
             for log in broker.lineage(image, topic, partition) {
                 if let Some(bytes) = log.batch_with_max_timestamp(partition)? {
-                    let found = record_at(bytes, 0, |ts, max| ts == max)?;
+                    let found = record_at(bytes, 0, |ts, max| ts == max)?.ok_or_else(|| {
+                        ApiError::CorruptMessage(
+                            "time index points at a batch without its max timestamp".into(),
+                        )
+                    })?;
                     if best.is_none_or(|(_, ts)| found.1 > ts) {
                         best = Some(found);
                     }
@@ -131,10 +135,16 @@ fn lookup(
             Ok(best.unwrap_or((-1, -1)))
         }
         ts if ts >= 0 => {
-            // Kafka searches from the log start offset on.
+            // Kafka searches from the log start offset on. A batch that
+            // straddles the start may match only below it: search on after it.
             for log in broker.lineage(image, topic, partition) {
-                if let Some(bytes) = log.batch_at_timestamp(partition, ts, log_start)? {
-                    return record_at(bytes, log_start, |record_ts, _| record_ts >= ts);
+                let mut from = log_start;
+                while let Some(bytes) = log.batch_at_timestamp(partition, ts, from)? {
+                    let next = batch::parse_header(&bytes)?.last_offset() + 1;
+                    if let Some(found) = record_at(bytes, from, |record_ts, _| record_ts >= ts)? {
+                        return Ok(found);
+                    }
+                    from = next;
                 }
             }
             Ok((-1, -1))
@@ -145,29 +155,27 @@ fn lookup(
     }
 }
 
-/// The first record of a stored batch at or after `from` matching
-/// `wanted(record ts, batch max ts)`.
-/// Records below `from` (the log start offset) do not count.
+/// The first record of a stored batch at or after `from` (the log start
+/// offset) matching `wanted(record ts, batch max ts)`, if any.
 fn record_at(
     bytes: Bytes,
     from: i64,
     wanted: impl Fn(i64, i64) -> bool,
-) -> Result<(i64, i64), ApiError> {
+) -> Result<Option<(i64, i64)>, ApiError> {
     let header = batch::parse_header(&bytes)?;
     if header.is_log_append_time() {
         // Every record carries the batch's append time.
-        return Ok((header.base_offset.max(from), header.max_timestamp));
+        let first = header.base_offset.max(from);
+        return Ok((first <= header.last_offset()
+            && wanted(header.max_timestamp, header.max_timestamp))
+        .then_some((first, header.max_timestamp)));
     }
     let mut buf = bytes;
     let set = RecordBatchDecoder::decode(&mut buf)
         .map_err(|e| ApiError::CorruptMessage(format!("stored batch does not decode: {e}")))?;
-    set.records
+    Ok(set
+        .records
         .iter()
         .find(|r| r.offset >= from && wanted(r.timestamp, header.max_timestamp))
-        .map(|r| (r.offset, r.timestamp))
-        .ok_or_else(|| {
-            ApiError::CorruptMessage(
-                "time index points at a batch without a matching record".into(),
-            )
-        })
+        .map(|r| (r.offset, r.timestamp)))
 }
