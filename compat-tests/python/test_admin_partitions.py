@@ -189,16 +189,21 @@ def test_confluent_elect_leaders_is_not_needed(broker):
         assert err is not None and err.code() == KafkaError.ELECTION_NOT_NEEDED, (tp, err)
 
 
-@pytest.mark.parametrize("by", ["topic", "regex"])
+@pytest.mark.parametrize("by", ["topic", "regex", "topic-kip848"])
 def test_confluent_subscriber_sees_new_partitions(broker, by):
     prefix = unique_topic("sub")
     topic = f"{prefix}-t"
     create_topic(broker, topic, 1)
-    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique_topic("g"),
-                  "enable.auto.commit": False, "auto.offset.reset": "earliest",
-                  "topic.metadata.refresh.interval.ms": 1000})
+    conf = {"bootstrap.servers": broker.bootstrap, "group.id": unique_topic("g"),
+            "enable.auto.commit": False, "auto.offset.reset": "earliest",
+            "topic.metadata.refresh.interval.ms": 1000}
+    if by == "topic-kip848":
+        # The coordinator's assignor sees the new count in its subscription
+        # metadata and bumps the group epoch.
+        conf["group.protocol"] = "consumer"
+    c = Consumer(conf)
     try:
-        c.subscribe([topic if by == "topic" else f"^{prefix}-.*"])
+        c.subscribe([f"^{prefix}-.*" if by == "regex" else topic])
         produce(broker, topic, 0, 1)
         assert consume_values(c, 1)[0] == [(0, b"m-0-0")]
         # The rebalance the new partitions cause restarts from committed offsets.
