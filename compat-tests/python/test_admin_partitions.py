@@ -19,6 +19,7 @@ from confluent_kafka import (
 from confluent_kafka.admin import NewPartitions, OffsetSpec
 
 from helpers import admin, create_topic, unique_topic, wait_topic
+from test_cluster import cluster  # noqa: F401 - the 3-node cluster fixture
 
 TIMEOUT = 30
 
@@ -295,3 +296,51 @@ def test_kafka_python_pattern_subscriber_sees_new_partitions(broker):
         assert seen == {0: [0], 1: [0, 1], 2: [0, 1]}, seen
     finally:
         c.close()
+
+
+# ---- a 3-node cluster ---------------------------------------------------------
+
+
+def test_cluster_create_partitions_and_delete_records_off_the_leader(cluster):
+    """CreatePartitions sent to any node grows the topic on every node; the
+    new range is placed on a live broker and serves from offset 0. A
+    DeleteRecords sent to a node that does not lead the partition is
+    NOT_LEADER_OR_FOLLOWER; sent to the leader it moves the start, and every
+    node's ListOffsets agrees."""
+    from kafka import TopicPartition as KTopicPartition
+    from kafka.admin import KafkaAdminClient
+    from kafka.errors import NotLeaderForPartitionError
+
+    from test_cluster import create, eventually  # noqa: F811
+
+    boot = cluster["bootstrap"]
+    topic = unique_topic("cl")
+    create(boot[0], topic, 2)
+    a = admin(type("B", (), {"bootstrap": boot[2]})())
+    fs = a.create_partitions([NewPartitions(topic, 4)], request_timeout=TIMEOUT, operation_timeout=TIMEOUT)
+    fs[topic].result(TIMEOUT)
+    for b in boot:
+        eventually(
+            f"4 led partitions seen from {b}",
+            lambda b=b: (t := admin(type("B", (), {"bootstrap": b})()).list_topics(topic, timeout=10).topics[topic])
+            and len(t.partitions) == 4
+            and all(p.leader > 0 for p in t.partitions.values()),
+        )
+    md = a.list_topics(topic, timeout=10).topics[topic]
+    leaders = {p: md.partitions[p].leader for p in range(4)}
+
+    any_node = type("B", (), {"bootstrap": ",".join(boot)})()
+    for p in range(4):
+        assert produce(any_node, topic, p, 5) == [0, 1, 2, 3, 4]
+
+    p = 3
+    other = next(n for n in (1, 2, 3) if n != leaders[p])
+    k = KafkaAdminClient(bootstrap_servers=",".join(boot), request_timeout_ms=TIMEOUT * 1000)
+    try:
+        with pytest.raises(NotLeaderForPartitionError):
+            k.delete_records({KTopicPartition(topic, p): 2}, partition_leader_id=other)
+        k.delete_records({KTopicPartition(topic, p): 2}, partition_leader_id=leaders[p])
+    finally:
+        k.close()
+    for b in boot:
+        assert offsets(type("B", (), {"bootstrap": b})(), topic, p) == (2, 5)
