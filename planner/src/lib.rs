@@ -251,6 +251,40 @@ pub fn create_partitions(
     ])
 }
 
+/// The range a topic's uncovered tail `[covered, partitions)` needs: empty
+/// while its active ranges reach its partition count. A CreatePartitions
+/// whose `IncreasePartitions` applied but whose `CreateRange` lost its id
+/// to a concurrent write (plans made on different nodes against one image)
+/// leaves such a tail; its writer covers it with these records.
+pub fn cover_partitions(
+    image: &MetadataImage,
+    topic_id: TopicId,
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    let topic = image.topics.get(&topic_id).ok_or(PlanError::UnknownTopic)?;
+    let covered = image
+        .active_ranges(topic_id)
+        .iter()
+        .map(|r| r.hi)
+        .max()
+        .unwrap_or(0);
+    if covered >= topic.partitions {
+        return Ok(Vec::new());
+    }
+    let range_id = image.next_range_id();
+    let segment = SegmentId::new(range_id, 0);
+    let replicas = place(image, segment, topic.replication_factor.max(1) as usize)?;
+    Ok(vec![
+        MetadataRecord::CreateRange(RangeRecord {
+            range_id,
+            topic_id,
+            lo: covered,
+            hi: topic.partitions,
+            parents: vec![],
+        }),
+        open_segment(segment, replicas, 0),
+    ])
+}
+
 /// Kafka's `validateManualPartitionAssignment` plus the replication factor
 /// and liveness checks of `createPartitions`, in Kafka's order and words.
 fn validate_manual_assignment(

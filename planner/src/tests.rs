@@ -533,6 +533,28 @@ fn create_partitions_adds_a_range_for_the_new_partitions_only() {
 }
 
 #[test]
+fn a_create_partitions_that_lost_its_range_id_is_covered_after() {
+    // Two nodes plan against one image: 3 -> 5 and 3 -> 6. The second's
+    // count applies, its range (same id as the first's) does not.
+    let (mut image, id) = with_topic(3);
+    assert!(cover_partitions(&image, id).unwrap().is_empty());
+    let first = create_partitions(&image, id, 5, None).unwrap();
+    let second = create_partitions(&image, id, 6, None).unwrap();
+    assert_eq!(commit(&mut image, &first), 0);
+    assert_eq!(commit(&mut image, &second), 2);
+    assert_eq!(image.topics[&id].partitions, 6);
+    assert!(image.active_range_for(id, 5).is_none());
+    let cover = cover_partitions(&image, id).unwrap();
+    assert_eq!(commit(&mut image, &cover), 0);
+    let ranges = image.active_ranges(id);
+    assert_eq!(
+        ranges.iter().map(|r| (r.lo, r.hi)).collect::<Vec<_>>(),
+        vec![(0, 3), (3, 5), (5, 6)]
+    );
+    assert!(cover_partitions(&image, id).unwrap().is_empty());
+}
+
+#[test]
 fn create_partitions_checks_counts_like_kafka() {
     let (image, id) = with_topic(4);
     let err = |count, assignments: Option<&[Vec<i32>]>| {

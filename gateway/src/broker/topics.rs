@@ -118,19 +118,33 @@ impl Broker {
             return Ok(());
         }
         let outcome = self.controller.write_detailed(records).await?;
+        let mut offset = outcome.offset;
         if !outcome.skipped.is_empty() {
             // Another broker changed the topic between our plan and our
-            // write (deleted it, or grew it first): replay skipped ours.
-            let now = self.image();
-            return match now.topics.get(&topic.id) {
-                None => Err(ApiError::UnknownTopicOrPartition),
-                Some(t) => Err(ApiError::InvalidPartitions(format!(
-                    "The topic {name} currently has {} partition(s); {count} would not be an increase.",
-                    t.partitions
-                ))),
-            };
+            // write (plans on other nodes are made against their images):
+            // it deleted the topic, grew it first (our count is skipped),
+            // or took our range id (our count applied, our range did not).
+            // Partitions without a range are covered before answering.
+            for _ in 0..5 {
+                let image = self.image();
+                let records = tessera_planner::cover_partitions(&image, topic.id)?;
+                if records.is_empty() {
+                    break;
+                }
+                offset = self.controller.write(records).await?;
+            }
+            if outcome.skipped.contains(&0) {
+                let now = self.image();
+                return match now.topics.get(&topic.id) {
+                    None => Err(ApiError::UnknownTopicOrPartition),
+                    Some(t) => Err(ApiError::InvalidPartitions(format!(
+                        "The topic {name} currently has {} partition(s); {count} would not be an increase.",
+                        t.partitions
+                    ))),
+                };
+            }
         }
-        self.await_reconciled(outcome.offset).await
+        self.await_reconciled(offset).await
     }
 
     /// DeleteRecords: writes the new log start offsets `(partition,
