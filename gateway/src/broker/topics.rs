@@ -102,7 +102,7 @@ impl Broker {
         validate_only: bool,
     ) -> Result<(), ApiError> {
         let _guard = self.admin.lock().await;
-        let image = self.image();
+        let mut image = self.image();
         let topic = image
             .topic_by_name(name)
             .cloned()
@@ -111,6 +111,15 @@ impl Broker {
             return Err(ApiError::InvalidRequest(format!(
                 "cannot add partitions to the internal topic {name}: its partition count keys its coordinators"
             )));
+        }
+        if !validate_only {
+            // A tail a concurrent CreatePartitions left without a range
+            // (its writer died before covering it) is covered first.
+            let cover = tessera_planner::cover_partitions(&image, topic.id)?;
+            if !cover.is_empty() {
+                self.controller.write(cover).await?;
+                image = self.image();
+            }
         }
         let records =
             tessera_planner::create_partitions(&image, topic.id, count, assignments.as_deref())?;
