@@ -47,6 +47,16 @@ pub enum ApiError {
     InvalidRequiredAcks(i16),
     #[error("offset out of range")]
     OffsetOutOfRange,
+    #[error("{0}")]
+    PolicyViolation(String),
+    #[error("leader election not needed for topic partition")]
+    ElectionNotNeeded,
+    #[error("{0}")]
+    EligibleLeadersNotAvailable(String),
+    #[error("{0}")]
+    PreferredLeaderNotAvailable(String),
+    #[error("{0}")]
+    NoReassignmentInProgress(String),
     #[error("not leader or follower")]
     NotLeaderOrFollower,
     #[error("the client's leader epoch is newer than the broker's")]
@@ -139,6 +149,11 @@ impl ApiError {
             ApiError::MessageTooLarge(_) => K::MessageTooLarge,
             ApiError::InvalidRequiredAcks(_) => K::InvalidRequiredAcks,
             ApiError::OffsetOutOfRange => K::OffsetOutOfRange,
+            ApiError::PolicyViolation(_) => K::PolicyViolation,
+            ApiError::ElectionNotNeeded => K::ElectionNotNeeded,
+            ApiError::EligibleLeadersNotAvailable(_) => K::EligibleLeadersNotAvailable,
+            ApiError::PreferredLeaderNotAvailable(_) => K::PreferredLeaderNotAvailable,
+            ApiError::NoReassignmentInProgress(_) => K::NoReassignmentInProgress,
             ApiError::NotLeaderOrFollower => K::NotLeaderOrFollower,
             ApiError::UnknownLeaderEpoch => K::UnknownLeaderEpoch,
             ApiError::FencedLeaderEpoch => K::FencedLeaderEpoch,
@@ -226,6 +241,7 @@ impl From<tessera_planner::PlanError> for ApiError {
             e @ P::CollidingTopicName(_) => ApiError::InvalidTopic(e.to_string()),
             P::InvalidPartitions(m) => ApiError::InvalidPartitions(m),
             P::InvalidReplicationFactor(m) => ApiError::InvalidReplicationFactor(m),
+            P::InvalidReplicaAssignment(m) => ApiError::InvalidReplicaAssignment(m),
             P::UnknownTopic => ApiError::UnknownTopicOrPartition,
             e @ (P::UnknownRange(_) | P::RangeSealed(_) | P::InvalidMove(_)) => {
                 ApiError::InvalidRequest(e.to_string())
@@ -282,5 +298,18 @@ mod tests {
         };
         assert_eq!(short.code(), 19);
         assert_eq!(ApiError::NotEnoughReplicasAfterAppend.code(), 20);
+        assert_eq!(ApiError::InvalidPartitions(String::new()).code(), 37);
+        assert_eq!(ApiError::InvalidReplicaAssignment(String::new()).code(), 39);
+        assert_eq!(ApiError::PolicyViolation(String::new()).code(), 44);
+        assert_eq!(ApiError::ElectionNotNeeded.code(), 84);
+        assert_eq!(
+            ApiError::EligibleLeadersNotAvailable(String::new()).code(),
+            83
+        );
+        assert_eq!(
+            ApiError::PreferredLeaderNotAvailable(String::new()).code(),
+            80
+        );
+        assert_eq!(ApiError::NoReassignmentInProgress(String::new()).code(), 85);
     }
 }

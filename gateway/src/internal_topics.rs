@@ -23,6 +23,11 @@ pub const OFFSETS_TOPIC_PARTITIONS: u32 = 50;
 /// `offsets.topic.segment.bytes`
 pub const OFFSETS_TOPIC_SEGMENT_BYTES: u64 = 104_857_600;
 
+/// Kafka's internal topics (Metadata's `is_internal`).
+pub fn is_internal(name: &str) -> bool {
+    name == CONSUMER_OFFSETS || name == crate::txn::TRANSACTION_STATE
+}
+
 /// Java's `String.hashCode` over UTF-16 code units, as Kafka hashes group ids.
 pub fn java_string_hash(s: &str) -> i32 {
     s.encode_utf16()

@@ -744,6 +744,33 @@ impl RangeLog {
         }
     }
 
+    /// Moves `partition`'s log start offset forward to `offset` (DeleteRecords,
+    /// as the metadata log recorded it); never back. Reads below it get
+    /// `OffsetOutOfRange` from then on. The batches below it stay on disk
+    /// until retention removes whole segments (not built yet).
+    pub fn advance_log_start(&self, partition: u32, offset: i64) -> Result<(), LogError> {
+        let pi = self.index_of(partition)?;
+        let mut inner = self.inner.lock();
+        let state = &mut inner.partitions[pi];
+        state.log_start = state.log_start.max(offset);
+        Ok(())
+    }
+
+    /// Bytes of stored batches of `partition` in this range's local
+    /// segments (the per-partition index's batch lengths, frame headers
+    /// not counted), for DescribeLogDirs.
+    pub fn partition_size(&self, partition: u32) -> Result<u64, LogError> {
+        self.index_of(partition)?;
+        let inner = self.inner.lock();
+        Ok(inner
+            .segments
+            .iter()
+            .filter_map(|seg| seg.index.partitions.get(&partition))
+            .flat_map(|entries| entries.iter())
+            .map(|e| u64::from(e.length))
+            .sum())
+    }
+
     pub fn offsets(&self, partition: u32) -> Result<PartitionOffsets, LogError> {
         let pi = self.index_of(partition)?;
         let inner = self.inner.lock();
@@ -843,17 +870,21 @@ impl RangeLog {
         })
     }
 
-    /// The first stored batch of `partition` whose max timestamp is at or
-    /// after `timestamp`, with its bytes (the caller finds the record in it).
+    /// The first stored batch of `partition` ending at or after `from` (the
+    /// log start offset) whose max timestamp is at or after `timestamp`,
+    /// with its bytes (the caller finds the record in it).
     pub fn batch_at_timestamp(
         &self,
         partition: u32,
         timestamp: i64,
+        from: i64,
     ) -> Result<Option<Bytes>, LogError> {
         self.find_batch(partition, |entries, hw| {
             entries
                 .iter()
-                .find(|e| e.base_offset < hw && e.max_timestamp >= timestamp)
+                .find(|e| {
+                    e.base_offset < hw && e.last_offset >= from && e.max_timestamp >= timestamp
+                })
                 .copied()
         })
     }

@@ -173,9 +173,12 @@ async fn log_append_time_and_timestamp_lookup() {
         let out = log.append(0, &mut b, None).unwrap();
         log.wait_durable(out.end_position).await.unwrap();
     }
-    let found = log.batch_at_timestamp(0, 15).unwrap().unwrap();
+    let found = log.batch_at_timestamp(0, 15, 0).unwrap().unwrap();
     assert_eq!(batch::parse_header(&found).unwrap().base_offset, 1);
-    assert!(log.batch_at_timestamp(0, 31).unwrap().is_none());
+    assert!(log.batch_at_timestamp(0, 31, 0).unwrap().is_none());
+    // Batches below the log start offset do not count.
+    let found = log.batch_at_timestamp(0, 5, 2).unwrap().unwrap();
+    assert_eq!(batch::parse_header(&found).unwrap().base_offset, 2);
     let max = log.batch_with_max_timestamp(0).unwrap().unwrap();
     assert_eq!(batch::parse_header(&max).unwrap().base_offset, 2);
     let mut b = make_batch(1, 5);
@@ -506,4 +509,45 @@ async fn a_child_reloads_its_seed_and_own_snapshots() {
     }
     let child = RangeLog::open(child_options, hw()).unwrap();
     assert_eq!(states(&child), before);
+}
+
+#[tokio::test]
+async fn the_log_start_offset_moves_forward_only_and_hides_what_is_below() {
+    let dir = tempfile::tempdir().unwrap();
+    let log = RangeLog::open(options(dir.path(), 1 << 20), hw()).unwrap();
+    append(&log, 0, 3).await;
+    append(&log, 0, 2).await;
+    append(&log, 1, 1).await;
+    let size_before = log.partition_size(0).unwrap();
+    assert!(size_before > 0);
+    log.advance_log_start(0, 3).unwrap();
+    assert_eq!(log.offsets(0).unwrap().log_start, 3);
+    assert_eq!(log.offsets(1).unwrap().log_start, 0);
+    assert!(matches!(
+        log.read(0, 2, 1 << 20),
+        Err(LogError::OffsetOutOfRange { log_start: 3, .. })
+    ));
+    assert_eq!(
+        batches(&log.read(0, 3, 1 << 20).unwrap().records)[0].base_offset,
+        3
+    );
+    // Never back.
+    log.advance_log_start(0, 1).unwrap();
+    assert_eq!(log.offsets(0).unwrap().log_start, 3);
+    // Nothing is deleted physically yet.
+    assert_eq!(log.partition_size(0).unwrap(), size_before);
+    assert!(log.partition_size(1).unwrap() > 0);
+    assert_eq!(log.partition_size(2).unwrap(), 0);
+    assert!(matches!(
+        log.advance_log_start(9, 1),
+        Err(LogError::PartitionNotInRange(9))
+    ));
+    log.close();
+    // After a restart the start comes from the metadata (the options).
+    let mut o = options(dir.path(), 1 << 20);
+    o.log_start_offsets = vec![3, 0, 0, 0];
+    let log = RangeLog::open(o, hw()).unwrap();
+    let offsets = log.offsets(0).unwrap();
+    assert_eq!((offsets.log_start, offsets.high_watermark), (3, 5));
+    assert_eq!(append(&log, 0, 1).await, (5, 5));
 }

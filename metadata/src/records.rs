@@ -155,6 +155,16 @@ pub enum MetadataRecord {
         key: String,
         value: Option<String>,
     },
+    /// CreatePartitions: the topic's partition count grows to `partitions`
+    /// (Kafka's counts only grow; replay skips a record that is not an
+    /// increase, which is how a lost race between two CreatePartitions
+    /// shows). Existing ranges are untouched: the entry that carries it
+    /// also carries the `CreateRange`/`OpenSegment` of the range that
+    /// serves the new partitions.
+    IncreasePartitions {
+        topic_id: TopicId,
+        partitions: u32,
+    },
     /// The replica set of a sealed segment changes (healing: a copy on a
     /// broker that is gone is replaced by a copy elsewhere).
     SetSegmentReplicas {
@@ -180,6 +190,7 @@ pub mod record_type {
     pub const SET_LOG_START_OFFSET: u16 = 12;
     pub const ALLOCATE_PRODUCER_IDS: u16 = 13;
     pub const SET_BROKER_CONFIG: u16 = 14;
+    pub const INCREASE_PARTITIONS: u16 = 15;
     pub const SET_SEGMENT_REPLICAS: u16 = 16;
     /// The largest type number this build reads.
     pub const MAX: u16 = SET_SEGMENT_REPLICAS;
@@ -205,6 +216,7 @@ impl MetadataRecord {
             MetadataRecord::SetLogStartOffset { .. } => SET_LOG_START_OFFSET,
             MetadataRecord::AllocateProducerIds { .. } => ALLOCATE_PRODUCER_IDS,
             MetadataRecord::SetBrokerConfig { .. } => SET_BROKER_CONFIG,
+            MetadataRecord::IncreasePartitions { .. } => INCREASE_PARTITIONS,
             MetadataRecord::SetSegmentReplicas { .. } => SET_SEGMENT_REPLICAS,
         }
     }
@@ -330,6 +342,13 @@ impl MetadataRecord {
                         w.str32(v);
                     }
                 }
+            }
+            MetadataRecord::IncreasePartitions {
+                topic_id,
+                partitions,
+            } => {
+                w.uuid(topic_id);
+                w.u32(*partitions);
             }
             MetadataRecord::SetSegmentReplicas { segment, replicas } => {
                 w.segment(segment);
@@ -515,6 +534,10 @@ impl MetadataRecord {
                     value,
                 }
             }
+            INCREASE_PARTITIONS => MetadataRecord::IncreasePartitions {
+                topic_id: r.uuid("topic_id")?,
+                partitions: r.u32("partitions")?,
+            },
             SET_SEGMENT_REPLICAS => {
                 let segment = r.segment()?;
                 let n = r.count("replicas", 4)?;
@@ -707,6 +730,20 @@ impl MetadataRecord {
                 check_len("config key", key, 1, MAX_BROKER_CONFIG_KEY_LEN)?;
                 if let Some(v) = value {
                     check_len("config value", v, 0, MAX_CONFIG_VALUE_LEN)?;
+                }
+                Ok(())
+            }
+            MetadataRecord::IncreasePartitions {
+                topic_id,
+                partitions,
+            } => {
+                check_topic_id(topic_id)?;
+                // A topic has at least one partition, so an increase makes 2+.
+                if *partitions < 2 || *partitions > MAX_PARTITIONS {
+                    return Err(E::invalid(
+                        "partitions",
+                        format!("{partitions} not in 2..={MAX_PARTITIONS}"),
+                    ));
                 }
                 Ok(())
             }
@@ -1106,6 +1143,12 @@ pub(crate) mod tests {
                     key,
                     value
                 }),
+            (arb_uuid(), 2u32..=MAX_PARTITIONS).prop_map(|(topic_id, partitions)| {
+                MetadataRecord::IncreasePartitions {
+                    topic_id,
+                    partitions,
+                }
+            }),
             (
                 arb_segment(),
                 proptest::collection::btree_set(0i32..1000, 1..5)
@@ -1366,6 +1409,38 @@ pub(crate) mod tests {
         alloc(0, i64::MAX - 1, 1).validate().unwrap();
         alloc(0, i64::MAX - 5, 5).validate().unwrap();
         alloc(0, 0, i32::MAX).validate().unwrap();
+    }
+
+    #[test]
+    fn increase_partitions_codec() {
+        let rec = MetadataRecord::IncreasePartitions {
+            topic_id: uuid::Uuid::from_u128(9),
+            partitions: 12,
+        };
+        let bytes = rec.encode();
+        assert_eq!(
+            bytes,
+            [
+                &[0u8, 15, 0, 0][..],
+                uuid::Uuid::from_u128(9).as_bytes(),
+                &12u32.to_be_bytes()
+            ]
+            .concat()
+        );
+        assert_eq!(MetadataRecord::decode(&bytes), Ok(rec));
+        let increase = |topic_id: u128, partitions| MetadataRecord::IncreasePartitions {
+            topic_id: uuid::Uuid::from_u128(topic_id),
+            partitions,
+        };
+        rejects(increase(9, 0));
+        rejects(increase(9, 1));
+        rejects(increase(9, MAX_PARTITIONS + 1));
+        rejects(increase(0, 5));
+        increase(9, MAX_PARTITIONS).validate().unwrap();
+        assert_eq!(
+            MetadataRecord::decode(&[0, 17, 0, 0]),
+            Err(RecordDecodeError::UnknownType(17))
+        );
     }
 
     #[test]

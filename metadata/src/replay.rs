@@ -150,6 +150,18 @@ impl MetadataImage {
                 *first_producer_id != self.next_producer_id,
                 "producer id block does not start at next_producer_id",
             ),
+            R::IncreasePartitions {
+                topic_id,
+                partitions,
+            } => match self.topics.get(topic_id) {
+                None => Some("unknown topic"),
+                // Counts only grow; a second CreatePartitions planned
+                // against the same image loses here.
+                Some(t) => fail(
+                    *partitions <= t.partitions,
+                    "partition count would not increase",
+                ),
+            },
         }
     }
 
@@ -305,6 +317,15 @@ impl MetadataImage {
                     }
                 }
             },
+            R::IncreasePartitions {
+                topic_id,
+                partitions,
+            } => {
+                if let Some(t) = self.topics.get_mut(topic_id) {
+                    let t = Arc::make_mut(t);
+                    t.partitions = t.partitions.max(*partitions);
+                }
+            }
         }
     }
 
@@ -797,6 +818,45 @@ mod tests {
     }
 
     #[test]
+    fn increase_partitions_rules() {
+        let grow = |topic: u128, partitions| MetadataRecord::IncreasePartitions {
+            topic_id: tid(topic),
+            partitions,
+        };
+        assert!(!last_applies(&with(base(), grow(9, 8))), "unknown topic");
+        assert!(!last_applies(&with(base(), grow(1, 4))), "not an increase");
+        assert!(!last_applies(&with(base(), grow(1, 3))), "a decrease");
+        // The CreatePartitions entry: the count, then the new partitions' range.
+        let mut v = with(base(), grow(1, 6));
+        assert!(
+            !last_applies(&with(base(), range(2, 1, 4, 6, vec![]))),
+            "a range beyond the old count is skipped before the increase"
+        );
+        v.push(range(2, 1, 4, 6, vec![]));
+        v.push(open(2, 0));
+        v.push(MetadataRecord::SetLogStartOffset {
+            topic_id: tid(1),
+            partition: 5,
+            offset: 0,
+        });
+        let (img, applied) = replay(&v);
+        assert!(applied.iter().all(|a| *a), "{applied:?}");
+        assert_eq!(img.topic_by_name("t").unwrap().partitions, 6);
+        assert_eq!(img.active_range_for(tid(1), 3).unwrap().id, 1);
+        assert_eq!(img.active_range_for(tid(1), 4).unwrap().id, 2);
+        assert_eq!(img.active_range_for(tid(1), 5).unwrap().id, 2);
+        // A second increase planned against the same image loses the race.
+        assert!(!last_applies(&with(v.clone(), grow(1, 6))));
+        assert!(last_applies(&with(v.clone(), grow(1, 7))));
+        // A snapshot carries the count in CreateTopic (no record 15 needed).
+        assert_snapshot_round_trips(&img);
+        assert!(!img
+            .to_records()
+            .iter()
+            .any(|r| matches!(r, MetadataRecord::IncreasePartitions { .. })));
+    }
+
+    #[test]
     fn delete_topic_removes_everything_under_it() {
         let v = vec![
             topic(1, "t", 4),
@@ -1061,7 +1121,7 @@ mod tests {
             (r.clone(), 0u32..4).prop_map(|(r, s)| MetadataRecord::DeleteSegment {
                 segment: SegmentId::new(r, s)
             }),
-            (t, 0u32..6, 0i64..20).prop_map(|(t, partition, offset)| {
+            (t.clone(), 0u32..6, 0i64..20).prop_map(|(t, partition, offset)| {
                 MetadataRecord::SetLogStartOffset {
                     topic_id: tid(t),
                     partition,
@@ -1079,6 +1139,10 @@ mod tests {
                     ["x", "y"][k],
                     value.as_deref()
                 )),
+            (t.clone(), 2u32..9).prop_map(|(t, partitions)| MetadataRecord::IncreasePartitions {
+                topic_id: tid(t),
+                partitions,
+            }),
         ]
     }
 

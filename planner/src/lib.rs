@@ -36,6 +36,8 @@ pub enum PlanError {
     InvalidPartitions(String),
     #[error("{0}")]
     InvalidReplicationFactor(String),
+    #[error("{0}")]
+    InvalidReplicaAssignment(String),
     #[error("unknown topic")]
     UnknownTopic,
     #[error("no range {0}")]
@@ -230,6 +232,186 @@ pub fn alter_broker_configs(
             value,
         })
         .collect()
+}
+
+/// CreatePartitions: grows `topic_id` to `count` partitions, with Kafka's
+/// checks and messages (KRaft's `ReplicationControlManager.createPartitions`).
+///
+/// The new partitions `[old, count)` get a range of their own with its
+/// first segment placed as a new topic's is (`replication_factor` live
+/// brokers, rendezvous hashing weighted by load) and leader epoch 0, and
+/// the entry is `IncreasePartitions` + `CreateRange` + `OpenSegment`.
+///
+/// Why a new range rather than widening the topic's last range: widening
+/// means sealing that range and opening a wider child (a move), so the
+/// partitions it already serves would see a leader change and an epoch
+/// bump for a request that does not concern them. A range of their own
+/// touches nothing that exists: existing partitions keep their range,
+/// segment, leader and epoch; the new ones start at offset 0 in an empty
+/// log; and the ranges still tile `[0, count)`. The range policy merges the
+/// new range into its neighbour later if both stay cold.
+///
+/// `assignments`, if given, are the client's replica lists for the new
+/// partitions: validated as Kafka validates them (one per new partition,
+/// non-empty, registered brokers, no duplicates, the topic's replication
+/// factor, not all fenced), but placement stays ours: a range's replicas
+/// are per segment, not per partition.
+pub fn create_partitions(
+    image: &MetadataImage,
+    topic_id: TopicId,
+    count: u32,
+    assignments: Option<&[Vec<i32>]>,
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    let topic = image.topics.get(&topic_id).ok_or(PlanError::UnknownTopic)?;
+    let existing = topic.partitions;
+    if count == existing {
+        return Err(PlanError::InvalidPartitions(format!(
+            "Topic already has {existing} partition(s)."
+        )));
+    }
+    if count < existing {
+        return Err(PlanError::InvalidPartitions(format!(
+            "The topic {} currently has {existing} partition(s); {count} would not be an increase.",
+            topic.name
+        )));
+    }
+    if count > MAX_PARTITIONS {
+        return Err(PlanError::InvalidPartitions(format!(
+            "number of partitions is above {MAX_PARTITIONS}"
+        )));
+    }
+    let additional = count - existing;
+    if let Some(assignments) = assignments {
+        if assignments.len() != additional as usize {
+            return Err(PlanError::InvalidReplicaAssignment(format!(
+                "Attempted to add {additional} additional partition(s), but only {} assignment(s) were specified.",
+                assignments.len()
+            )));
+        }
+        for replicas in assignments {
+            validate_manual_assignment(image, replicas, topic.replication_factor)?;
+        }
+    }
+    let range_id = image.next_range_id();
+    let segment = SegmentId::new(range_id, 0);
+    let replicas = place(image, segment, topic.replication_factor.max(1) as usize)?;
+    Ok(vec![
+        MetadataRecord::IncreasePartitions {
+            topic_id,
+            partitions: count,
+        },
+        MetadataRecord::CreateRange(RangeRecord {
+            range_id,
+            topic_id,
+            lo: existing,
+            hi: count,
+            parents: vec![],
+        }),
+        open_segment(segment, replicas, 0),
+    ])
+}
+
+/// The range a topic's uncovered tail `[covered, partitions)` needs: empty
+/// while its active ranges reach its partition count. A CreatePartitions
+/// whose `IncreasePartitions` applied but whose `CreateRange` lost its id
+/// to a concurrent write (plans made on different nodes against one image)
+/// leaves such a tail; its writer covers it with these records.
+pub fn cover_partitions(
+    image: &MetadataImage,
+    topic_id: TopicId,
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    let topic = image.topics.get(&topic_id).ok_or(PlanError::UnknownTopic)?;
+    let covered = image
+        .active_ranges(topic_id)
+        .iter()
+        .map(|r| r.hi)
+        .max()
+        .unwrap_or(0);
+    if covered >= topic.partitions {
+        return Ok(Vec::new());
+    }
+    let range_id = image.next_range_id();
+    let segment = SegmentId::new(range_id, 0);
+    let replicas = place(image, segment, topic.replication_factor.max(1) as usize)?;
+    Ok(vec![
+        MetadataRecord::CreateRange(RangeRecord {
+            range_id,
+            topic_id,
+            lo: covered,
+            hi: topic.partitions,
+            parents: vec![],
+        }),
+        open_segment(segment, replicas, 0),
+    ])
+}
+
+/// Kafka's `validateManualPartitionAssignment` plus the replication factor
+/// and liveness checks of `createPartitions`, in Kafka's order and words.
+fn validate_manual_assignment(
+    image: &MetadataImage,
+    replicas: &[i32],
+    replication_factor: i16,
+) -> Result<(), PlanError> {
+    let invalid = |m: String| Err(PlanError::InvalidReplicaAssignment(m));
+    if replicas.is_empty() {
+        return invalid("The manual partition assignment includes an empty replica list.".into());
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for &b in replicas {
+        if !image.brokers.contains_key(&b) {
+            return invalid(format!(
+                "The manual partition assignment includes broker {b}, but no such broker is registered."
+            ));
+        }
+        if !seen.insert(b) {
+            return invalid(format!(
+                "The manual partition assignment includes the broker {b} more than once."
+            ));
+        }
+    }
+    if replicas.len() != replication_factor.max(0) as usize {
+        return invalid(format!(
+            "The manual partition assignment includes a partition with {} replica(s), but this is not consistent with previous partitions, which have {replication_factor} replica(s).",
+            replicas.len()
+        ));
+    }
+    if replicas
+        .iter()
+        .all(|b| image.brokers.get(b).is_none_or(|b| b.fenced))
+    {
+        return invalid(
+            "All brokers specified in the manual partition assignment for the partition are fenced or in controlled shutdown.".into(),
+        );
+    }
+    Ok(())
+}
+
+/// DeleteRecords: moves each partition's log start offset up to the given
+/// offset (already resolved by the leader: -1 is its high watermark, and
+/// offsets above the high watermark were refused there). A partition whose
+/// log already starts at or after its offset needs no record (Kafka's
+/// `maybeIncrementLogStartOffset` only moves forward); replay skips a
+/// record that would move a start back, so racing requests keep the larger.
+pub fn advance_log_start_offsets(
+    image: &MetadataImage,
+    topic_id: TopicId,
+    offsets: &[(u32, i64)],
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    let topic = image.topics.get(&topic_id).ok_or(PlanError::UnknownTopic)?;
+    let mut records = Vec::new();
+    for &(partition, offset) in offsets {
+        if partition >= topic.partitions {
+            return Err(PlanError::UnknownTopic);
+        }
+        if offset > image.log_start_offset(topic_id, partition) {
+            records.push(MetadataRecord::SetLogStartOffset {
+                topic_id,
+                partition,
+                offset,
+            });
+        }
+    }
+    Ok(records)
 }
 
 /// A broker (re)starting. It registers fenced, as in Kafka; with no

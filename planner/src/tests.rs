@@ -300,12 +300,14 @@ fn rolls_a_crash_left_unrecorded_are_recorded_in_order() {
 enum Move {
     Split { pick: usize, at: u32 },
     Merge { pick: usize },
+    Grow { by: u32 },
 }
 
 fn a_move() -> impl Strategy<Value = Move> {
     prop_oneof![
         (any::<usize>(), any::<u32>()).prop_map(|(pick, at)| Move::Split { pick, at }),
         any::<usize>().prop_map(|pick| Move::Merge { pick }),
+        (1u32..5).prop_map(|by| Move::Grow { by }),
     ]
 }
 
@@ -313,11 +315,13 @@ proptest! {
     /// Any sequence of planned splits and merges, each committed as
     /// planned: nothing is skipped, the active ranges tile the topic, and
     /// every partition's leader epoch grows with each move that covers it.
+    /// CreatePartitions mixed in leaves the existing partitions' epochs alone.
     #[test]
     fn moves_keep_ranges_tiling_and_epochs_growing(
-        partitions in 1u32..40,
+        initial in 1u32..40,
         moves in proptest::collection::vec(a_move(), 1..60),
     ) {
+        let mut partitions = initial;
         let (mut image, id) = with_topic(partitions);
         let epoch_of = |image: &MetadataImage, p: u32| {
             let r = image.active_range_for(id, p).unwrap();
@@ -340,6 +344,17 @@ proptest! {
                     }
                     let i = pick % (active.len() - 1);
                     merge_ranges(&image, active[i].id, active[i + 1].id).unwrap()
+                }
+                Move::Grow { by } => {
+                    let records = create_partitions(&image, id, partitions + by, None).unwrap();
+                    let before: Vec<i32> = (0..partitions).map(|p| epoch_of(&image, p)).collect();
+                    prop_assert_eq!(commit(&mut image, &records), 0);
+                    for p in 0..partitions {
+                        prop_assert_eq!(epoch_of(&image, p), before[p as usize]);
+                    }
+                    partitions += by;
+                    prop_assert_eq!(image.topics[&id].partitions, partitions);
+                    continue;
                 }
             };
             let before: Vec<i32> = (0..partitions).map(|p| epoch_of(&image, p)).collect();
@@ -638,6 +653,85 @@ fn altering_configs_of_an_unknown_topic_fails() {
 }
 
 #[test]
+fn create_partitions_adds_a_range_for_the_new_partitions_only() {
+    let (mut image, id) = with_topic(3);
+    let old = image.active_ranges(id);
+    let records = create_partitions(&image, id, 5, None).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(image.topics[&id].partitions, 5);
+    let ranges = image.active_ranges(id);
+    assert_eq!(ranges.len(), 2);
+    // The existing range, its segment and epoch are untouched.
+    assert_eq!(ranges[0], old[0]);
+    assert_eq!((ranges[1].lo, ranges[1].hi), (3, 5));
+    assert!(ranges[1].parents.is_empty());
+    let seg = image.active_segment(ranges[1].id).unwrap();
+    assert_eq!(
+        (seg.id.seq, seg.leader_epoch, seg.replicas.clone()),
+        (0, 0, vec![1])
+    );
+    for p in 0..5 {
+        assert_eq!(image.log_start_offset(id, p), 0);
+    }
+    // Two plans made against one image: the second to commit is skipped
+    // whole on replay (count not an increase, range id taken).
+    let (mut raced, id2) = with_topic(3);
+    let first = create_partitions(&raced, id2, 5, None).unwrap();
+    let second = create_partitions(&raced, id2, 5, None).unwrap();
+    assert_eq!(commit(&mut raced, &first), 0);
+    assert_eq!(commit(&mut raced, &second), second.len());
+    assert_eq!(raced.active_ranges(id2).len(), 2);
+}
+
+#[test]
+fn a_create_partitions_that_lost_its_range_id_is_covered_after() {
+    // Two nodes plan against one image: 3 -> 5 and 3 -> 6. The second's
+    // count applies, its range (same id as the first's) does not.
+    let (mut image, id) = with_topic(3);
+    assert!(cover_partitions(&image, id).unwrap().is_empty());
+    let first = create_partitions(&image, id, 5, None).unwrap();
+    let second = create_partitions(&image, id, 6, None).unwrap();
+    assert_eq!(commit(&mut image, &first), 0);
+    assert_eq!(commit(&mut image, &second), 2);
+    assert_eq!(image.topics[&id].partitions, 6);
+    assert!(image.active_range_for(id, 5).is_none());
+    let cover = cover_partitions(&image, id).unwrap();
+    assert_eq!(commit(&mut image, &cover), 0);
+    let ranges = image.active_ranges(id);
+    assert_eq!(
+        ranges.iter().map(|r| (r.lo, r.hi)).collect::<Vec<_>>(),
+        vec![(0, 3), (3, 5), (5, 6)]
+    );
+    assert!(cover_partitions(&image, id).unwrap().is_empty());
+}
+
+#[test]
+fn create_partitions_checks_counts_like_kafka() {
+    let (image, id) = with_topic(4);
+    let err = |count, assignments: Option<&[Vec<i32>]>| {
+        create_partitions(&image, id, count, assignments).unwrap_err()
+    };
+    assert_eq!(
+        err(4, None),
+        PlanError::InvalidPartitions("Topic already has 4 partition(s).".into())
+    );
+    assert_eq!(
+        err(3, None),
+        PlanError::InvalidPartitions(
+            "The topic t currently has 4 partition(s); 3 would not be an increase.".into()
+        )
+    );
+    assert!(matches!(
+        err(MAX_PARTITIONS + 1, None),
+        PlanError::InvalidPartitions(_)
+    ));
+    assert_eq!(
+        create_partitions(&image, uuid::Uuid::new_v4(), 8, None),
+        Err(PlanError::UnknownTopic)
+    );
+}
+
+#[test]
 fn altering_broker_configs_per_broker_and_cluster_default() {
     let mut image = cluster(1);
     let default = configs(&[("log.retention.ms", "1000")]);
@@ -663,4 +757,90 @@ fn altering_broker_configs_per_broker_and_cluster_default() {
     assert_eq!(commit(&mut image, &records), 0);
     assert!(!image.broker_configs.contains_key(&Some(9)));
     assert_eq!(image.broker_configs[&None], default);
+}
+
+#[test]
+fn create_partitions_validates_manual_assignments_like_kafka() {
+    let mut image = cluster(3);
+    let s = spec("t", 2, 2);
+    let id = s.topic_id;
+    let records = create_topic(&image, s).unwrap();
+    commit(&mut image, &records);
+    let invalid = |count, a: &[Vec<i32>]| match create_partitions(&image, id, count, Some(a)) {
+        Err(PlanError::InvalidReplicaAssignment(m)) => m,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(
+        invalid(4, &[vec![1, 2]]),
+        "Attempted to add 2 additional partition(s), but only 1 assignment(s) were specified."
+    );
+    assert_eq!(
+        invalid(3, &[vec![1, 7]]),
+        "The manual partition assignment includes broker 7, but no such broker is registered."
+    );
+    assert_eq!(
+        invalid(3, &[vec![1, 1]]),
+        "The manual partition assignment includes the broker 1 more than once."
+    );
+    assert_eq!(
+        invalid(3, &[vec![1]]),
+        "The manual partition assignment includes a partition with 1 replica(s), but this is not consistent with previous partitions, which have 2 replica(s)."
+    );
+    assert_eq!(
+        invalid(3, &[vec![]]),
+        "The manual partition assignment includes an empty replica list."
+    );
+    let mut fenced = image.clone();
+    commit(
+        &mut fenced,
+        &[
+            MetadataRecord::FenceBroker { broker_id: 1 },
+            MetadataRecord::FenceBroker { broker_id: 2 },
+        ],
+    );
+    assert!(matches!(
+        create_partitions(&fenced, id, 3, Some(&[vec![1, 2]])),
+        Err(PlanError::InvalidReplicaAssignment(_))
+    ));
+    // A valid assignment is accepted; placement is still ours (RF 2 on live brokers).
+    let records = create_partitions(&image, id, 4, Some(&[vec![3, 1], vec![2, 3]])).unwrap();
+    let MetadataRecord::OpenSegment(open) = &records[2] else {
+        panic!("{records:?}")
+    };
+    assert_eq!(open.replicas.len(), 2);
+    assert_eq!(commit(&mut image, &records), 0);
+}
+
+#[test]
+fn delete_records_only_moves_log_starts_forward() {
+    let (mut image, id) = with_topic(3);
+    let records = advance_log_start_offsets(&image, id, &[(0, 5), (1, 0), (2, 3)]).unwrap();
+    assert_eq!(
+        records,
+        vec![
+            MetadataRecord::SetLogStartOffset {
+                topic_id: id,
+                partition: 0,
+                offset: 5
+            },
+            MetadataRecord::SetLogStartOffset {
+                topic_id: id,
+                partition: 2,
+                offset: 3
+            },
+        ]
+    );
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(image.log_start_offset(id, 0), 5);
+    assert!(advance_log_start_offsets(&image, id, &[(0, 4), (0, 5)])
+        .unwrap()
+        .is_empty());
+    assert_eq!(
+        advance_log_start_offsets(&image, id, &[(3, 1)]),
+        Err(PlanError::UnknownTopic)
+    );
+    assert_eq!(
+        advance_log_start_offsets(&image, uuid::Uuid::new_v4(), &[(0, 1)]),
+        Err(PlanError::UnknownTopic)
+    );
 }

@@ -183,7 +183,12 @@ fn read_partition(
     }
     let partition = p.partition as u32;
     let limit = (p.partition_max_bytes.max(0) as usize).min(*remaining);
-    let offsets = route.log.offsets(partition)?;
+    let mut offsets = route.log.offsets(partition)?;
+    // The metadata log is the authority on the log start (DeleteRecords);
+    // the log learns it in the reconcile pass that follows the image.
+    offsets.log_start = offsets
+        .log_start
+        .max(image.log_start_offset(topic.id, partition));
     if p.fetch_offset < offsets.log_start || p.fetch_offset > offsets.log_end {
         return Err(ApiError::OffsetOutOfRange);
     }

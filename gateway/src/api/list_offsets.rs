@@ -108,16 +108,25 @@ fn lookup(
     read_committed: bool,
 ) -> Result<(i64, i64), ApiError> {
     let offsets = active.offsets(partition)?;
+    // The metadata log is the authority on the log start (DeleteRecords);
+    // nothing below it is listed.
+    let log_start = offsets
+        .log_start
+        .max(image.log_start_offset(topic.id, partition));
     match timestamp {
         // read_committed consumers' "latest" is the last stable offset.
         LATEST | LATEST_TIERED if read_committed => Ok((offsets.last_stable, -1)),
         LATEST | LATEST_TIERED => Ok((offsets.high_watermark, -1)),
-        EARLIEST | EARLIEST_LOCAL => Ok((offsets.log_start, -1)),
+        EARLIEST | EARLIEST_LOCAL => Ok((log_start, -1)),
         MAX_TIMESTAMP => {
             let mut best: Option<(i64, i64)> = None;
             for log in broker.lineage(image, topic, partition) {
                 if let Some(bytes) = log.batch_with_max_timestamp(partition)? {
-                    let found = record_at(bytes, |ts, max| ts == max)?;
+                    let found = record_at(bytes, 0, |ts, max| ts == max)?.ok_or_else(|| {
+                        ApiError::CorruptMessage(
+                            "time index points at a batch without its max timestamp".into(),
+                        )
+                    })?;
                     if best.is_none_or(|(_, ts)| found.1 > ts) {
                         best = Some(found);
                     }
@@ -126,9 +135,16 @@ fn lookup(
             Ok(best.unwrap_or((-1, -1)))
         }
         ts if ts >= 0 => {
+            // Kafka searches from the log start offset on. A batch that
+            // straddles the start may match only below it: search on after it.
             for log in broker.lineage(image, topic, partition) {
-                if let Some(bytes) = log.batch_at_timestamp(partition, ts)? {
-                    return record_at(bytes, |record_ts, _| record_ts >= ts);
+                let mut from = log_start;
+                while let Some(bytes) = log.batch_at_timestamp(partition, ts, from)? {
+                    let next = batch::parse_header(&bytes)?.last_offset() + 1;
+                    if let Some(found) = record_at(bytes, from, |record_ts, _| record_ts >= ts)? {
+                        return Ok(found);
+                    }
+                    from = next;
                 }
             }
             Ok((-1, -1))
@@ -139,23 +155,27 @@ fn lookup(
     }
 }
 
-/// The first record of a stored batch matching `wanted(record ts, batch max ts)`.
-fn record_at(bytes: Bytes, wanted: impl Fn(i64, i64) -> bool) -> Result<(i64, i64), ApiError> {
+/// The first record of a stored batch at or after `from` (the log start
+/// offset) matching `wanted(record ts, batch max ts)`, if any.
+fn record_at(
+    bytes: Bytes,
+    from: i64,
+    wanted: impl Fn(i64, i64) -> bool,
+) -> Result<Option<(i64, i64)>, ApiError> {
     let header = batch::parse_header(&bytes)?;
     if header.is_log_append_time() {
         // Every record carries the batch's append time.
-        return Ok((header.base_offset, header.max_timestamp));
+        let first = header.base_offset.max(from);
+        return Ok((first <= header.last_offset()
+            && wanted(header.max_timestamp, header.max_timestamp))
+        .then_some((first, header.max_timestamp)));
     }
     let mut buf = bytes;
     let set = RecordBatchDecoder::decode(&mut buf)
         .map_err(|e| ApiError::CorruptMessage(format!("stored batch does not decode: {e}")))?;
-    set.records
+    Ok(set
+        .records
         .iter()
-        .find(|r| wanted(r.timestamp, header.max_timestamp))
-        .map(|r| (r.offset, r.timestamp))
-        .ok_or_else(|| {
-            ApiError::CorruptMessage(
-                "time index points at a batch without a matching record".into(),
-            )
-        })
+        .find(|r| r.offset >= from && wanted(r.timestamp, header.max_timestamp))
+        .map(|r| (r.offset, r.timestamp)))
 }

@@ -158,10 +158,7 @@ pub fn describe_topic(
     MetadataResponseTopic::default()
         .with_name(Some(TopicName(StrBytes::from_string(topic.name.clone()))))
         .with_topic_id(topic.id)
-        .with_is_internal(matches!(
-            topic.name.as_str(),
-            "__consumer_offsets" | "__transaction_state"
-        ))
+        .with_is_internal(crate::internal_topics::is_internal(&topic.name))
         .with_partitions(partitions)
         .with_topic_authorized_operations(topic_ops)
 }

@@ -4,17 +4,22 @@
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
 pub mod alter_configs;
+pub mod alter_partition_reassignments;
 pub mod api_versions;
 pub mod consumer_group_describe;
 pub mod consumer_group_heartbeat;
+pub mod create_partitions;
 pub mod create_topics;
 pub mod delete_groups;
+pub mod delete_records;
 pub mod delete_topics;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_groups;
+pub mod describe_log_dirs;
 pub mod describe_producers;
 pub mod describe_transactions;
+pub mod elect_leaders;
 pub mod end_txn;
 pub mod fetch;
 pub mod find_coordinator;
@@ -25,6 +30,7 @@ pub mod join_group;
 pub mod leave_group;
 pub mod list_groups;
 pub mod list_offsets;
+pub mod list_partition_reassignments;
 pub mod list_transactions;
 pub mod metadata;
 pub mod offset_commit;
@@ -93,6 +99,12 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DescribeTransactions, 0, 0),
     (ApiKey::ListTransactions, 0, 1),
     (ApiKey::WriteTxnMarkers, 1, 1),
+    (ApiKey::CreatePartitions, 0, 3),
+    (ApiKey::DeleteRecords, 0, 2),
+    (ApiKey::DescribeLogDirs, 1, 4),
+    (ApiKey::ElectLeaders, 0, 2),
+    (ApiKey::AlterPartitionReassignments, 0, 1),
+    (ApiKey::ListPartitionReassignments, 0, 0),
 ];
 
 pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
@@ -310,6 +322,12 @@ async fn dispatch(
         ApiKey::DescribeTransactions => call!(describe_transactions),
         ApiKey::ListTransactions => call!(list_transactions),
         ApiKey::WriteTxnMarkers => call!(write_txn_markers),
+        ApiKey::CreatePartitions => call!(create_partitions),
+        ApiKey::DeleteRecords => call!(delete_records),
+        ApiKey::DescribeLogDirs => call!(describe_log_dirs),
+        ApiKey::ElectLeaders => call!(elect_leaders),
+        ApiKey::AlterPartitionReassignments => call!(alter_partition_reassignments),
+        ApiKey::ListPartitionReassignments => call!(list_partition_reassignments),
         other => ready(Reply::Close(format!("API {other:?} has no handler"))),
     }
 }

@@ -242,8 +242,34 @@ impl Broker {
             }
             self.logs.write().insert(range.id, log);
         }
+        self.apply_log_starts(image)?;
         if !missing_records.is_empty() {
             self.controller.write(missing_records).await?;
+        }
+        Ok(())
+    }
+
+    /// Every open log (active and ancestors) takes the log start offsets
+    /// the image records for its partitions (DeleteRecords): a log opened
+    /// before they moved learns them here, one opened after gets them in
+    /// its options.
+    fn apply_log_starts(&self, image: &MetadataImage) -> anyhow::Result<()> {
+        let logs: Vec<(RangeId, Arc<RangeLog>)> = self
+            .logs
+            .read()
+            .iter()
+            .map(|(id, log)| (*id, log.clone()))
+            .collect();
+        for (id, log) in logs {
+            let Some(range) = image.ranges.get(&id) else {
+                continue;
+            };
+            let starts = image
+                .log_start_offsets
+                .range((range.topic_id, range.lo)..(range.topic_id, range.hi));
+            for (&(_, partition), &offset) in starts {
+                log.advance_log_start(partition, offset)?;
+            }
         }
         Ok(())
     }

@@ -88,6 +88,96 @@ impl Broker {
         }
     }
 
+    /// CreatePartitions for one topic: planned against the committed image
+    /// (`tessera_planner::create_partitions`: a new range for the new
+    /// partitions, see there why), written as one metadata entry, and
+    /// answered once this broker's logs follow it. With `validate_only`
+    /// the plan is made and nothing is written. Internal topics are
+    /// refused: their partition count is the coordinators' hash modulus.
+    pub async fn create_partitions(
+        &self,
+        name: &str,
+        count: u32,
+        assignments: Option<Vec<Vec<i32>>>,
+        validate_only: bool,
+    ) -> Result<(), ApiError> {
+        let _guard = self.admin.lock().await;
+        let mut image = self.image();
+        let topic = image
+            .topic_by_name(name)
+            .cloned()
+            .ok_or(ApiError::UnknownTopicOrPartition)?;
+        if crate::internal_topics::is_internal(name) {
+            return Err(ApiError::InvalidRequest(format!(
+                "cannot add partitions to the internal topic {name}: its partition count keys its coordinators"
+            )));
+        }
+        if !validate_only {
+            // A tail a concurrent CreatePartitions left without a range
+            // (its writer died before covering it) is covered first.
+            let cover = tessera_planner::cover_partitions(&image, topic.id)?;
+            if !cover.is_empty() {
+                self.controller.write(cover).await?;
+                image = self.image();
+            }
+        }
+        let records =
+            tessera_planner::create_partitions(&image, topic.id, count, assignments.as_deref())?;
+        if validate_only {
+            return Ok(());
+        }
+        let outcome = self.controller.write_detailed(records).await?;
+        let mut offset = outcome.offset;
+        if !outcome.skipped.is_empty() {
+            // Another broker changed the topic between our plan and our
+            // write (plans on other nodes are made against their images):
+            // it deleted the topic, grew it first (our count is skipped),
+            // or took our range id (our count applied, our range did not).
+            // Partitions without a range are covered before answering.
+            for _ in 0..5 {
+                let image = self.image();
+                let records = tessera_planner::cover_partitions(&image, topic.id)?;
+                if records.is_empty() {
+                    break;
+                }
+                offset = self.controller.write(records).await?;
+            }
+            if outcome.skipped.contains(&0) {
+                let now = self.image();
+                return match now.topics.get(&topic.id) {
+                    None => Err(ApiError::UnknownTopicOrPartition),
+                    Some(t) => Err(ApiError::InvalidPartitions(format!(
+                        "The topic {name} currently has {} partition(s); {count} would not be an increase.",
+                        t.partitions
+                    ))),
+                };
+            }
+        }
+        self.await_reconciled(offset).await
+    }
+
+    /// DeleteRecords: writes the new log start offsets `(partition,
+    /// offset)` of the topics given (already checked by the leader against
+    /// its high watermarks) as one metadata entry, and returns once this
+    /// broker's logs have applied it.
+    pub async fn advance_log_starts(
+        &self,
+        targets: &[(TopicId, Vec<(u32, i64)>)],
+    ) -> Result<(), ApiError> {
+        let image = self.image();
+        let mut records = Vec::new();
+        for (topic_id, offsets) in targets {
+            records.extend(tessera_planner::advance_log_start_offsets(
+                &image, *topic_id, offsets,
+            )?);
+        }
+        if records.is_empty() {
+            return Ok(());
+        }
+        let offset = self.controller.write(records).await?;
+        self.await_reconciled(offset).await
+    }
+
     /// Deletes a topic: its metadata goes first; its files go when this
     /// broker's logs follow the image without it.
     pub async fn delete_topic(&self, topic_id: TopicId) -> Result<(), ApiError> {
