@@ -9,8 +9,9 @@
 //! follower answers OFFSET_OUT_OF_RANGE, as a Kafka follower does past its
 //! log end, and the client goes back to the leader (librdkafka and the Java
 //! client both do) for the active segment. A follower knows only what is
-//! sealed, so read_committed consumers stay on the leader (the aborted
-//! transactions list comes from the leader's range log).
+//! sealed, so read_committed consumers (librdkafka's default isolation
+//! level) stay on the leader: the last stable offset and the aborted
+//! transactions list come from the leader's range log.
 
 use std::sync::Arc;
 
