@@ -576,42 +576,37 @@ impl Controller {
         broker_id: i32,
         want_shutdown: bool,
     ) -> Result<(), MetadataError> {
-        if !self.voters.is_empty() && !self.voters.contains_key(&self.node_id) {
-            // Not a voter: nothing to record here.
-        } else {
+        // Recorded here too when this node is a voter (a single node is).
+        if self.voters.is_empty() || self.voters.contains_key(&self.node_id) {
             self.heartbeats.record(broker_id, want_shutdown);
         }
         let leader = self.raft.metrics().borrow().current_leader;
-        let sends: Vec<_> = self
-            .voters
-            .keys()
-            .copied()
-            .filter(|v| *v != self.node_id)
-            .map(|voter| {
-                let transport = self.transport.clone();
-                tokio::spawn(async move {
-                    let sent = transport
-                        .send_heartbeat(voter, broker_id, want_shutdown, HEARTBEAT_TIMEOUT)
-                        .await;
-                    (voter, sent)
-                })
-            })
-            .collect();
-        let mut leader_heard = leader == Some(self.node_id);
-        let mut last_error = None;
-        for send in sends {
-            match send.await {
-                Ok((voter, Ok(()))) => leader_heard |= leader == Some(voter),
-                Ok((voter, Err(e))) => {
-                    last_error = Some(format!("heartbeat to controller {voter}: {e}"))
-                }
-                Err(e) => last_error = Some(e.to_string()),
+        let mut to_leader = None;
+        for voter in self.voters.keys().copied().filter(|v| *v != self.node_id) {
+            let transport = self.transport.clone();
+            let send = tokio::spawn(async move {
+                transport
+                    .send_heartbeat(voter, broker_id, want_shutdown, HEARTBEAT_TIMEOUT)
+                    .await
+            });
+            // Only the leader's answer is awaited: a slow follower voter
+            // must not delay the next heartbeat.
+            if leader == Some(voter) {
+                to_leader = Some((voter, send));
             }
         }
-        match (leader_heard, last_error) {
-            (true, _) => Ok(()),
-            (false, Some(e)) => Err(MetadataError::Raft(e)),
-            (false, None) => Err(MetadataError::NotLeader { leader: None }),
+        if leader == Some(self.node_id) {
+            return Ok(());
+        }
+        match to_leader {
+            Some((voter, send)) => match send.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(MetadataError::Raft(format!(
+                    "heartbeat to controller {voter}: {e}"
+                ))),
+                Err(e) => Err(MetadataError::Raft(e.to_string())),
+            },
+            None => Err(MetadataError::NotLeader { leader: None }),
         }
     }
 
