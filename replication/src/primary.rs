@@ -22,6 +22,8 @@ const CHUNK_BYTES: usize = 1 << 20;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RETRY_MIN: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(1);
+/// How long a follower that asked to retry later is left alone.
+const REFUSED_PAUSE: Duration = Duration::from_millis(100);
 
 /// Where a follower's Kafka listener is (from the metadata image).
 pub trait PeerAddresses: Send + Sync + 'static {
@@ -228,12 +230,17 @@ async fn pump(
     let mut synced = false;
     let mut probing = false;
     let mut acked = pos;
+    // Set when the follower asked to retry later (its image is behind).
+    let mut paused_until: Option<tokio::time::Instant> = None;
     loop {
         if r.stopped() {
             return Ok(());
         }
+        if paused_until.is_some_and(|t| tokio::time::Instant::now() >= t) {
+            paused_until = None;
+        }
         // Send what we may.
-        while !probing && pos.saturating_sub(acked) < WINDOW_BYTES {
+        while !probing && paused_until.is_none() && pos.saturating_sub(acked) < WINDOW_BYTES {
             let chunk = match r.log.frames(seq, pos, CHUNK_BYTES) {
                 Ok(Some(c)) => c,
                 Ok(None) => return Ok(()), // the log no longer holds the segment
@@ -289,7 +296,19 @@ async fn pump(
                         probing = false;
                     }
                 }
-                Some(Message::Refused { retry: true, reason, .. }) => return Err(reason),
+                Some(Message::Refused { retry: true, reason, segment }) => {
+                    // Typically a segment the follower's image does not
+                    // hold yet (its roll is recorded once the previous
+                    // segment is committed). The connection stays: acks
+                    // still in flight for earlier data must arrive.
+                    if segment.seq == seq {
+                        tracing::debug!(range = r.range, follower, seq, %reason, "follower not ready; retrying shortly");
+                        pos = acked;
+                        synced = false;
+                        probing = false;
+                        paused_until = Some(tokio::time::Instant::now() + REFUSED_PAUSE);
+                    }
+                }
                 Some(Message::Refused { retry: false, reason, segment }) => {
                     if segment.seq == seq && r.log.position_of(seq + 1, 0).is_some() {
                         // A rolled segment whose seal the follower saw
