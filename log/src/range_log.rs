@@ -820,7 +820,10 @@ impl RangeLog {
         let dir = &self.options.dir;
         let mut seqs = Vec::with_capacity(removed.len());
         for seg in &removed {
-            for path in [segment::log_path(dir, seg.seq), segment::index_path(dir, seg.seq)] {
+            for path in [
+                segment::log_path(dir, seg.seq),
+                segment::index_path(dir, seg.seq),
+            ] {
                 remove_if_exists(&path)?;
             }
             seqs.push(seg.seq);
