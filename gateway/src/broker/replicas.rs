@@ -232,8 +232,13 @@ impl Broker {
             }
         }
         for seq in old {
-            self.replicas.store.discard(key(SegmentId::new(range, seq)), &dir)?;
-            self.replicas.sealed_copies.lock().remove(&SegmentId::new(range, seq));
+            self.replicas
+                .store
+                .discard(key(SegmentId::new(range, seq)), &dir)?;
+            self.replicas
+                .sealed_copies
+                .lock()
+                .remove(&SegmentId::new(range, seq));
             tracing::info!(range, seq, "retention: deleted a follower copy");
         }
         Ok(())
