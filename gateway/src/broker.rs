@@ -11,6 +11,7 @@ mod follower_fetch;
 mod liveness;
 mod reconcile;
 mod replicas;
+mod retention;
 mod shutdown;
 mod topics;
 
@@ -176,6 +177,7 @@ impl Broker {
         tokio::spawn(reconcile::follow_images(broker.clone()));
         tokio::spawn(reconcile::record_rolls(broker.clone(), roll_rx));
         liveness::start(&broker);
+        tokio::spawn(retention::enforce(Arc::downgrade(&broker)));
         GroupCoordinator::start_timers(&broker);
         // Transactions left mid-way complete from the timer (their pending
         // offsets are loaded with the groups).

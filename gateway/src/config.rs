@@ -55,6 +55,9 @@ pub struct BrokerConfig {
     pub log_retention_ms: i64,
     /// `log.retention.bytes`
     pub log_retention_bytes: i64,
+    /// `log.retention.check.interval.ms`: how often the primary of each
+    /// range checks whether sealed segments are past retention.
+    pub log_retention_check_interval_ms: u64,
     /// `min.insync.replicas`
     pub min_insync_replicas: i64,
     /// `replica.lag.time.max.ms`: a follower not caught up for this long
@@ -167,6 +170,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("log.roll.ms", "604800000"),
     ("log.retention.ms", "604800000"),
     ("log.retention.bytes", "-1"),
+    ("log.retention.check.interval.ms", "300000"),
     ("min.insync.replicas", "1"),
     ("replica.lag.time.max.ms", "30000"),
     ("replica.heal.delay.ms", "300000"),
@@ -411,6 +415,7 @@ impl BrokerConfig {
             log_roll_ms: parse(map, "log.roll.ms")?,
             log_retention_ms: parse(map, "log.retention.ms")?,
             log_retention_bytes: parse(map, "log.retention.bytes")?,
+            log_retention_check_interval_ms: parse(map, "log.retention.check.interval.ms")?,
             min_insync_replicas: parse(map, "min.insync.replicas")?,
             replica_lag_time_max_ms: parse(map, "replica.lag.time.max.ms")?,
             replica_heal_delay_ms: parse(map, "replica.heal.delay.ms")?,

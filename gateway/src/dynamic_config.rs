@@ -116,6 +116,11 @@ pub fn broker_default(key: &str) -> Option<&'static str> {
 /// reads at startup.
 const STATIC_KEYS: &[(&str, i8, &str)] = &[
     (
+        "log.retention.check.interval.ms",
+        5,
+        "How often each range's primary deletes sealed segments past retention.",
+    ),
+    (
         "node.id",
         3,
         "This node's id, as broker and as metadata voter.",

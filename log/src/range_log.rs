@@ -152,6 +152,9 @@ struct Inner {
     txns: Vec<TxnState>,
     /// Logical position of the start of the active segment.
     active_base_position: u64,
+    /// Bytes of the segments retention removed since open: range-wide
+    /// positions keep counting them, so [`RangeLog::position_of`] starts here.
+    removed_bytes: u64,
     pending: VecDeque<Pending>,
 }
 
@@ -264,6 +267,29 @@ fn list_segments(dir: &Path) -> Result<Vec<u32>, LogError> {
     Ok(seqs)
 }
 
+/// Sequences of the producer snapshots (`<seq>.snapshot`) in `dir`.
+fn list_snapshots(dir: &Path) -> Result<Vec<u32>, LogError> {
+    let mut seqs = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        let name = entry?.file_name();
+        if let Some(seq) = name
+            .to_string_lossy()
+            .strip_suffix(".snapshot")
+            .and_then(|stem| stem.parse::<u32>().ok())
+        {
+            seqs.push(seq);
+        }
+    }
+    Ok(seqs)
+}
+
+fn remove_if_exists(path: &Path) -> Result<(), LogError> {
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+        _ => Ok(()),
+    }
+}
+
 fn sync_dir(dir: &Path) -> Result<(), LogError> {
     Ok(tessera_fs::sync_dir(dir)?)
 }
@@ -357,6 +383,7 @@ impl RangeLog {
             producers,
             txns,
             active_base_position,
+            removed_bytes: 0,
             pending: VecDeque::new(),
         };
         let written = inner.written_position();
@@ -608,7 +635,7 @@ impl RangeLog {
     /// Range-wide position of byte `position` of local segment `seq`.
     pub fn position_of(&self, seq: u32, position: u64) -> Option<u64> {
         let inner = self.inner.lock();
-        let mut base = 0u64;
+        let mut base = inner.removed_bytes;
         for seg in &inner.segments {
             if seg.seq == seq {
                 return Some(base + position.min(seg.size));
@@ -744,16 +771,94 @@ impl RangeLog {
         }
     }
 
-    /// Moves `partition`'s log start offset forward to `offset` (DeleteRecords,
-    /// as the metadata log recorded it); never back. Reads below it get
-    /// `OffsetOutOfRange` from then on. The batches below it stay on disk
-    /// until retention removes whole segments (not built yet).
+    /// Moves `partition`'s log start offset forward to `offset` (DeleteRecords
+    /// or retention, as the metadata log recorded it); never back. Reads
+    /// below it get `OffsetOutOfRange` from then on. The batches below it
+    /// stay on disk until retention removes whole segments.
     pub fn advance_log_start(&self, partition: u32, offset: i64) -> Result<(), LogError> {
         let pi = self.index_of(partition)?;
         let mut inner = self.inner.lock();
         let state = &mut inner.partitions[pi];
         state.log_start = state.log_start.max(offset);
         Ok(())
+    }
+
+    /// Retention: drops every sealed segment with a sequence below `seq`
+    /// (never the active one) from the log and deletes its files (`.log`,
+    /// `.idx`) and the producer snapshots below `seq` (the one at `seq`, the
+    /// state where the oldest kept segment starts, stays: a reopen reloads
+    /// producers from it). Each partition's log start moves up to the end of
+    /// its data in the removed segments, so no read reaches into the gap
+    /// even before the metadata's log start arrives. Returns the sequences
+    /// removed.
+    pub fn delete_segments_below(&self, seq: u32) -> Result<Vec<u32>, LogError> {
+        let removed: Vec<Segment> = {
+            let mut inner = self.inner.lock();
+            let last = inner.segments.len() - 1;
+            let n = inner.segments[..last]
+                .iter()
+                .take_while(|s| s.sealed && s.seq < seq)
+                .count();
+            if n == 0 {
+                return Ok(Vec::new());
+            }
+            let removed: Vec<Segment> = inner.segments.drain(..n).collect();
+            for seg in &removed {
+                inner.removed_bytes += seg.size;
+                for (p, entries) in &seg.index.partitions {
+                    let (Some(pi), Some(e)) = (p.checked_sub(self.options.lo), entries.last())
+                    else {
+                        continue;
+                    };
+                    if let Some(state) = inner.partitions.get_mut(pi as usize) {
+                        state.log_start = state.log_start.max(e.last_offset + 1);
+                    }
+                }
+            }
+            removed
+        };
+        let dir = &self.options.dir;
+        let mut seqs = Vec::with_capacity(removed.len());
+        for seg in &removed {
+            for path in [
+                segment::log_path(dir, seg.seq),
+                segment::index_path(dir, seg.seq),
+            ] {
+                remove_if_exists(&path)?;
+            }
+            seqs.push(seg.seq);
+        }
+        for old in list_snapshots(dir)? {
+            if old < seq {
+                remove_if_exists(&producer_snapshot_file::snapshot_path(dir, old))?;
+            }
+        }
+        sync_dir(dir)?;
+        Ok(seqs)
+    }
+
+    /// Per local sealed segment `(seq, size, largest timestamp)` (-1 when
+    /// it holds no batch), oldest first, and the active segment's size: what
+    /// retention decides by.
+    pub fn retention_view(&self) -> (Vec<(u32, u64, i64)>, u64) {
+        let inner = self.inner.lock();
+        let sealed = inner
+            .segments
+            .iter()
+            .filter(|s| s.sealed)
+            .map(|s| {
+                let max_ts = s
+                    .index
+                    .partitions
+                    .values()
+                    .flat_map(|entries| entries.iter())
+                    .map(|e| e.max_timestamp)
+                    .max()
+                    .unwrap_or(-1);
+                (s.seq, s.size, max_ts)
+            })
+            .collect();
+        (sealed, inner.segments.last().map_or(0, |s| s.size))
     }
 
     /// Bytes of stored batches of `partition` in this range's local
@@ -1272,6 +1377,82 @@ mod tests {
         assert_eq!(log.segment_count(), 3);
         log.wait_durable(last.end_position).await.unwrap();
         assert_eq!(read_offsets(&log), (0..12).collect::<Vec<_>>());
+    }
+
+    /// Offsets of partition 0 readable from `from`.
+    fn read_from(log: &RangeLog, from: i64) -> Result<Vec<i64>, LogError> {
+        let read = log.read(0, from, usize::MAX)?;
+        let mut out = Vec::new();
+        for r in batch::split_batches(&read.records).unwrap() {
+            let h = batch::parse_header(&read.records[r]).unwrap();
+            out.extend(h.base_offset..=h.last_offset());
+        }
+        Ok(out)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn retention_deletes_the_oldest_sealed_segments_and_a_reopen_keeps_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(dir.path());
+        log.set_roll_limits(14, i64::MAX);
+        // Every append rolls the previous one's segment: segments 0..=4,
+        // partition 0 at offsets 2*seq..2*seq+2, 4 the active one.
+        for _ in 0..5 {
+            let out = log.append(0, &mut make_batch(2, 1), None).unwrap();
+            log.wait_durable(out.end_position).await.unwrap();
+        }
+        assert_eq!(log.segment_count(), 5);
+        let (sealed, active) = log.retention_view();
+        assert_eq!(sealed.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1, 2, 3]);
+        assert!(sealed.iter().all(|s| s.2 == 1) && active > 0);
+        // (No idempotent producer wrote here: stand-in snapshot files.)
+        for seq in [1, 2] {
+            std::fs::write(producer_snapshot_file::snapshot_path(dir.path(), seq), b"x").unwrap();
+        }
+
+        assert_eq!(log.delete_segments_below(2).unwrap(), [0, 1]);
+        assert_eq!(log.segment_count(), 3);
+        for seq in [0, 1] {
+            assert!(!segment::log_path(dir.path(), seq).exists());
+            assert!(!segment::index_path(dir.path(), seq).exists());
+            assert!(!producer_snapshot_file::snapshot_path(dir.path(), seq).exists());
+        }
+        // The snapshot where the oldest kept segment starts stays.
+        assert!(producer_snapshot_file::snapshot_path(dir.path(), 2).exists());
+        assert!(segment::log_path(dir.path(), 2).exists());
+        assert_eq!(log.offsets(0).unwrap().log_start, 4);
+        assert!(matches!(
+            read_from(&log, 0),
+            Err(LogError::OffsetOutOfRange { log_start: 4, .. })
+        ));
+        assert!(read_from(&log, 3).is_err());
+        assert_eq!(read_from(&log, 4).unwrap(), (4..10).collect::<Vec<_>>());
+        // Never the active segment, whatever the bound.
+        assert_eq!(log.delete_segments_below(100).unwrap(), [2, 3]);
+        assert_eq!(log.segment_count(), 1);
+        assert_eq!(log.offsets(0).unwrap().log_start, 8);
+        // Positions stay consistent: appends still become durable.
+        log.set_roll_limits(1 << 30, i64::MAX);
+        let out = log.append(0, &mut make_batch(2, 1), None).unwrap();
+        log.wait_durable(out.end_position).await.unwrap();
+        assert_eq!(read_from(&log, 8).unwrap(), (8..12).collect::<Vec<_>>());
+        log.close();
+
+        // A reopen with the log start the metadata recorded.
+        let log = RangeLog::open(
+            RangeLogOptions {
+                log_start_offsets: vec![8, 0],
+                ..options(dir.path())
+            },
+            watch::channel(0).0,
+        )
+        .unwrap();
+        assert_eq!(log.segment_count(), 1);
+        assert!(read_from(&log, 2).is_err());
+        assert_eq!(read_from(&log, 8).unwrap(), (8..12).collect::<Vec<_>>());
+        let out = log.append(0, &mut make_batch(1, 1), None).unwrap();
+        assert_eq!(out.base_offset, 12);
+        log.close();
     }
 
     /// The interleaving that used to lose records: an append gets past its

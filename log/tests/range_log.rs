@@ -551,3 +551,54 @@ async fn the_log_start_offset_moves_forward_only_and_hides_what_is_below() {
     assert_eq!((offsets.log_start, offsets.high_watermark), (3, 5));
     assert_eq!(append(&log, 0, 1).await, (5, 5));
 }
+
+/// Retention deletes the segments holding every batch of an idempotent
+/// producer: its state stays in memory and across a clean reopen (the
+/// shutdown snapshot). After a crash with only the snapshot at the log
+/// start left (every sealed segment deleted, no roll since), the reload
+/// drops that snapshot (Kafka's rule: only snapshots above the log start)
+/// and the producer is forgotten, as Kafka forgets an expired producer.
+#[tokio::test]
+async fn producer_state_survives_retention_of_its_segments() {
+    use tessera_log::batch::testing::make_idempotent_batch;
+    let dir = tempfile::tempdir().unwrap();
+    let log = RangeLog::open(options(dir.path(), 14), hw()).unwrap();
+    let mut b = make_idempotent_batch(3, 1, 42, 0, 0);
+    let out = log.append(0, &mut b, None).unwrap();
+    log.wait_durable(out.end_position).await.unwrap();
+    // Segment 0: producer 42 at 0..3; segment 1: offset 3; 2 active: 4.
+    append(&log, 0, 1).await;
+    append(&log, 0, 1).await;
+    assert_eq!(log.delete_segments_below(2).unwrap(), [0, 1]);
+    assert_eq!(log.offsets(0).unwrap().log_start, 4);
+    let mut retry = make_idempotent_batch(3, 1, 42, 0, 0);
+    assert!(log.append(0, &mut retry, None).unwrap().duplicate);
+    log.close();
+    for crash in [false, true] {
+        if crash {
+            // The shutdown snapshot (at the log end) is gone: only the one
+            // where segment 2 starts is left.
+            for e in std::fs::read_dir(dir.path()).unwrap().flatten() {
+                let name = e.file_name().to_string_lossy().to_string();
+                if name.ends_with(".snapshot") && !name.starts_with("0000000002") {
+                    std::fs::remove_file(e.path()).unwrap();
+                }
+            }
+        }
+        let log = RangeLog::open(
+            RangeLogOptions {
+                log_start_offsets: vec![4, 0, 0, 0],
+                ..options(dir.path(), 1 << 20)
+            },
+            hw(),
+        )
+        .unwrap();
+        let mut retry = make_idempotent_batch(3, 1, 42, 0, 0);
+        let again = log.append(0, &mut retry, None).unwrap();
+        assert_eq!(
+            again.duplicate, !crash,
+            "producer 42 after reopen (crash: {crash})"
+        );
+        log.close();
+    }
+}

@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use tessera_metadata::{
     BrokerRegistration, MetadataImage, MetadataRecord, RangeId, RangeImage, RangeRecord, SegmentId,
-    SegmentOpenRecord, SegmentSealRecord, TopicId, TopicRecord,
+    SegmentImage, SegmentOpenRecord, SegmentSealRecord, TopicId, TopicRecord,
 };
 use tessera_replication::{place_replicas, BrokerCandidate, PlacementError};
 use thiserror::Error;
@@ -412,6 +412,110 @@ pub fn advance_log_start_offsets(
         }
     }
     Ok(records)
+}
+
+/// A range's retention limits (its topic's effective `retention.ms` and
+/// `retention.bytes`; -1 is unlimited) and what only the broker holding the
+/// range's segments knows.
+#[derive(Clone, Debug, Default)]
+pub struct RetentionInput {
+    pub retention_ms: i64,
+    /// Kafka's limit is per partition: a range of `n` partitions keeps up
+    /// to `n * retention_bytes` bytes of segments (sealed and active).
+    pub retention_bytes: i64,
+    pub now_ms: i64,
+    /// The largest record timestamp per sealed segment sequence (-1 for a
+    /// segment without batches). A segment missing here is not judged by
+    /// time, and neither is any newer one.
+    pub max_timestamps: BTreeMap<u32, i64>,
+    /// Bytes of the range's active segment.
+    pub active_bytes: u64,
+}
+
+/// Retention (Kafka's `deleteOldSegments`) for one range: which of its
+/// sealed segments to delete, oldest first, never the active one and never
+/// a segment with an older one kept. A segment goes when
+/// - every partition's data in it lies below its log start (DeleteRecords
+///   moved past it: `deleteLogStartOffsetBreachedSegments`), or
+/// - its largest timestamp is more than `retention_ms` before `now_ms`, or
+/// - the range's bytes exceed `partitions * retention_bytes` by at least
+///   its size (`deleteRetentionSizeBreachedSegments`).
+///
+/// The records: a `DeleteSegment` per segment, then a `SetLogStartOffset`
+/// for every partition whose data in them ends past its log start (the end
+/// of its newest deleted span; log starts only move forward). Empty when
+/// nothing is due (or the range, its topic or its active segment is gone:
+/// only active ranges are planned for).
+pub fn plan_retention(
+    image: &MetadataImage,
+    range: RangeId,
+    input: &RetentionInput,
+) -> Vec<MetadataRecord> {
+    let Some(r) = image.ranges.get(&range) else {
+        return Vec::new();
+    };
+    if !r.active || !image.topics.contains_key(&r.topic_id) {
+        return Vec::new();
+    }
+    let segments = image.segments_of(range);
+    // Sealed segments before the active one (the range's last).
+    let Some((active, sealed)) = segments.split_last() else {
+        return Vec::new();
+    };
+    if active.is_sealed() {
+        return Vec::new();
+    }
+    let below_log_start = |seg: &SegmentImage| {
+        seg.sealed.as_ref().is_some_and(|info| {
+            info.spans
+                .iter()
+                .all(|sp| sp.end_offset <= image.log_start_offset(r.topic_id, sp.partition))
+        })
+    };
+    let expired = |seg: &SegmentImage| {
+        input.retention_ms >= 0
+            && input
+                .max_timestamps
+                .get(&seg.id.seq)
+                .is_some_and(|&ts| input.now_ms.saturating_sub(ts) > input.retention_ms)
+    };
+    // Time (and the log start) first, then size on what is left.
+    let mut n = sealed
+        .iter()
+        .take_while(|seg| seg.is_sealed() && (below_log_start(seg) || expired(seg)))
+        .count();
+    if input.retention_bytes >= 0 {
+        let size_of = |seg: &SegmentImage| seg.sealed.as_ref().map_or(0, |i| i.size_bytes);
+        let total: u64 = sealed[n..].iter().map(|s| size_of(s)).sum::<u64>() + input.active_bytes;
+        let budget = (input.retention_bytes as u64).saturating_mul(u64::from(r.hi - r.lo));
+        let mut excess = total.saturating_sub(budget);
+        for seg in &sealed[n..] {
+            if !seg.is_sealed() || excess == 0 || size_of(seg) > excess {
+                break;
+            }
+            excess -= size_of(seg);
+            n += 1;
+        }
+    }
+    let mut records = Vec::new();
+    let mut ends: BTreeMap<u32, i64> = BTreeMap::new();
+    for seg in &sealed[..n] {
+        records.push(MetadataRecord::DeleteSegment { segment: seg.id });
+        for sp in seg.sealed.iter().flat_map(|i| &i.spans) {
+            let end = ends.entry(sp.partition).or_insert(sp.end_offset);
+            *end = (*end).max(sp.end_offset);
+        }
+    }
+    for (partition, offset) in ends {
+        if offset > image.log_start_offset(r.topic_id, partition) {
+            records.push(MetadataRecord::SetLogStartOffset {
+                topic_id: r.topic_id,
+                partition,
+                offset,
+            });
+        }
+    }
+    records
 }
 
 /// A broker (re)starting. It registers fenced, as in Kafka; with no

@@ -844,3 +844,161 @@ fn delete_records_only_moves_log_starts_forward() {
         Err(PlanError::UnknownTopic)
     );
 }
+
+/// A 2-partition topic whose range has sealed segments 0..=3 (100 bytes
+/// each; segment `s` holds partition 0's offsets `[10s, 10s+10)` and, in
+/// segments 0 and 2, partition 1's `[5s, 5s+5)`), segment 4 active.
+fn with_sealed_segments() -> (MetadataImage, TopicId, RangeId) {
+    let (mut image, id) = with_topic(2);
+    let range = image.active_ranges(id)[0].id;
+    let sealed: Vec<SegmentSealRecord> = (0..4u32)
+        .map(|s| {
+            let o = i64::from(s);
+            if s % 2 == 0 {
+                seal(range, s, &[(0, 10 * o, 10 * o + 10), (1, 5 * o, 5 * o + 5)])
+            } else {
+                seal(range, s, &[(0, 10 * o, 10 * o + 10)])
+            }
+        })
+        .collect();
+    let records = record_local_segments(&image, range, &sealed, Some(4));
+    assert_eq!(commit(&mut image, &records), 0);
+    (image, id, range)
+}
+
+fn retention(ms: i64, bytes: i64, timestamps: &[i64]) -> RetentionInput {
+    RetentionInput {
+        retention_ms: ms,
+        retention_bytes: bytes,
+        now_ms: 10_000,
+        max_timestamps: timestamps
+            .iter()
+            .enumerate()
+            .map(|(s, &ts)| (s as u32, ts))
+            .collect(),
+        active_bytes: 50,
+    }
+}
+
+fn deleted(records: &[MetadataRecord]) -> Vec<u32> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            MetadataRecord::DeleteSegment { segment } => Some(segment.seq),
+            _ => None,
+        })
+        .collect()
+}
+
+fn starts(records: &[MetadataRecord]) -> Vec<(u32, i64)> {
+    records
+        .iter()
+        .filter_map(|r| match r {
+            MetadataRecord::SetLogStartOffset {
+                partition, offset, ..
+            } => Some((*partition, *offset)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn retention_by_time_deletes_the_expired_prefix_and_moves_log_starts() {
+    let (mut image, id, range) = with_sealed_segments();
+    // Segments 0, 1 and 3 are older than 1000 ms; 2 is not, so 3 stays too.
+    let records = plan_retention(&image, range, &retention(1000, -1, &[100, 200, 9500, 300]));
+    assert_eq!(deleted(&records), [0, 1]);
+    // Partition 0 ends at 20 in segment 1; partition 1's newest deleted
+    // span (segment 0) ends at 5.
+    assert_eq!(starts(&records), [(0, 20), (1, 5)]);
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(image.log_start_offset(id, 0), 20);
+    assert_eq!(image.segments_of(range).first().unwrap().id.seq, 2);
+    // Planned again: nothing more is due.
+    assert!(plan_retention(&image, range, &retention(1000, -1, &[100, 200, 9500, 300])).is_empty());
+    // Once segment 2 expires, 2 and 3 go; the active one never does.
+    let records = plan_retention(&image, range, &retention(1000, -1, &[0, 0, 0, 0]));
+    assert_eq!(deleted(&records), [2, 3]);
+    assert_eq!(starts(&records), [(0, 40), (1, 15)]);
+    assert_eq!(commit(&mut image, &records), 0);
+    assert!(plan_retention(&image, range, &retention(0, 0, &[0, 0, 0, 0, 0])).is_empty());
+    assert_eq!(image.segments_of(range).len(), 1);
+}
+
+#[test]
+fn retention_unlimited_or_unknown_timestamps_delete_nothing() {
+    let (image, _, range) = with_sealed_segments();
+    assert!(plan_retention(&image, range, &retention(-1, -1, &[0, 0, 0, 0])).is_empty());
+    // Segment 0's timestamp is unknown here: nothing newer is judged either.
+    let mut input = retention(1000, -1, &[0, 0, 0, 0]);
+    input.max_timestamps.remove(&0);
+    assert!(plan_retention(&image, range, &input).is_empty());
+    // A segment without batches (-1) is expired.
+    assert_eq!(
+        deleted(&plan_retention(
+            &image,
+            range,
+            &retention(1000, -1, &[-1, 9999, 0, 0])
+        )),
+        [0]
+    );
+}
+
+#[test]
+fn retention_by_size_deletes_oldest_segments_over_the_range_budget() {
+    let (image, _, range) = with_sealed_segments();
+    // 4 * 100 + 50 bytes; 2 partitions * 120 = 240 kept at most: the
+    // excess of 210 covers two whole segments, not a third.
+    let records = plan_retention(&image, range, &retention(-1, 120, &[]));
+    assert_eq!(deleted(&records), [0, 1]);
+    assert_eq!(starts(&records), [(0, 20), (1, 5)]);
+    // A budget the range fits in deletes nothing.
+    assert!(plan_retention(&image, range, &retention(-1, 225, &[])).is_empty());
+    // Size 0: every sealed segment, never the active one.
+    assert_eq!(
+        deleted(&plan_retention(&image, range, &retention(-1, 0, &[]))),
+        [0, 1, 2, 3]
+    );
+    // Time and size together: time takes segment 0, size then 1.
+    let records = plan_retention(&image, range, &retention(1000, 120, &[0, 9999, 9999, 9999]));
+    assert_eq!(deleted(&records), [0, 1]);
+}
+
+#[test]
+fn retention_deletes_segments_below_the_log_start_and_never_moves_it_back() {
+    let (mut image, id, range) = with_sealed_segments();
+    // DeleteRecords moved partition 0 to 25 and partition 1 to 7: segment
+    // 0 is wholly below (0..10 and 0..5), segment 1 (10..20) too; segment 2
+    // (20..30, 10..15) is not.
+    let moved = advance_log_start_offsets(&image, id, &[(0, 25), (1, 7)]).unwrap();
+    assert_eq!(commit(&mut image, &moved), 0);
+    let records = plan_retention(&image, range, &retention(-1, -1, &[]));
+    assert_eq!(deleted(&records), [0, 1]);
+    // Both partitions already start past what was deleted: no start moves back.
+    assert!(starts(&records).is_empty());
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(image.log_start_offset(id, 0), 25);
+    assert_eq!(image.log_start_offset(id, 1), 7);
+    // A plan made against an older image, committed late: its deletions
+    // of gone segments and its smaller log starts are skipped on replay.
+    let late = vec![
+        MetadataRecord::DeleteSegment {
+            segment: SegmentId::new(range, 0),
+        },
+        MetadataRecord::SetLogStartOffset {
+            topic_id: id,
+            partition: 0,
+            offset: 20,
+        },
+    ];
+    assert_eq!(commit(&mut image, &late), 2);
+    assert_eq!(image.log_start_offset(id, 0), 25);
+}
+
+#[test]
+fn retention_plans_nothing_for_unknown_or_sealed_ranges() {
+    let (mut image, id, range) = with_sealed_segments();
+    assert!(plan_retention(&image, range + 100, &retention(0, 0, &[0, 0, 0, 0])).is_empty());
+    commit(&mut image, &[MetadataRecord::DeleteTopic { topic_id: id }]);
+    assert!(plan_retention(&image, range, &retention(0, 0, &[0, 0, 0, 0])).is_empty());
+}

@@ -9,9 +9,9 @@
 //! replica and every restart agrees on them; the answer's low watermark is
 //! the partition's log start offset once this broker's logs applied it.
 //!
-//! The records below the log start offset are not physically deleted yet:
-//! reads, ListOffsets EARLIEST and fetches stop at the start, the bytes stay
-//! until retention (not built yet) removes whole segments.
+//! The records below the log start offset are not physically deleted at
+//! once: reads, ListOffsets EARLIEST and fetches stop at the start, the bytes
+//! stay until retention (`broker/retention.rs`) removes whole segments.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

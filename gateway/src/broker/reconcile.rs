@@ -148,6 +148,8 @@ impl Broker {
             let Some(last) = segments.last() else {
                 continue;
             };
+            // Segments retention deleted go first, before any log opens.
+            self.drop_deleted_segments(image, range.id, segments[0].id.seq)?;
             // Copies of sealed segments this broker follows: cut or repair
             // them to the committed seal before any log opens on them.
             self.apply_seals(image, range.id)?;

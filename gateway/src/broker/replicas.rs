@@ -192,6 +192,58 @@ impl Broker {
         }
     }
 
+    /// Retention deleted the segments of `range` below `first` (the oldest
+    /// one the image still has): drop them from the open log, or delete
+    /// the follower copies (and producer snapshots) left in its directory.
+    pub(super) fn drop_deleted_segments(
+        &self,
+        image: &MetadataImage,
+        range: RangeId,
+        first: u32,
+    ) -> anyhow::Result<()> {
+        if first == 0 {
+            return Ok(());
+        }
+        if let Some(log) = self.log_of(range) {
+            let removed = log.delete_segments_below(first)?;
+            if !removed.is_empty() {
+                tracing::info!(range, segments = ?removed, "retention: deleted segment files");
+            }
+            return Ok(());
+        }
+        let Some(dir) = self.range_dir_of(image, range) else {
+            return Ok(());
+        };
+        let Ok(entries) = std::fs::read_dir(&dir) else {
+            return Ok(());
+        };
+        let mut old = Vec::new();
+        for entry in entries.flatten() {
+            let name = entry.file_name().to_string_lossy().to_string();
+            let Some((stem, ext)) = name.split_once('.') else {
+                continue;
+            };
+            match (stem.parse::<u32>(), ext) {
+                (Ok(seq), "log") if seq < first => old.push(seq),
+                (Ok(seq), "snapshot") if seq < first => {
+                    std::fs::remove_file(entry.path())?;
+                }
+                _ => {}
+            }
+        }
+        for seq in old {
+            self.replicas
+                .store
+                .discard(key(SegmentId::new(range, seq)), &dir)?;
+            self.replicas
+                .sealed_copies
+                .lock()
+                .remove(&SegmentId::new(range, seq));
+            tracing::info!(range, seq, "retention: deleted a follower copy");
+        }
+        Ok(())
+    }
+
     /// Applies committed seals to this broker's follower copies: cut what
     /// is past the seal, repair what is short (from another replica).
     pub(super) fn apply_seals(&self, image: &MetadataImage, range: RangeId) -> anyhow::Result<()> {
