@@ -63,6 +63,25 @@ def leader_of(admin: AdminClient, topic: str, partition: int = 0) -> int:
     return admin.list_topics(topic, timeout=10).topics[topic].partitions[partition].leader
 
 
+class Deliveries:
+    """A producer's delivery callback: acknowledged (partition, offset) ->
+    value, their times, and the errors reported."""
+
+    def __init__(self):
+        self.acked: dict[tuple[int, int], bytes] = {}
+        self.errors: list[str] = []
+        self.times: list[float] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, err, msg):
+        with self.lock:
+            if err is not None:
+                self.errors.append(str(err))
+            else:
+                self.acked[(msg.partition(), msg.offset())] = msg.value()
+                self.times.append(time.monotonic())
+
+
 def kill_and_restart_later(workdir: Path, node: int, delay: float):
     """SIGKILLs node `node` and starts it again with the same command line
     after `delay` seconds (in a thread). Returns the thread."""
@@ -86,18 +105,8 @@ def test_kill_the_primary_every_10s_loses_no_acknowledged_record(cluster):
     topic = "replicated"
     admin = create_replicated(boot, topic, 6, 3, {"min.insync.replicas": "2"})
 
-    acked: dict[tuple[int, int], bytes] = {}
-    errors: list[str] = []
-    ack_times: list[float] = []
-    lock = threading.Lock()
-
-    def delivered(err, msg):
-        with lock:
-            if err is not None:
-                errors.append(str(err))
-            else:
-                acked[(msg.partition(), msg.offset())] = msg.value()
-                ack_times.append(time.monotonic())
+    delivered = Deliveries()
+    acked, errors, ack_times, lock = delivered.acked, delivered.errors, delivered.times, delivered.lock
 
     producer = Producer(
         {
@@ -244,18 +253,8 @@ def test_sigterm_moves_leadership_before_the_broker_exits(cluster):
     leader = leader_of(admin, topic)
     survivors = ",".join(b for i, b in enumerate(cluster["bootstrap"]) if i + 1 != leader)
 
-    acked: dict[tuple[int, int], bytes] = {}
-    errors: list[str] = []
-    ack_times: list[float] = []
-    lock = threading.Lock()
-
-    def delivered(err, msg):
-        with lock:
-            if err is not None:
-                errors.append(str(err))
-            else:
-                acked[(msg.partition(), msg.offset())] = msg.value()
-                ack_times.append(time.monotonic())
+    delivered = Deliveries()
+    acked, errors, ack_times, lock = delivered.acked, delivered.errors, delivered.times, delivered.lock
 
     producer = Producer(
         {

@@ -287,10 +287,7 @@ impl MetadataRecord {
             MetadataRecord::SealRange { range_id } => w.u64(*range_id),
             MetadataRecord::OpenSegment(s) => {
                 w.segment(&s.segment);
-                w.count(s.replicas.len());
-                for r in &s.replicas {
-                    w.i32(*r);
-                }
+                w.replicas(&s.replicas);
                 w.i32(s.leader_epoch);
             }
             MetadataRecord::SealSegment(s) => {
@@ -352,10 +349,7 @@ impl MetadataRecord {
             }
             MetadataRecord::SetSegmentReplicas { segment, replicas } => {
                 w.segment(segment);
-                w.count(replicas.len());
-                for r in replicas {
-                    w.i32(*r);
-                }
+                w.replicas(replicas);
             }
         }
         w.0
@@ -473,11 +467,7 @@ impl MetadataRecord {
             },
             OPEN_SEGMENT => {
                 let segment = r.segment()?;
-                let n = r.count("replicas", 4)?;
-                let mut replicas = Vec::with_capacity(n);
-                for _ in 0..n {
-                    replicas.push(r.i32("replica")?);
-                }
+                let replicas = r.replicas()?;
                 let leader_epoch = r.i32("leader_epoch")?;
                 MetadataRecord::OpenSegment(SegmentOpenRecord {
                     segment,
@@ -540,11 +530,7 @@ impl MetadataRecord {
             },
             SET_SEGMENT_REPLICAS => {
                 let segment = r.segment()?;
-                let n = r.count("replicas", 4)?;
-                let mut replicas = Vec::with_capacity(n);
-                for _ in 0..n {
-                    replicas.push(r.i32("replica")?);
-                }
+                let replicas = r.replicas()?;
                 MetadataRecord::SetSegmentReplicas { segment, replicas }
             }
             // Numbers not (or no longer) in use.
@@ -879,6 +865,13 @@ impl Writer {
     fn count(&mut self, n: usize) {
         self.u32(u32::try_from(n).unwrap_or(u32::MAX));
     }
+    /// A replica set: count, then the broker ids.
+    fn replicas(&mut self, replicas: &[i32]) {
+        self.count(replicas.len());
+        for r in replicas {
+            self.i32(*r);
+        }
+    }
     /// A string longer than the prefix allows is cut to the prefix's
     /// maximum; every u16-prefixed field has a limit below that, so the
     /// decoder rejects the result rather than misreading it.
@@ -948,6 +941,15 @@ impl<'a> Reader<'a> {
             range: self.u64("segment range")?,
             seq: self.u32("segment seq")?,
         })
+    }
+    /// A replica set as `Writer::replicas` wrote it.
+    fn replicas(&mut self) -> Result<Vec<i32>, RecordDecodeError> {
+        let n = self.count("replicas", 4)?;
+        let mut replicas = Vec::with_capacity(n);
+        for _ in 0..n {
+            replicas.push(self.i32("replica")?);
+        }
+        Ok(replicas)
     }
     fn option(&mut self, field: &'static str) -> Result<bool, RecordDecodeError> {
         match self.u8(field)? {
