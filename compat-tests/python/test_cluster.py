@@ -98,6 +98,12 @@ CLUSTER_DEFAULTS = {
 }
 
 
+def controller_voters_for(nodes: int) -> int:
+    """How many of `tessera cluster --nodes N` are controller voters (the
+    rest are broker-only nodes), as `tessera cluster` decides."""
+    return 1 if nodes <= 2 else 3 if nodes <= 4 else 5
+
+
 @pytest.fixture
 def cluster(request):
     """A 3-node `tessera cluster`; ``@pytest.mark.cluster_overrides({...})``
@@ -133,6 +139,10 @@ def cluster(request):
         "workdir": workdir,
         "bootstrap": [f"127.0.0.1:{kafka + i}" for i in range(nodes)],
         "admin": [f"http://127.0.0.1:{admin + i}" for i in range(nodes)],
+        "voters": ",".join(
+            f"{i + 1}@127.0.0.1:{controller + i}" for i in range(controller_voters_for(nodes))
+        ),
+        "overrides": overrides,
     }
 
     def ready(i):

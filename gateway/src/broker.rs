@@ -141,14 +141,15 @@ impl Broker {
         } else {
             ControllerConfig::parse_voters(&config.controller_quorum_voters)?
         };
-        let controller = Controller::start(
-            ControllerConfig {
-                snapshot_interval_entries: config.metadata_snapshot_interval_entries,
-                ..ControllerConfig::new(config.node_id as u64, config.data_dir.join("meta"))
-            }
-            .with_voters(voters),
-        )
-        .await?;
+        let mut controller_config = ControllerConfig {
+            snapshot_interval_entries: config.metadata_snapshot_interval_entries,
+            ..ControllerConfig::new(config.node_id as u64, config.data_dir.join("meta"))
+        }
+        .with_voters(voters);
+        if let Some(address) = &config.metadata_learner_listener {
+            controller_config = controller_config.as_learner(address.clone());
+        }
+        let controller = Controller::start(controller_config).await?;
         let (rolls, roll_rx) = mpsc::unbounded_channel();
         let broker = Arc::new(Broker {
             cluster_id,

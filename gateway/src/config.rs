@@ -31,6 +31,11 @@ pub struct BrokerConfig {
     /// metadata quorum, each voter's controller listener. Empty: this node
     /// is the only voter and listens for no other.
     pub controller_quorum_voters: String,
+    /// `process.roles=broker` (a broker-only node): `Some(address)` where it
+    /// listens for the metadata log, which it follows as a learner of the
+    /// controller quorum (`metadata.listener`; default: the host of
+    /// `listeners`, a free port). `None` for a controller and broker.
+    pub metadata_learner_listener: Option<String>,
     /// `broker.heartbeat.interval.ms`: how often this broker tells the
     /// active controller it is alive.
     pub broker_heartbeat_interval_ms: u64,
@@ -159,6 +164,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("broker.rack", ""),
     ("process.roles", "broker,controller"),
     ("controller.quorum.voters", ""),
+    ("metadata.listener", ""),
     ("broker.heartbeat.interval.ms", "2000"),
     ("broker.session.timeout.ms", "9000"),
     ("num.partitions", "1"),
@@ -375,17 +381,35 @@ impl BrokerConfig {
         } else {
             parse_listener("advertised.listeners", &advertised)?
         };
-        // Every node is controller and broker at once for now (Kafka's
-        // combined mode); the key is accepted so Kafka configs carry over.
+        // A node is controller and broker at once (Kafka's combined mode)
+        // or a broker only, following the metadata log as a learner; a
+        // controller-only node is not supported yet.
         let roles = get("process.roles");
         let mut role_list: Vec<&str> = roles.split(',').map(str::trim).collect();
         role_list.sort_unstable();
-        if role_list != ["broker", "controller"] {
-            return Err(ConfigError::InvalidValue {
-                key: "process.roles".into(),
-                value: format!("{roles} (only \"broker,controller\" is supported yet)"),
-            });
-        }
+        let voters = get("controller.quorum.voters");
+        let metadata_learner_listener = match role_list.as_slice() {
+            ["broker", "controller"] => None,
+            ["broker"] if voters.trim().is_empty() => {
+                return Err(ConfigError::InvalidValue {
+                    key: "process.roles".into(),
+                    value: format!("{roles} (a broker-only node needs controller.quorum.voters)"),
+                })
+            }
+            ["broker"] => Some(match get("metadata.listener").trim() {
+                "" => format!("{host}:0"),
+                given => {
+                    let (h, p) = parse_listener("metadata.listener", given)?;
+                    format!("{h}:{p}")
+                }
+            }),
+            _ => {
+                return Err(ConfigError::InvalidValue {
+                    key: "process.roles".into(),
+                    value: format!("{roles} (\"broker,controller\" or \"broker\" are supported)"),
+                })
+            }
+        };
         let admin = get("admin.listener");
         let (admin_host, admin_port) = parse_listener("admin.listener", &admin)?;
         let rack = get("broker.rack");
@@ -403,7 +427,8 @@ impl BrokerConfig {
                     .trim(),
             ),
             rack: (!rack.trim().is_empty()).then(|| rack.trim().to_string()),
-            controller_quorum_voters: get("controller.quorum.voters").trim().to_string(),
+            controller_quorum_voters: voters.trim().to_string(),
+            metadata_learner_listener,
             broker_heartbeat_interval_ms: parse(map, "broker.heartbeat.interval.ms")?,
             broker_session_timeout_ms: parse(map, "broker.session.timeout.ms")?,
             num_partitions: parse(map, "num.partitions")?,
@@ -516,6 +541,45 @@ mod tests {
         assert_eq!(c.num_partitions, 1);
         assert!(c.auto_create_topics);
         assert_eq!(c.message_max_bytes, 1048588);
+    }
+
+    #[test]
+    fn process_roles_combined_or_broker_only() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let combined = BrokerConfig::from_map(&map(&[])).unwrap();
+        assert_eq!(combined.metadata_learner_listener, None);
+        let voters = ("controller.quorum.voters", "1@127.0.0.1:19092");
+        let broker = BrokerConfig::from_map(&map(&[("process.roles", "broker"), voters])).unwrap();
+        assert_eq!(
+            broker.metadata_learner_listener.as_deref(),
+            Some("127.0.0.1:0")
+        );
+        let placed = BrokerConfig::from_map(&map(&[
+            ("process.roles", "broker"),
+            voters,
+            ("metadata.listener", "127.0.0.1:19099"),
+        ]))
+        .unwrap();
+        assert_eq!(
+            placed.metadata_learner_listener.as_deref(),
+            Some("127.0.0.1:19099")
+        );
+        // A broker-only node needs the quorum; a controller-only node is not
+        // supported.
+        for bad in [
+            map(&[("process.roles", "broker")]),
+            map(&[("process.roles", "controller"), voters]),
+        ] {
+            assert!(matches!(
+                BrokerConfig::from_map(&bad),
+                Err(ConfigError::InvalidValue { key, .. }) if key == "process.roles"
+            ));
+        }
     }
 
     #[test]

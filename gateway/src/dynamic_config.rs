@@ -149,12 +149,17 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
     (
         "process.roles",
         7,
-        "The roles of this node; only broker,controller (combined) is supported.",
+        "The roles of this node: broker,controller (combined) or broker (follows the metadata log as a learner).",
     ),
     (
         "controller.quorum.voters",
         7,
         "The metadata quorum as id@host:port entries; empty: this node alone.",
+    ),
+    (
+        "metadata.listener",
+        7,
+        "Tessera: where a broker-only node listens for the metadata log (host:port; empty: the listener's host, a free port).",
     ),
     (
         "broker.heartbeat.interval.ms",

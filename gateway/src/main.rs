@@ -39,13 +39,16 @@ struct Cli {
 enum Command {
     /// Serve (the default when no subcommand is given).
     Serve,
-    /// Run a local cluster for trying things out and for tests: N nodes,
-    /// each controller and broker, as child processes of this one, on
-    /// consecutive ports (Kafka 9092.., admin 9644.., controller 19092..)
-    /// with their data under ./tessera-cluster/node-<id>. Ctrl-C (or
-    /// SIGTERM) stops them all. `-o key=value` overrides go to every node.
+    /// Run a local cluster for trying things out and for tests: N nodes
+    /// as child processes of this one, on consecutive ports (Kafka 9092..,
+    /// admin 9644.., controller 19092..) with their data under
+    /// ./tessera-cluster/node-<id>. The first 1, 3 or 5 nodes (the largest
+    /// that fits, at most 5) are controllers and brokers; the rest are
+    /// broker-only nodes following the metadata log. Ctrl-C (or SIGTERM)
+    /// stops them all. `-o key=value` overrides go to every node.
     Cluster {
-        /// Number of nodes (controller quorum voters): 1, 3 or 5.
+        /// Number of nodes, 1 to 9: `--nodes 4` is 3 controller+broker
+        /// nodes and one broker-only node.
         #[arg(long, default_value_t = 3)]
         nodes: u16,
         /// Kafka port of node 1; node i listens on base + i - 1.
@@ -153,8 +156,19 @@ struct ClusterPorts {
     controller: u16,
 }
 
-/// `tessera cluster`: starts `nodes` child processes of this binary, each a
-/// controller and broker of one quorum, and stops them all on Ctrl-C or
+/// How many of a local cluster's `nodes` are controller quorum voters: the
+/// largest of 1, 3 and 5 that fits (more voters than 5 only slow writes).
+fn controller_voters_for(nodes: u16) -> u16 {
+    match nodes {
+        0..=2 => 1,
+        3 | 4 => 3,
+        _ => 5,
+    }
+}
+
+/// `tessera cluster`: starts `nodes` child processes of this binary, the first
+/// `controller_voters_for(nodes)` controllers and brokers of one quorum, the
+/// rest broker-only, and stops them all on Ctrl-C or
 /// SIGTERM (forwarded as SIGTERM, so each shuts down gracefully).
 fn run_cluster(
     nodes: u16,
@@ -163,11 +177,12 @@ fn run_cluster(
     racks: &[String],
     overrides: &[String],
 ) -> anyhow::Result<()> {
-    if ![1, 3, 5].contains(&nodes) {
-        anyhow::bail!("--nodes must be 1, 3 or 5 (a controller quorum), not {nodes}");
+    if !(1..=9).contains(&nodes) {
+        anyhow::bail!("--nodes must be 1 to 9, not {nodes}");
     }
+    let voter_count = controller_voters_for(nodes);
     let exe = std::env::current_exe()?;
-    let voters: Vec<String> = (0..nodes)
+    let voters: Vec<String> = (0..voter_count)
         .map(|i| format!("{}@127.0.0.1:{}", i + 1, ports.controller + i))
         .collect();
     let voters = voters.join(",");
@@ -187,6 +202,15 @@ fn run_cluster(
             .arg(format!("127.0.0.1:{}", ports.admin + i))
             .arg("-o")
             .arg(format!("controller.quorum.voters={voters}"));
+        if i >= voter_count {
+            cmd.arg("-o")
+                .arg("process.roles=broker")
+                .arg("-o")
+                .arg(format!(
+                    "metadata.listener=127.0.0.1:{}",
+                    ports.controller + i
+                ));
+        }
         if !racks.is_empty() {
             let rack = &racks[(i as usize) % racks.len()];
             cmd.arg("-o").arg(format!("broker.rack={rack}"));
@@ -209,7 +233,8 @@ fn run_cluster(
         .map(|i| format!("127.0.0.1:{}", ports.kafka + i))
         .collect();
     eprintln!(
-        "tessera cluster: {nodes} node(s), bootstrap servers {}, admin ports {}..{}, data under {}; Ctrl-C stops all",
+        "tessera cluster: {nodes} node(s) ({voter_count} controller+broker, {} broker-only), bootstrap servers {}, admin ports {}..{}, data under {}; Ctrl-C stops all",
+        nodes - voter_count,
         bootstrap.join(","),
         ports.admin,
         ports.admin + nodes - 1,

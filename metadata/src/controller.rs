@@ -39,7 +39,7 @@ use tokio::time::Instant;
 use crate::error::MetadataError;
 use crate::heartbeats::Heartbeats;
 use crate::image::MetadataImage;
-use crate::network::{spawn_server, NetworkFactory, ServiceCallError, Transport};
+use crate::network::{spawn_server, NetworkFactory, ServiceCallError, Transport, REFUSED};
 use crate::records::MetadataRecord;
 use crate::storage::{LogStore, Shared, StateMachineStore};
 
@@ -92,6 +92,14 @@ pub struct ControllerConfig {
     /// before failing with [`MetadataError::StartTimeout`]. Default 30 s.
     /// With several voters a start needs a quorum of them running.
     pub start_timeout: Duration,
+    /// `Some(address)`: this node is not a voter but a learner (Kafka's
+    /// broker-only node, `process.roles=broker`): it listens at `address`
+    /// (port 0 picks a free one) for the leader's replication, asks the
+    /// leader to add it as a learner on every start (announcing the
+    /// address it actually listens on), and follows the metadata log
+    /// without voting. Its writes are forwarded to the leader. Needs a
+    /// voter map without this node in it.
+    pub learner_listener: Option<String>,
 }
 
 impl ControllerConfig {
@@ -104,7 +112,15 @@ impl ControllerConfig {
             snapshot_interval_entries: 1000,
             voters: BTreeMap::new(),
             start_timeout: DEFAULT_START_TIMEOUT,
+            learner_listener: None,
         }
+    }
+
+    /// The same configuration for a learner listening at `address`; see
+    /// [`ControllerConfig::learner_listener`].
+    pub fn as_learner(mut self, address: impl Into<String>) -> Self {
+        self.learner_listener = Some(address.into());
+        self
     }
 
     /// The same configuration with the voter map `voters`.
@@ -194,6 +210,8 @@ pub struct Controller {
     shared: Arc<Shared>,
     /// The configured voter map (empty: single voter, no listener).
     voters: BTreeMap<u64, String>,
+    /// `Some(address it listens on)` when this node is a learner.
+    learner_address: Option<String>,
     /// Client side of the transport (forwarded writes, read index).
     transport: Arc<Transport>,
     /// Brokers' heartbeats heard by this voter (leader or not).
@@ -230,11 +248,25 @@ impl Controller {
     /// committed before is applied to [`Controller::image`] (catching up
     /// from the leader, by log or snapshot, if this node is behind).
     pub async fn start(cfg: ControllerConfig) -> Result<Controller, MetadataError> {
-        if !cfg.voters.is_empty() && !cfg.voters.contains_key(&cfg.node_id) {
-            return Err(MetadataError::Config(format!(
-                "node {} is not one of the controller voters {:?}",
-                cfg.node_id, cfg.voters
-            )));
+        match &cfg.learner_listener {
+            None if !cfg.voters.is_empty() && !cfg.voters.contains_key(&cfg.node_id) => {
+                return Err(MetadataError::Config(format!(
+                    "node {} is not one of the controller voters {:?}",
+                    cfg.node_id, cfg.voters
+                )));
+            }
+            Some(_) if cfg.voters.is_empty() => {
+                return Err(MetadataError::Config(
+                    "a broker-only node (learner) needs the controller voters".into(),
+                ));
+            }
+            Some(_) if cfg.voters.contains_key(&cfg.node_id) => {
+                return Err(MetadataError::Config(format!(
+                    "node {} is a controller voter, so it cannot be a broker-only node",
+                    cfg.node_id
+                )));
+            }
+            _ => {}
         }
         let dir = cfg.dir.clone();
         std::fs::create_dir_all(&dir)
@@ -258,11 +290,24 @@ impl Controller {
         }
 
         // Listen before raft runs: a taken port fails the start cleanly.
-        let listener = match cfg.voters.get(&cfg.node_id) {
+        let listen_at = cfg
+            .learner_listener
+            .as_ref()
+            .or_else(|| cfg.voters.get(&cfg.node_id));
+        let listener = match listen_at {
             Some(addr) => Some(TcpListener::bind(addr.as_str()).await.map_err(|e| {
                 MetadataError::io(format!("listen on controller address {addr}"), e)
             })?),
             None => None,
+        };
+        // What a learner announces: the address it actually listens on.
+        let learner_address = match (&cfg.learner_listener, &listener) {
+            (Some(_), Some(l)) => Some(
+                l.local_addr()
+                    .map_err(|e| MetadataError::io("controller listener address", e))?
+                    .to_string(),
+            ),
+            _ => None,
         };
 
         let shared = Shared::new(dir.clone());
@@ -273,7 +318,7 @@ impl Controller {
         let state_machine = StateMachineStore::open(shared.clone())?;
 
         let interval = cfg.snapshot_interval_entries.max(1);
-        let config = if cfg.voters.len() > 1 {
+        let config = if cfg.voters.len() > 1 || learner_address.is_some() {
             Config {
                 cluster_name: "tessera-metadata".into(),
                 // The heartbeat interval is also openraft's deadline for one
@@ -324,6 +369,7 @@ impl Controller {
             raft,
             shared,
             voters: cfg.voters,
+            learner_address,
             transport,
             heartbeats: Arc::default(),
             server: Mutex::new(None),
@@ -356,7 +402,7 @@ impl Controller {
             .is_initialized()
             .await
             .map_err(|e| self.raft_err(e))?;
-        if !initialized {
+        if !initialized && self.learner_address.is_none() {
             // Every voter initializes with the same membership; whichever
             // does it first, the logs agree (openraft allows this).
             let members: BTreeMap<u64, BasicNode> = if self.voters.is_empty() {
@@ -393,12 +439,57 @@ impl Controller {
                 self.heartbeats.clone(),
             ));
         }
+        if let Some(address) = self.learner_address.clone() {
+            self.join_as_learner(&address, start_timeout).await?;
+        }
         self.catch_up_within(start_timeout, true)
             .await
             .map_err(|e| match e {
                 MetadataError::Timeout(_) => MetadataError::StartTimeout,
                 e => e,
             })
+    }
+
+    /// A learner asks the voters, in turn, until the leader answers, to add
+    /// it (or update its address) in the raft membership; the leader then
+    /// replicates the metadata log to it.
+    async fn join_as_learner(&self, address: &str, limit: Duration) -> Result<(), MetadataError> {
+        let deadline = Instant::now() + limit;
+        let mut target: Option<u64> = None;
+        let mut round = self.voters.keys().copied().cycle();
+        loop {
+            if self.shut_down.load(Ordering::SeqCst) {
+                return Err(MetadataError::Shutdown);
+            }
+            let voter = match target.take() {
+                Some(v) => v,
+                None => round.next().expect("a learner has voters"),
+            };
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(MetadataError::StartTimeout);
+            }
+            match self
+                .transport
+                .join_as_learner(voter, self.node_id, address, left.min(READ_INDEX_TIMEOUT))
+                .await
+            {
+                Ok(()) => {
+                    tracing::info!(
+                        "joined the metadata quorum as a learner at {address} (leader {voter})"
+                    );
+                    return Ok(());
+                }
+                Err(ServiceCallError::NotLeader(Some(l))) if l != voter => target = Some(l),
+                Err(ServiceCallError::Failed(m)) if m.starts_with(REFUSED) => {
+                    return Err(MetadataError::Config(m));
+                }
+                Err(e) => {
+                    tracing::debug!("joining the metadata quorum through {voter}: {e}");
+                    tokio::time::sleep(Duration::from_millis(200).min(left)).await;
+                }
+            }
+        }
     }
 
     /// Waits until a leader is confirmed and this node has applied

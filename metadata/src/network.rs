@@ -21,7 +21,9 @@
 //! - ClientWrite (4): `u32 count`, per record `u32 length` + record bytes;
 //! - ReadIndex (5): empty;
 //! - BrokerHeartbeat (6): `i32` broker id, then (optional, 0 when absent)
-//!   `u8` want-shutdown flag (answered by the leader only).
+//!   `u8` want-shutdown flag (answered by the leader only);
+//! - JoinAsLearner (7): `u64` node id, `u32 length` + the address (UTF-8)
+//!   the learner listens on (answered by the leader only).
 //!
 //! A response payload is `u8 protocol version`, `u8 status` (0 ok, 1 error
 //! reported by the peer), then JSON: the openraft response or `RaftError`
@@ -84,6 +86,11 @@ const KIND_INSTALL_SNAPSHOT: u8 = 3;
 const KIND_CLIENT_WRITE: u8 = 4;
 const KIND_READ_INDEX: u8 = 5;
 const KIND_BROKER_HEARTBEAT: u8 = 6;
+const KIND_JOIN_AS_LEARNER: u8 = 7;
+
+/// Prefix of a [`ServiceError::Failed`] message that retrying cannot fix
+/// (a learner's join refused because its id is a voter's).
+pub(crate) const REFUSED: &str = "refused: ";
 
 const STATUS_OK: u8 = 0;
 const STATUS_ERR: u8 = 1;
@@ -127,6 +134,12 @@ pub(crate) enum Request {
     BrokerHeartbeat {
         broker_id: i32,
         want_shutdown: bool,
+    },
+    /// A broker-only node asks to follow the metadata log as a learner,
+    /// at `address`.
+    JoinAsLearner {
+        node_id: u64,
+        address: String,
     },
 }
 
@@ -193,6 +206,7 @@ pub(crate) fn encode_request(from: u64, to: u64, req: &Request) -> Result<Vec<u8
         Request::ClientWrite(_) => KIND_CLIENT_WRITE,
         Request::ReadIndex => KIND_READ_INDEX,
         Request::BrokerHeartbeat { .. } => KIND_BROKER_HEARTBEAT,
+        Request::JoinAsLearner { .. } => KIND_JOIN_AS_LEARNER,
     });
     b.extend_from_slice(&from.to_be_bytes());
     b.extend_from_slice(&to.to_be_bytes());
@@ -242,6 +256,11 @@ pub(crate) fn encode_request(from: u64, to: u64, req: &Request) -> Result<Vec<u8
         } => {
             b.extend_from_slice(&broker_id.to_be_bytes());
             b.push(*want_shutdown as u8);
+        }
+        Request::JoinAsLearner { node_id, address } => {
+            b.extend_from_slice(&node_id.to_be_bytes());
+            put_u32(&mut b, address.len())?;
+            b.extend_from_slice(address.as_bytes());
         }
     }
     let len = b.len() - 4;
@@ -367,6 +386,14 @@ pub(crate) fn decode_request(payload: &[u8]) -> Result<(u64, u64, Request), Stri
                 broker_id,
                 want_shutdown,
             }
+        }
+        KIND_JOIN_AS_LEARNER => {
+            let node_id = r.u64()?;
+            let address = std::str::from_utf8(r.sized()?)
+                .map_err(|e| format!("learner address: {e}"))?
+                .to_string();
+            r.end()?;
+            Request::JoinAsLearner { node_id, address }
         }
         k => return Err(format!("unknown request kind {k}")),
     };
@@ -669,6 +696,24 @@ impl Transport {
         };
         let frame =
             encode_request(self.node_id, target, &heartbeat).map_err(ServiceCallError::NotSent)?;
+        self.service_call(target, &frame, timeout, true).await
+    }
+
+    /// Asks `target` (the leader) to add `node_id` as a learner listening
+    /// at `address` (or to update its address).
+    pub(crate) async fn join_as_learner(
+        &self,
+        target: u64,
+        node_id: u64,
+        address: &str,
+        timeout: Duration,
+    ) -> Result<(), ServiceCallError> {
+        let join = Request::JoinAsLearner {
+            node_id,
+            address: address.to_string(),
+        };
+        let frame =
+            encode_request(self.node_id, target, &join).map_err(ServiceCallError::NotSent)?;
         self.service_call(target, &frame, timeout, true).await
     }
 
@@ -978,6 +1023,55 @@ async fn handle(raft: &MetadataRaft, heartbeats: &Heartbeats, req: Request) -> (
         Request::InstallSnapshot(r) => reply(raft.install_snapshot(r).await),
         Request::ClientWrite(values) => reply(client_write(raft, values).await),
         Request::ReadIndex => reply(read_index(raft).await),
+        Request::JoinAsLearner { node_id, address } => {
+            reply(join_as_learner(raft, node_id, address).await)
+        }
+    }
+}
+
+/// On the leader: adds `node_id` as a learner at `address`, or updates the
+/// address of a learner that restarted elsewhere; nothing to write when the
+/// membership already says so. A voter's id is refused.
+async fn join_as_learner(
+    raft: &MetadataRaft,
+    node_id: u64,
+    address: String,
+) -> Result<(), ServiceError> {
+    let membership = raft
+        .with_raft_state(|s| s.membership_state.effective().membership().clone())
+        .await
+        .map_err(|f| ServiceError::Failed(fatal_text(&f)))?;
+    if membership.voter_ids().any(|v| v == node_id) {
+        return Err(ServiceError::Failed(format!(
+            "{REFUSED}node id {node_id} is a controller voter; a broker-only node needs an id of its own"
+        )));
+    }
+    let node = BasicNode::new(&address);
+    let result = match membership.get_node(&node_id) {
+        Some(known) if known.addr == address => {
+            // Already a learner there; only confirm this node still leads.
+            return read_index(raft).await.map(|_| ());
+        }
+        Some(_) => {
+            let change = openraft::ChangeMembers::SetNodes(std::collections::BTreeMap::from([(
+                node_id, node,
+            )]));
+            raft.change_membership(change, true).await
+        }
+        None => raft.add_learner(node_id, node, false).await,
+    };
+    match result {
+        Ok(_) => {
+            tracing::info!("metadata learner {node_id} at {address} added");
+            Ok(())
+        }
+        Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
+            Err(ServiceError::NotLeader {
+                leader: f.leader_id,
+            })
+        }
+        Err(RaftError::APIError(e)) => Err(ServiceError::Failed(e.to_string())),
+        Err(RaftError::Fatal(f)) => Err(ServiceError::Failed(fatal_text(&f))),
     }
 }
 

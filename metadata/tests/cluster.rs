@@ -542,3 +542,94 @@ fn voters_parse_kafka_syntax() {
         );
     }
 }
+
+/// A broker-only node (Kafka's `process.roles=broker`) follows the
+/// metadata log as an openraft learner: it is added by the leader when it
+/// asks, sees every committed entry, forwards its writes, never votes (the
+/// quorum still needs 2 of the 3 voters), comes back on another port after
+/// a restart (the leader updates its address), and a learner claiming a
+/// voter's id is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_learner_follows_the_log_forwards_writes_and_rejoins_at_a_new_address() {
+    let mut c = Cluster::new(3, 1000);
+    c.start_all().await;
+    let leader = c.wait_leader().await;
+    let before = c
+        .node(leader)
+        .write(vec![topic(1, "before")])
+        .await
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let learner_cfg = || {
+        ControllerConfig::new(4, dir.path())
+            .with_voters(c.voters.clone())
+            .as_learner("127.0.0.1:0")
+    };
+    let learner = start_node(learner_cfg()).await;
+    // start() returns caught up with everything committed before.
+    assert!(learner.image().offset >= before);
+    assert!(learner.image().topic_by_name("before").is_some());
+    assert!(!learner.is_leader());
+    let members = |node: &Controller| {
+        let m = node.raft().metrics().borrow().membership_config.clone();
+        let voters: Vec<u64> = m.membership().voter_ids().collect();
+        let learners: Vec<u64> = m.membership().learner_ids().collect();
+        (voters, learners)
+    };
+    assert_eq!(members(c.node(leader)), (vec![1, 2, 3], vec![4]));
+
+    // A write on the learner is forwarded to the leader.
+    let off = learner.write(vec![topic(2, "from-learner")]).await.unwrap();
+    let img = c.wait_converged(off).await;
+    assert!(img.topic_by_name("from-learner").is_some());
+    eventually("the learner applies its own write", || {
+        (learner.image().offset >= off).then_some(())
+    })
+    .await;
+
+    // Restart on a new port: the leader replicates to the new address.
+    learner.shutdown().await;
+    let off = c
+        .node(leader)
+        .write(vec![topic(3, "while-away")])
+        .await
+        .unwrap();
+    let learner = start_node(learner_cfg()).await;
+    assert!(learner.image().topic_by_name("while-away").is_some());
+    let off2 = c.node(leader).write(vec![topic(4, "after")]).await.unwrap();
+    assert!(off2 > off);
+    eventually("the restarted learner follows new entries", || {
+        learner.image().topic_by_name("after").map(|_| ())
+    })
+    .await;
+
+    // One voter down: 2 of 3 voters still commit (the learner is not a
+    // voter, so it neither helps nor hinders the quorum).
+    let other = c.ids().into_iter().find(|id| *id != leader).unwrap();
+    c.stop(other).await;
+    let leader = c.wait_leader().await;
+    let off = c
+        .node(leader)
+        .write(vec![topic(5, "two-voters")])
+        .await
+        .unwrap();
+    eventually("the learner sees the write of two voters", || {
+        (learner.image().offset >= off).then_some(())
+    })
+    .await;
+    c.start(other).await;
+
+    // A learner with a voter's id is refused at start.
+    let dir2 = tempfile::tempdir().unwrap();
+    let bad = ControllerConfig::new(2, dir2.path())
+        .with_voters(c.voters.clone())
+        .as_learner("127.0.0.1:0");
+    assert!(matches!(
+        Controller::start(bad).await,
+        Err(MetadataError::Config(_))
+    ));
+
+    learner.shutdown().await;
+    c.stop_all().await;
+}

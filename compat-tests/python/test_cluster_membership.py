@@ -1,0 +1,167 @@
+"""Brokers that join and leave a running cluster (issue 9).
+
+A broker-only node (`process.roles=broker`) follows the metadata log as a
+learner of the controller quorum: it registers, heartbeats, serves clients
+and takes new segments at once (placement prefers the least loaded broker),
+while nothing already stored is copied to it. When it dies, the sealed
+segments it held heal back to three copies on the others."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient, NewTopic
+
+import procguard
+from conftest import tessera_bin
+from test_cluster import cluster, eventually, http, node_pid  # noqa: F401 - fixture
+from test_replication import create_replicated
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def brokers_seen(bootstrap: str) -> list[int]:
+    return sorted(AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=10).brokers)
+
+
+def consume_all(bootstrap: str, topic: str, partitions: int, want: int) -> dict[tuple[int, int], bytes]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"check-{topic}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got = {}
+    deadline = time.monotonic() + 90
+    while len(got) < want and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got[(m.partition(), m.offset())] = m.value()
+    c.close()
+    return got
+
+
+def produce(bootstrap: str, topic: str, partitions: int, count: int) -> dict[tuple[int, int], bytes]:
+    acked = {}
+
+    def on_delivery(err, msg):
+        assert err is None, err
+        acked[(msg.partition(), msg.offset())] = msg.value()
+
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", "enable.idempotence": True,
+                  "linger.ms": 5, "batch.size": 16384})
+    for i in range(count):
+        p.produce(topic, value=b"v" * 100 + str(i).encode(), partition=i % partitions,
+                  on_delivery=on_delivery)
+        if i % 1000 == 0:
+            p.poll(0)
+    assert p.flush(60) == 0
+    assert len(acked) == count
+    return acked
+
+
+@pytest.mark.cluster_nodes(4)
+def test_a_broker_only_node_serves_clients_and_survives_kill_9(cluster):
+    boot = cluster["bootstrap"]
+    # `--nodes 4`: three controllers+brokers, node 4 a broker only.
+    for b in boot:
+        assert brokers_seen(b) == [1, 2, 3, 4]
+    a = AdminClient({"bootstrap.servers": boot[3]})
+    assert a.describe_cluster(request_timeout=10).result(10).controller.id in (1, 2, 3)
+
+    # A topic created through the broker-only node, replicated on three.
+    create_replicated(boot[3], "learner-topic", 2, 3, {"min.insync.replicas": "2"})
+    acked = produce(boot[3], "learner-topic", 2, 5000)
+
+    # kill -9 and restart node 4: it rejoins and catches up with a topic
+    # created while it was down.
+    pid = node_pid(cluster["workdir"], 4)
+    cmd = [c.decode() for c in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0") if c]
+    os.kill(pid, signal.SIGKILL)
+    create_replicated(boot[0], "while-away", 1, 2, {})
+    log = open(cluster["workdir"] / "node-4-restart.log", "ab")
+    procguard.spawn(cmd, cwd=cluster["workdir"], stdout=log, stderr=log)
+    eventually("node 4 ready again", lambda: http_ready(cluster["admin"][3]), timeout=60)
+    md = AdminClient({"bootstrap.servers": boot[3]}).list_topics(timeout=10)
+    assert "while-away" in md.topics
+    got = consume_all(boot[3], "learner-topic", 2, len(acked))
+    assert got == acked
+
+
+def http_ready(admin_url: str) -> bool:
+    import urllib.request
+    try:
+        with urllib.request.urlopen(admin_url + "/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+@pytest.mark.cluster_overrides({"replica.heal.delay.ms": "2000", "log.segment.bytes": "65536"})
+def test_a_fourth_broker_joins_takes_new_segments_and_heals_away_when_removed(cluster):
+    boot = ",".join(cluster["bootstrap"])
+    # Data stored before the join stays where it is.
+    create_replicated(boot, "before-join", 1, 3, {})
+    before = produce(boot, "before-join", 1, 2000)
+
+    port, admin_port = free_port(), free_port()
+    workdir = cluster["workdir"]
+    cmd = [
+        str(tessera_bin()),
+        "--data-dir", str(workdir / "cluster" / "node-4"),
+        "--node-id", "4",
+        "--listeners", f"PLAINTEXT://127.0.0.1:{port}",
+        "--admin-listener", f"127.0.0.1:{admin_port}",
+        "-o", f"controller.quorum.voters={cluster['voters']}",
+        "-o", "process.roles=broker",
+        *[a for k, v in cluster["overrides"].items() for a in ("-o", f"{k}={v}")],
+    ]
+    log = open(workdir / "node-4.log", "ab")
+    started = time.monotonic()
+    procguard.spawn(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+    admin4 = f"http://127.0.0.1:{admin_port}"
+    # Within a minute: registered, seen by every client, ready.
+    eventually("broker 4 joined", lambda: http_ready(admin4)
+               and brokers_seen(boot) == [1, 2, 3, 4], timeout=60)
+    print(f"broker 4 joined and ready after {time.monotonic() - started:.2f} s")
+    # Nothing copied to it.
+    assert [s for s in http(admin4 + "/segments")
+            if s["topic"] == "before-join" and s["local_bytes"] is not None] == []
+
+    # New segments land on it at once: placement prefers the least loaded.
+    def new_topic_on_4():
+        for i in range(6):
+            name = f"after-join-{i}"
+            create_replicated(boot, name, 2, 3, {"min.insync.replicas": "2"})
+            md = AdminClient({"bootstrap.servers": boot}).list_topics(name, timeout=10)
+            if any(4 in p.replicas for p in md.topics[name].partitions.values()):
+                print(f"new topic #{i} placed on broker 4")
+                return name
+        return None
+
+    topic = new_topic_on_4()
+    assert topic, "no new topic was placed on the new broker"
+    acked = produce(boot, topic, 2, 20000)
+    local = [s for s in http(admin4 + "/segments") if s["topic"] == topic and 4 in s["replicas"]]
+    assert local and all(s["local_bytes"] for s in local)
+    sealed = [s for s in local if s["sealed_bytes"] is not None]
+    assert sealed, "expected rolled (sealed) segments on broker 4"
+
+    # Remove it (kill -9): its sealed copies heal back to three on 1, 2, 3.
+    os.kill(node_pid(workdir, 4), signal.SIGKILL)
+
+    def healed():
+        now = [s for s in http(cluster["admin"][0] + "/segments")
+               if s["topic"] == topic and s["sealed_bytes"] is not None]
+        return now and all(4 not in s["replicas"] and len(s["replicas"]) == 3 for s in now)
+
+    eventually("sealed segments of broker 4 healed to three copies", healed, timeout=90)
+    assert consume_all(boot, topic, 2, len(acked)) == acked
+    assert consume_all(boot, "before-join", 1, len(before)) == before
