@@ -427,3 +427,104 @@ def test_a_consumer_reads_sealed_data_from_a_replica_in_its_rack(cluster):
     print(f"\nfetched from follower {follower}: {from_follower:.0f} bytes (leader {leader} as follower: {from_leader:.0f})")
     assert from_follower > 100_000, from_follower
     assert from_leader == 0
+
+
+def restart_node(workdir: Path, node: int, cmd: list[str]):
+    log = open(workdir / f"node-{node}-restart.log", "ab")
+    procguard.spawn(cmd, cwd=workdir, stdout=log, stderr=log)
+
+
+def node_cmd(workdir: Path, node: int) -> list[str]:
+    pid = node_pid(workdir, node)
+    assert pid, f"node {node} is not running"
+    return [c.decode() for c in (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0") if c]
+
+
+def wait_exit(pid: int, timeout: float = 40):
+    eventually(f"pid {pid} exits", lambda: not Path(f"/proc/{pid}").exists()
+               or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower(), timeout=timeout)
+
+
+@pytest.mark.cluster_nodes(5)
+@pytest.mark.cluster_overrides({"log.segment.bytes": "65536"})
+def test_a_leader_without_the_history_reads_it_from_the_replicas_that_hold_it(cluster):
+    """A spare that joined a later segment becomes leader: the sealed
+    segments written before it joined are not on it, so it reads them from
+    the replicas that hold them; a consumer from the beginning gets every
+    record at its offset (before: the leader skipped to what it held)."""
+    boot = ",".join(cluster["bootstrap"])
+    workdir = cluster["workdir"]
+    topic = "history"
+    admin = create_replicated(boot, topic, 1, 3, {"min.insync.replicas": "2"})
+    delivered = Deliveries()
+
+    def produce(n: int, start: int):
+        p = Producer({"bootstrap.servers": boot, "acks": "all", "enable.idempotence": True,
+                      "linger.ms": 5, "batch.size": 16384, "message.timeout.ms": 60000})
+        for i in range(start, start + n):
+            p.produce(topic, value=b"h" * 100 + str(i).encode(), partition=0, on_delivery=delivered)
+            if i % 1000 == 0:
+                p.poll(0)
+        assert p.flush(60) == 0
+
+    def active_replicas():
+        return next(s["replicas"] for s in http(cluster["admin"][witness() - 1] + "/segments")
+                    if s["topic"] == topic and s["sealed_bytes"] is None)
+
+    alive = set(range(1, 6))
+
+    def witness():
+        return min(alive)
+
+    produce(8000, 0)
+    first = active_replicas()
+    # 1. kill -9 the primary: the controller seals by quorum and opens the
+    #    next segment on the two survivors and a spare.
+    p0 = first[0]
+    cmd_p0 = node_cmd(workdir, p0)
+    os.kill(node_pid(workdir, p0), signal.SIGKILL)
+    alive.discard(p0)
+    eventually("a new leader", lambda: leader_of(admin, topic) not in (p0, -1), timeout=60)
+    restart_node(workdir, p0, cmd_p0)
+    alive.add(p0)
+    produce(4000, 8000)
+    second = active_replicas()
+    spare = next(r for r in second if r not in first)
+    holder, other = second[0], next(r for r in second[1:] if r != spare)
+    # 2. kill -9 the other survivor, then SIGTERM the leader: only the spare
+    #    answers the fence besides the leader itself, so it leads next.
+    cmd_other, cmd_holder = node_cmd(workdir, other), node_cmd(workdir, holder)
+    os.kill(node_pid(workdir, other), signal.SIGKILL)
+    alive.discard(other)
+    holder_pid = node_pid(workdir, holder)
+    os.kill(holder_pid, signal.SIGTERM)
+    wait_exit(holder_pid)
+    alive.discard(holder)
+    eventually("the spare leads", lambda: leader_of(admin, topic) == spare, timeout=60)
+    restart_node(workdir, other, cmd_other)
+    restart_node(workdir, holder, cmd_holder)
+    alive.update({other, holder})
+    eventually("every node back", lambda: all(node_pid(workdir, n) for n in range(1, 6)), timeout=30)
+    produce(2000, 12000)
+    assert leader_of(admin, topic) == spare
+    # The new leader holds none of the first segments.
+    local = {(s["range"], s["seq"]): s for s in http(cluster["admin"][spare - 1] + "/segments")
+             if s["topic"] == topic}
+    missing = [k for k, s in local.items() if s["sealed_bytes"] is not None and spare not in s["replicas"]]
+    assert missing, "expected sealed segments the new leader does not hold"
+
+    assert delivered.errors == [], delivered.errors[:5]
+    for isolation in ("read_uncommitted", "read_committed"):
+        c = Consumer({"bootstrap.servers": boot, "group.id": f"history-{isolation}",
+                      "isolation.level": isolation, "enable.auto.commit": False})
+        c.assign([TopicPartition(topic, 0, 0)])
+        got = {}
+        deadline = time.monotonic() + 90
+        while len(got) < len(delivered.acked) and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None and not m.error():
+                got[(m.partition(), m.offset())] = m.value()
+        c.close()
+        lost = [k for k, v in delivered.acked.items() if got.get(k) != v]
+        assert lost == [], f"{isolation}: {len(lost)} of {len(delivered.acked)} records not read: {lost[:5]}"
+    assert metric(cluster["admin"][spare - 1], "tessera_remote_read_bytes_total") > 0

@@ -12,6 +12,8 @@ pub struct Metrics {
     pub fetched_bytes: AtomicU64,
     /// Of those, served by this broker as a follower (KIP-392).
     pub follower_fetched_bytes: AtomicU64,
+    /// Bytes a leader read from another replica's sealed copy for a fetch.
+    pub remote_read_bytes: AtomicU64,
     pub connections_opened: AtomicU64,
     pub connections_closed: AtomicU64,
     pub rejected_frames: AtomicU64,
@@ -30,6 +32,7 @@ impl Default for Metrics {
             produced_bytes: AtomicU64::new(0),
             fetched_bytes: AtomicU64::new(0),
             follower_fetched_bytes: AtomicU64::new(0),
+            remote_read_bytes: AtomicU64::new(0),
             connections_opened: AtomicU64::new(0),
             connections_closed: AtomicU64::new(0),
             rejected_frames: AtomicU64::new(0),
@@ -112,6 +115,11 @@ impl Metrics {
                 "tessera_follower_fetched_bytes_total",
                 "Record bytes returned by Fetch from sealed copies this broker follows (KIP-392).",
                 &self.follower_fetched_bytes,
+            ),
+            (
+                "tessera_remote_read_bytes_total",
+                "Record bytes a leader read from another replica's sealed copy (a segment of its partition it holds no copy of).",
+                &self.remote_read_bytes,
             ),
             (
                 "tessera_connections_opened_total",

@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
-use kafka_protocol::messages::fetch_request::FetchPartition;
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::fetch_response::{
     AbortedTransaction, FetchableTopicResponse, PartitionData,
 };
@@ -50,7 +50,13 @@ pub async fn handle(
     let mut hw_events = broker.hw_events.subscribe();
     loop {
         hw_events.borrow_and_update();
-        let (response, bytes, has_error) = gather(broker, version, &request);
+        let (mut response, mut bytes, has_error, remote) = gather(broker, version, &request);
+        if !remote.is_empty() {
+            // Sealed history read from another replica: answer at once.
+            bytes += read_remote(broker, &mut response, remote).await;
+            Metrics::add(&broker.metrics.fetched_bytes, bytes as u64);
+            return response;
+        }
         if bytes >= min_bytes || has_error || tokio::time::Instant::now() >= deadline {
             Metrics::add(&broker.metrics.fetched_bytes, bytes as u64);
             return response;
@@ -62,15 +68,39 @@ pub async fn handle(
     }
 }
 
-/// One pass over the requested partitions: `(response, record bytes, any error)`.
-fn gather(broker: &Broker, version: i16, request: &FetchRequest) -> (FetchResponse, usize, bool) {
+/// A partition whose records this leader reads from another replica (a
+/// sealed segment it holds no copy of), filled in by [`read_remote`].
+struct RemoteRead {
+    /// Position of the partition in the response.
+    topic_index: usize,
+    partition_index: usize,
+    topic: TopicName,
+    partition: i32,
+    offset: i64,
+    max_bytes: usize,
+    /// Nothing at or past this offset is returned (the last stable offset
+    /// for read_committed).
+    upper: i64,
+    holders: Vec<i32>,
+}
+
+/// One pass over the requested partitions: `(response, record bytes, any
+/// error, partitions to read from other replicas)`.
+fn gather(
+    broker: &Broker,
+    version: i16,
+    request: &FetchRequest,
+) -> (FetchResponse, usize, bool, Vec<RemoteRead>) {
     let image = broker.image();
     let mut remaining = request.max_bytes.max(0) as usize;
     let read_committed = request.isolation_level == 1;
+    // A broker reading a sealed segment it lacks (see `RemoteRead`).
+    let from_broker = request.replica_id.0 >= 0 || request.replica_state.replica_id.0 >= 0;
+    let mut remote = Vec::new();
     let mut total = 0usize;
     let mut has_error = false;
     let mut topics = Vec::with_capacity(request.topics.len());
-    for topic in &request.topics {
+    for (topic_index, topic) in request.topics.iter().enumerate() {
         // v13+ names topics by id only.
         let resolved: Result<Arc<TopicImage>, ApiError> = if version >= 13 {
             image
@@ -85,7 +115,7 @@ fn gather(broker: &Broker, version: i16, request: &FetchRequest) -> (FetchRespon
                 .ok_or(ApiError::UnknownTopicOrPartition)
         };
         let mut partitions = Vec::with_capacity(topic.partitions.len());
-        for p in &topic.partitions {
+        for (partition_index, p) in topic.partitions.iter().enumerate() {
             let data = match &resolved {
                 Err(e) => Err(e.clone()),
                 Ok(t) => read_partition(
@@ -97,9 +127,19 @@ fn gather(broker: &Broker, version: i16, request: &FetchRequest) -> (FetchRespon
                         read_committed,
                         rack: request.rack_id.as_str(),
                         first_in_response: total == 0,
+                        from_broker,
                     },
                     &mut remaining,
-                ),
+                )
+                .map(|(data, elsewhere)| {
+                    if let Some(mut r) = elsewhere {
+                        r.topic_index = topic_index;
+                        r.partition_index = partition_index;
+                        r.topic = TopicName(StrBytes::from_string(t.name.clone()));
+                        remote.push(r);
+                    }
+                    data
+                }),
             };
             let data = match data {
                 Ok(d) => {
@@ -139,6 +179,7 @@ fn gather(broker: &Broker, version: i16, request: &FetchRequest) -> (FetchRespon
             .with_responses(topics),
         total,
         has_error,
+        remote,
     )
 }
 
@@ -148,6 +189,9 @@ struct Reader<'a> {
     /// The consumer's `client.rack` (v11+), for fetches from followers.
     rack: &'a str,
     first_in_response: bool,
+    /// Another broker asks (Fetch's replica id): served from sealed copies
+    /// when this broker does not lead the partition.
+    from_broker: bool,
 }
 
 fn read_partition(
@@ -157,19 +201,23 @@ fn read_partition(
     p: &FetchPartition,
     reader: Reader<'_>,
     remaining: &mut usize,
-) -> Result<PartitionData, ApiError> {
+) -> Result<(PartitionData, Option<RemoteRead>), ApiError> {
     let Reader {
         read_committed,
         rack,
         first_in_response,
+        from_broker,
     } = reader;
     let route = match broker.route(image, topic, p.partition) {
         Ok(route) => route,
-        // A consumer sent here as the preferred read replica (KIP-392).
+        // A consumer sent here as the preferred read replica (KIP-392), or
+        // a leader reading a sealed segment it lacks.
         Err(ApiError::NotLeaderOrFollower)
-            if broker.follower_fetch_enabled() && !rack.is_empty() && !read_committed =>
+            if from_broker
+                || (broker.follower_fetch_enabled() && !rack.is_empty() && !read_committed) =>
         {
-            return follower_partition(broker, image, topic, p, remaining, first_in_response);
+            return follower_partition(broker, image, topic, p, remaining, first_in_response)
+                .map(|d| (d, None));
         }
         Err(e) => return Err(e),
     };
@@ -206,15 +254,40 @@ fn read_partition(
     };
     if let Some(replica) = preferred {
         // No records: the consumer fetches them from that replica.
-        return Ok(PartitionData::default()
-            .with_partition_index(p.partition)
-            .with_high_watermark(offsets.high_watermark)
-            .with_last_stable_offset(offsets.last_stable)
-            .with_log_start_offset(offsets.log_start)
-            .with_preferred_read_replica(BrokerId(replica))
-            .with_records(Some(Bytes::new())));
+        return Ok((
+            PartitionData::default()
+                .with_partition_index(p.partition)
+                .with_high_watermark(offsets.high_watermark)
+                .with_last_stable_offset(offsets.last_stable)
+                .with_log_start_offset(offsets.log_start)
+                .with_preferred_read_replica(BrokerId(replica))
+                .with_records(Some(Bytes::new())),
+            None,
+        ));
     }
+    let mut elsewhere = None;
     if p.fetch_offset < upper && (limit > 0 || first_in_response) {
+        elsewhere = broker
+            .remote_holders(image, topic, partition, p.fetch_offset)
+            .map(|holders| RemoteRead {
+                topic_index: 0,
+                partition_index: 0,
+                topic: TopicName::default(),
+                partition: p.partition,
+                offset: p.fetch_offset,
+                max_bytes: if first_in_response {
+                    limit.max(1)
+                } else {
+                    limit
+                },
+                upper,
+                holders,
+            });
+    }
+    if elsewhere.is_some() {
+        // Filled in by `read_remote`; the budget is that read's.
+        *remaining = remaining.saturating_sub(limit);
+    } else if p.fetch_offset < upper && (limit > 0 || first_in_response) {
         // Offsets below the active range's base live in an ancestor range.
         let log = if p.fetch_offset >= route.log.base_offset(partition)? {
             route.log.clone()
@@ -250,7 +323,7 @@ fn read_partition(
         }
         data = data.with_aborted_transactions(Some(aborted));
     }
-    Ok(data)
+    Ok((data, elsewhere))
 }
 
 /// A partition read served by this broker as a follower (sealed data only).
@@ -285,4 +358,115 @@ fn follower_partition(
         .with_log_start_offset(log_start)
         .with_preferred_read_replica(BrokerId(-1))
         .with_records(Some(records)))
+}
+
+/// How long a leader waits for another replica's sealed copy.
+const REMOTE_READ_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Fills in the records of partitions whose sealed segment this leader
+/// lacks, fetched from a replica that holds it (asking as a broker, so the
+/// replica serves its sealed copy); returns the bytes added. With no
+/// replica answering, the partition gets KAFKA_STORAGE_ERROR (retriable):
+/// never the data past the gap, which would skip records.
+async fn read_remote(
+    broker: &Broker,
+    response: &mut FetchResponse,
+    reads: Vec<RemoteRead>,
+) -> usize {
+    let image = broker.image();
+    let mut added = 0;
+    for read in reads {
+        let mut records = None;
+        for holder in &read.holders {
+            let Some(b) = image.brokers.get(holder) else {
+                continue;
+            };
+            let ask = FetchRequest::default()
+                .with_replica_id(BrokerId(broker.config.node_id))
+                .with_max_wait_ms(0)
+                .with_min_bytes(0)
+                .with_max_bytes(read.max_bytes as i32)
+                .with_isolation_level(0)
+                .with_topics(vec![FetchTopic::default()
+                    .with_topic(read.topic.clone())
+                    .with_partitions(vec![FetchPartition::default()
+                        .with_partition(read.partition)
+                        .with_fetch_offset(read.offset)
+                        .with_current_leader_epoch(-1)
+                        .with_log_start_offset(-1)
+                        .with_partition_max_bytes(read.max_bytes as i32)])]);
+            let answer = crate::peer::call(
+                &b.registration.host,
+                b.registration.port,
+                REMOTE_FETCH_VERSION,
+                &ask,
+                REMOTE_READ_TIMEOUT,
+            )
+            .await;
+            let data = answer.ok().and_then(|r| {
+                r.responses
+                    .into_iter()
+                    .flat_map(|t| t.partitions)
+                    .find(|d| d.partition_index == read.partition && d.error_code == 0)
+            });
+            match data.and_then(|d| d.records) {
+                Some(r) if !r.is_empty() => {
+                    records = Some(below(r, read.upper));
+                    break;
+                }
+                _ => tracing::debug!(
+                    holder,
+                    offset = read.offset,
+                    "no sealed copy read from replica"
+                ),
+            }
+        }
+        let slot = &mut response.responses[read.topic_index].partitions[read.partition_index];
+        match records {
+            Some(r) => {
+                added += r.len();
+                Metrics::add(&broker.metrics.remote_read_bytes, r.len() as u64);
+                slot.records = Some(r);
+            }
+            None => {
+                tracing::warn!(
+                    topic = %read.topic.0,
+                    partition = read.partition,
+                    offset = read.offset,
+                    "no live replica served a sealed segment this leader lacks"
+                );
+                *slot = PartitionData::default()
+                    .with_partition_index(read.partition)
+                    .with_error_code(
+                        ApiError::Storage("sealed segment not available".into()).code(),
+                    )
+                    .with_high_watermark(-1)
+                    .with_last_stable_offset(-1)
+                    .with_log_start_offset(-1)
+                    .with_preferred_read_replica(BrokerId(-1))
+                    .with_records(Some(Bytes::new()));
+            }
+        }
+    }
+    added
+}
+
+/// The Fetch version a leader uses to read another replica's sealed copy
+/// (the last with the replica id in the request body and topic names).
+const REMOTE_FETCH_VERSION: i16 = 12;
+
+/// The whole batches of `records` that start below `upper`.
+fn below(records: Bytes, upper: i64) -> Bytes {
+    let Ok(batches) = tessera_log::batch::split_batches(&records) else {
+        return records;
+    };
+    let end = batches
+        .iter()
+        .take_while(|b| {
+            let base = i64::from_be_bytes(records[b.start..b.start + 8].try_into().unwrap());
+            base < upper
+        })
+        .last()
+        .map_or(0, |b| b.end);
+    records.slice(..end)
 }

@@ -117,6 +117,19 @@ impl Broker {
         })
     }
 
+    /// True when this broker's copy of a sealed segment is all there (not
+    /// missing, not being repaired or healed).
+    fn has_complete_copy(&self, image: &MetadataImage, segment: &SegmentImage) -> bool {
+        let Some(sealed) = segment.sealed.as_ref() else {
+            return false;
+        };
+        self.range_dir_of(image, segment.id.range)
+            .and_then(|dir| {
+                std::fs::metadata(tessera_log::segment::log_path(&dir, segment.id.seq)).ok()
+            })
+            .is_some_and(|m| m.len() == sealed.size_bytes)
+    }
+
     /// This broker's complete copy of a sealed segment, opened once.
     fn sealed_copy(&self, image: &MetadataImage, segment: &SegmentImage) -> Option<Arc<Segment>> {
         let size = segment.sealed.as_ref()?.size_bytes;
@@ -140,5 +153,37 @@ impl Broker {
         }
         open.insert(segment.id, copy.clone());
         Some(copy)
+    }
+}
+
+/// The live brokers other than this one holding a complete copy of the
+/// sealed segment of `partition` at `offset`, when this broker has none
+/// (`None`: the offset is not in a sealed segment, or this broker has it).
+/// A leader may lack a sealed segment of its own partition: it joined the
+/// replica set of a later segment (a spare after a failover), or the
+/// segment belongs to an ancestor range placed elsewhere. It then reads
+/// the segment from one of these (see `api::fetch`) instead of skipping
+/// to the data it holds.
+impl Broker {
+    pub(crate) fn remote_holders(
+        &self,
+        image: &MetadataImage,
+        topic: &TopicImage,
+        partition: u32,
+        offset: i64,
+    ) -> Option<Vec<i32>> {
+        let segment = sealed_segment_holding(image, topic, partition, offset)?;
+        let me = self.config.node_id;
+        if segment.replicas.contains(&me) && self.has_complete_copy(image, &segment) {
+            return None;
+        }
+        Some(
+            segment
+                .replicas
+                .iter()
+                .copied()
+                .filter(|r| *r != me && image.brokers.get(r).is_some_and(|b| !b.fenced))
+                .collect(),
+        )
     }
 }
