@@ -126,10 +126,7 @@ async fn earliest(client: &mut WireClient, topic: &str) -> i64 {
 fn range_dir(running: &Running, dir: &Path, topic: &str) -> PathBuf {
     let image = running.broker.image();
     let t = image.topic_by_name(topic).unwrap();
-    let range = image.active_ranges(t.id)[0].id;
-    dir.join("topics")
-        .join(format!("{}-{}", t.name, t.id.simple()))
-        .join(range.to_string())
+    range_dir_of(running, dir, topic, image.active_ranges(t.id)[0].id)
 }
 
 /// The segment sequences whose `.log` file is in `dir`.
@@ -244,4 +241,100 @@ async fn retention_deletes_old_segments_by_time_and_by_size() {
     assert_eq!(produce(&mut client, "aged", now_ms()).await, 10);
     assert_eq!(produce(&mut client, "sized", now_ms()).await, 12);
     running.shutdown().await;
+}
+
+/// A split leaves the parent range sealed with its history; retention by
+/// time trims that ancestor too (all but its last segment, which seeds the
+/// children on a restart), the log start moves into it, and the partition
+/// reads on from there across the ancestor and its child.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_trims_the_ancestor_a_split_leaves_behind() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut running = start(dir.path()).await;
+    let topic = "elastic";
+    running
+        .broker
+        .create_topic(
+            NewTopic {
+                name: topic.into(),
+                partitions: 2,
+                replication_factor: 1,
+                configs: [("segment.bytes".to_string(), "14".to_string())].into(),
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    let mut client = WireClient::connect(running.kafka_addr).await;
+    // Four batches from long ago: segments 0..=2 sealed, 3 active.
+    for i in 0..4 {
+        assert_eq!(
+            produce(&mut client, topic, 1_000).await,
+            i * i64::from(COUNT)
+        );
+    }
+    let image = running.broker.image();
+    let parent = image.active_ranges(image.topic_by_name(topic).unwrap().id)[0].id;
+    running.broker.split_range(parent, Some(1)).await.unwrap();
+    // Recent data in the child.
+    for i in 4..6 {
+        assert_eq!(
+            produce(&mut client, topic, now_ms()).await,
+            i * i64::from(COUNT)
+        );
+    }
+    let parent_dir = range_dir_of(&running, dir.path(), topic, parent);
+    assert_eq!(segment_files(&parent_dir), [0, 1, 2, 3]);
+    // Now a retention that the ancestor's old batches are past.
+    running
+        .broker
+        .alter_configs(
+            2,
+            topic,
+            &tessera_gateway::alter_config::ConfigChange::Incremental(vec![(
+                "retention.ms".into(),
+                0,
+                Some("60000".into()),
+            )]),
+            false,
+        )
+        .await
+        .unwrap();
+    common::eventually("retention trimmed the ancestor", || {
+        segment_files(&parent_dir) == [3]
+    })
+    .await;
+    for round in 0..2 {
+        // The last ancestor segment (offsets 6..8) and the child's two
+        // batches are what the partition holds.
+        assert_eq!(earliest(&mut client, topic).await, 6, "round {round}");
+        let (error, _, _) = fetch(&mut client, topic, 5).await;
+        assert_eq!(error, OFFSET_OUT_OF_RANGE);
+        let mut at = 6;
+        let mut bases = Vec::new();
+        while at < 12 {
+            let (error, log_start, got) = fetch(&mut client, topic, at).await;
+            assert_eq!((error, log_start), (NONE, 6));
+            at = got.last().unwrap() + i64::from(COUNT);
+            bases.extend(got);
+        }
+        assert_eq!(bases, [6, 8, 10]);
+        // And after a restart (the children seed from the ancestor's last
+        // segment).
+        drop(client);
+        running.shutdown().await;
+        running = start(dir.path()).await;
+        client = WireClient::connect(running.kafka_addr).await;
+    }
+    assert_eq!(produce(&mut client, topic, now_ms()).await, 12);
+    running.shutdown().await;
+}
+
+/// The directory of range `range` of `topic`.
+fn range_dir_of(running: &Running, dir: &Path, topic: &str, range: u64) -> PathBuf {
+    let image = running.broker.image();
+    let t = image.topic_by_name(topic).unwrap();
+    dir.join("topics")
+        .join(format!("{}-{}", t.name, t.id.simple()))
+        .join(range.to_string())
 }

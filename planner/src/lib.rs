@@ -444,8 +444,9 @@ pub struct RetentionInput {
 /// The records: a `DeleteSegment` per segment, then a `SetLogStartOffset`
 /// for every partition whose data in them ends past its log start (the end
 /// of its newest deleted span; log starts only move forward). Empty when
-/// nothing is due (or the range, its topic or its active segment is gone:
-/// only active ranges are planned for).
+/// nothing is due (or the range, its topic or its active segment is gone).
+/// An ancestor range (sealed by a split or merge) is planned by time and
+/// the log start only, and keeps its last segment.
 pub fn plan_retention(
     image: &MetadataImage,
     range: RangeId,
@@ -454,15 +455,18 @@ pub fn plan_retention(
     let Some(r) = image.ranges.get(&range) else {
         return Vec::new();
     };
-    if !r.active || !image.topics.contains_key(&r.topic_id) {
+    if !image.topics.contains_key(&r.topic_id) {
         return Vec::new();
     }
     let segments = image.segments_of(range);
-    // Sealed segments before the active one (the range's last).
-    let Some((active, sealed)) = segments.split_last() else {
+    // An active range: the sealed segments before the active one. An
+    // ancestor (sealed by a split or merge): its history but the last
+    // segment, which stays so that the log opens and seeds its children's
+    // offsets and producer state on a restart.
+    let Some((last, sealed)) = segments.split_last() else {
         return Vec::new();
     };
-    if active.is_sealed() {
+    if r.active && last.is_sealed() {
         return Vec::new();
     }
     let below_log_start = |seg: &SegmentImage| {
@@ -484,7 +488,9 @@ pub fn plan_retention(
         .iter()
         .take_while(|seg| seg.is_sealed() && (below_log_start(seg) || expired(seg)))
         .count();
-    if input.retention_bytes >= 0 {
+    // retention.bytes is a partition's budget in its active range; an
+    // ancestor's bytes are not counted (time and the log start trim it).
+    if r.active && input.retention_bytes >= 0 {
         let size_of = |seg: &SegmentImage| seg.sealed.as_ref().map_or(0, |i| i.size_bytes);
         let total: u64 = sealed[n..].iter().map(|s| size_of(s)).sum::<u64>() + input.active_bytes;
         let budget = (input.retention_bytes as u64).saturating_mul(u64::from(r.hi - r.lo));

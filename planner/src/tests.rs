@@ -996,6 +996,27 @@ fn retention_deletes_segments_below_the_log_start_and_never_moves_it_back() {
 }
 
 #[test]
+fn retention_trims_an_ancestor_range_by_time_but_keeps_its_last_segment() {
+    let (mut image, id, range) = with_sealed_segments();
+    // A split seals the range (its active segment 4 too) into two children.
+    let plan = split_range(&image, range, None).unwrap();
+    let mut records = vec![MetadataRecord::SealSegment(seal(range, 4, &[(0, 40, 45)]))];
+    records.extend(plan.records.clone());
+    assert_eq!(commit(&mut image, &records), 0);
+    assert!(!image.ranges[&range].active);
+    // Everything expired: segments 0..=3 go, 4 (the last) stays.
+    let records = plan_retention(&image, range, &retention(1000, -1, &[0, 0, 0, 0, 0]));
+    assert_eq!(deleted(&records), [0, 1, 2, 3]);
+    assert_eq!(starts(&records), [(0, 40), (1, 15)]);
+    // retention.bytes does not count an ancestor's bytes.
+    assert!(plan_retention(&image, range, &retention(-1, 0, &[])).is_empty());
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(image.log_start_offset(id, 0), 40);
+    assert_eq!(image.segments_of(range).len(), 1);
+    assert!(plan_retention(&image, range, &retention(0, 0, &[0, 0, 0, 0, 0])).is_empty());
+}
+
+#[test]
 fn retention_plans_nothing_for_unknown_or_sealed_ranges() {
     let (mut image, id, range) = with_sealed_segments();
     assert!(plan_retention(&image, range + 100, &retention(0, 0, &[0, 0, 0, 0])).is_empty());

@@ -8,6 +8,10 @@
 //! Every broker holding a copy deletes the files when its reconcile pass
 //! sees the segment gone from the image (`reconcile.rs`).
 //!
+//! Ancestor ranges (sealed by a split or merge, still holding history)
+//! are trimmed the same way by time and the log start, by the primary of
+//! their last segment, which they keep.
+//!
 //! Only topics whose `cleanup.policy` includes `delete` are touched (Kafka's
 //! rule), and never the internal topics: their coordinators load their state
 //! from the whole log (there is no compaction yet).
@@ -39,11 +43,18 @@ impl Broker {
             let Some(topic) = image.topics.get(&range.topic_id) else {
                 continue;
             };
-            if !range.active
-                || log.is_sealed()
-                || image.active_segment(range_id).and_then(|s| s.primary()) != Some(me)
-                || crate::internal_topics::is_internal(&topic.name)
-            {
+            // An active range is trimmed by its primary; an ancestor (sealed
+            // by a split or merge) by the primary of its last segment, which
+            // keeps its log open for the history.
+            let steward = if range.active {
+                if log.is_sealed() {
+                    continue;
+                }
+                image.active_segment(range_id).and_then(|s| s.primary())
+            } else {
+                image.segments_of(range_id).last().and_then(|s| s.primary())
+            };
+            if steward != Some(me) || crate::internal_topics::is_internal(&topic.name) {
                 continue;
             }
             let policy = topic
