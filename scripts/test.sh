@@ -3,8 +3,9 @@
 #   Rust: fmt check, clippy (-D warnings), release build, cargo test
 #   compat: real Kafka clients (kcat, confluent-kafka, kafka-python) against a
 #           real tessera process (compat-tests/python, pytest)
-# Installs what it needs, idempotently: kcat (apt) if missing, and a venv at
-# ./.venv with compat-tests/python/requirements.txt.
+# Installs what it needs, idempotently: kcat (apt) if missing, a venv at
+# ./.venv with compat-tests/python/requirements.txt, and kafkajs (npm, from
+# compat-tests/node/package-lock.json; Node.js from apt if missing).
 #
 # Env knobs:
 #   SKIP_RUST=1           skip fmt/clippy/build/test (compat tests only; the
@@ -84,6 +85,21 @@ if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip
     "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$REQS"
     echo "$want" > "$stamp"
+fi
+
+# kafkajs for compat-tests/node (Node.js and npm from Debian when missing).
+if ! command -v npm >/dev/null 2>&1; then
+    step "installing nodejs and npm (apt)"
+    as_root apt-get update
+    as_root apt-get install -y nodejs npm
+fi
+NODE_DIR="$ROOT/compat-tests/node"
+node_stamp="$NODE_DIR/node_modules/.compat-lock.sha256"
+node_want=$(sha256sum "$NODE_DIR/package-lock.json" | cut -d' ' -f1)
+if [ "$(cat "$node_stamp" 2>/dev/null || true)" != "$node_want" ]; then
+    step "installing npm packages into compat-tests/node"
+    (cd "$NODE_DIR" && npm ci --no-audit --no-fund)
+    echo "$node_want" > "$node_stamp"
 fi
 
 # ---- Rust ------------------------------------------------------------------
