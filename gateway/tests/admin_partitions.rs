@@ -17,20 +17,17 @@ use kafka_protocol::messages::delete_records_request::{
 };
 use kafka_protocol::messages::describe_log_dirs_request::DescribableLogDirTopic;
 use kafka_protocol::messages::elect_leaders_request::TopicPartitions;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{
     AlterPartitionReassignmentsRequest, ApiKey, ApiVersionsRequest, BrokerId,
     CreatePartitionsRequest, DeleteRecordsRequest, DescribeLogDirsRequest, ElectLeadersRequest,
-    FetchRequest, ListOffsetsRequest, ListPartitionReassignmentsRequest, MetadataRequest,
-    ProduceRequest, TopicName,
+    ListOffsetsRequest, ListPartitionReassignmentsRequest, MetadataRequest, ProduceRequest,
 };
-use kafka_protocol::protocol::StrBytes;
 use tessera_gateway::broker::NewTopic;
 use tessera_gateway::Running;
-use tessera_log::batch::{self, testing::make_batch};
+use tessera_log::batch::testing::make_batch;
 
 use common::WireClient;
 
@@ -44,10 +41,6 @@ const INVALID_REPLICA_ASSIGNMENT: i16 = 39;
 const POLICY_VIOLATION: i16 = 44;
 const ELECTION_NOT_NEEDED: i16 = 84;
 const NO_REASSIGNMENT_IN_PROGRESS: i16 = 85;
-
-fn name(topic: &str) -> TopicName {
-    TopicName(StrBytes::from_string(topic.to_string()))
-}
 
 async fn start(dir: &Path) -> Running {
     tessera_gateway::start(common::test_config(dir, &[]))
@@ -82,7 +75,7 @@ async fn produce(client: &mut WireClient, topic: &str, partition: i32, count: i3
         .with_acks(-1)
         .with_timeout_ms(30_000)
         .with_topic_data(vec![TopicProduceData::default()
-            .with_name(name(topic))
+            .with_name(common::topic_name(topic))
             .with_partition_data(vec![PartitionProduceData::default()
                 .with_index(partition)
                 .with_records(Some(Bytes::from(make_batch(count, 1_000))))])]);
@@ -94,28 +87,11 @@ async fn produce(client: &mut WireClient, topic: &str, partition: i32, count: i3
 
 /// `(error, high watermark, log start, base offsets of the batches)`.
 async fn fetch(client: &mut WireClient, partition: i32, offset: i64) -> (i16, i64, i64, Vec<i64>) {
-    let request = FetchRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(0)
-        .with_min_bytes(0)
-        .with_max_bytes(1 << 20)
-        .with_session_epoch(-1)
-        .with_topics(vec![FetchTopic::default()
-            .with_topic(name(TOPIC))
-            .with_partitions(vec![FetchPartition::default()
-                .with_partition(partition)
-                .with_current_leader_epoch(-1)
-                .with_fetch_offset(offset)
-                .with_log_start_offset(-1)
-                .with_partition_max_bytes(1 << 20)])]);
-    let response = client.call(12, &request).await;
+    let response = client
+        .call(12, &common::fetch_request(TOPIC, partition, offset))
+        .await;
     let p = &response.responses[0].partitions[0];
-    let records = p.records.clone().unwrap_or_default();
-    let bases = batch::split_batches(&records)
-        .unwrap()
-        .into_iter()
-        .map(|r| batch::validate(&records[r]).unwrap().base_offset)
-        .collect();
+    let bases = common::batch_bases(&p.records.clone().unwrap_or_default());
     (p.error_code, p.high_watermark, p.log_start_offset, bases)
 }
 
@@ -124,7 +100,7 @@ async fn list_offset(client: &mut WireClient, partition: i32, timestamp: i64) ->
     let request = ListOffsetsRequest::default()
         .with_replica_id(BrokerId(-1))
         .with_topics(vec![ListOffsetsTopic::default()
-            .with_name(name(TOPIC))
+            .with_name(common::topic_name(TOPIC))
             .with_partitions(vec![ListOffsetsPartition::default()
                 .with_partition_index(partition)
                 .with_current_leader_epoch(-1)
@@ -136,7 +112,7 @@ async fn list_offset(client: &mut WireClient, partition: i32, timestamp: i64) ->
 
 async fn partition_count(client: &mut WireClient) -> usize {
     let request = MetadataRequest::default().with_topics(Some(vec![
-        MetadataRequestTopic::default().with_name(Some(name(TOPIC))),
+        MetadataRequestTopic::default().with_name(Some(common::topic_name(TOPIC))),
     ]));
     let response = client.call(12, &request).await;
     assert_eq!(response.topics[0].error_code, NONE);
@@ -156,7 +132,7 @@ async fn create_partitions(
         .with_timeout_ms(30_000)
         .with_validate_only(validate_only)
         .with_topics(vec![CreatePartitionsTopic::default()
-            .with_name(name(topic))
+            .with_name(common::topic_name(topic))
             .with_count(count)
             .with_assignments(assignments.map(|a| {
                 a.into_iter()
@@ -186,7 +162,7 @@ async fn delete_records(
     let request = DeleteRecordsRequest::default()
         .with_timeout_ms(30_000)
         .with_topics(vec![DeleteRecordsTopic::default()
-            .with_name(name(topic))
+            .with_name(common::topic_name(topic))
             .with_partitions(
                 offsets
                     .iter()
@@ -376,7 +352,7 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
             4,
             &DescribeLogDirsRequest::default().with_topics(Some(vec![
                 DescribableLogDirTopic::default()
-                    .with_topic(name(TOPIC))
+                    .with_topic(common::topic_name(TOPIC))
                     .with_partitions(vec![0, 3, 5, 99]),
             ])),
         )
@@ -409,7 +385,7 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
                 .with_election_type(0)
                 .with_timeout_ms(30_000)
                 .with_topic_partitions(Some(vec![TopicPartitions::default()
-                    .with_topic(name(TOPIC))
+                    .with_topic(common::topic_name(TOPIC))
                     .with_partitions(vec![0, 4, 17])])),
         )
         .await;
@@ -449,7 +425,7 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
                 .with_timeout_ms(30_000)
                 .with_allow_replication_factor_change(true)
                 .with_topics(vec![ReassignableTopic::default()
-                    .with_name(name(TOPIC))
+                    .with_name(common::topic_name(TOPIC))
                     .with_partitions(vec![
                         ReassignablePartition::default().with_partition_index(0),
                         ReassignablePartition::default()

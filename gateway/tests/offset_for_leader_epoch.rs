@@ -9,16 +9,12 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::offset_for_leader_epoch_request::{
     OffsetForLeaderPartition, OffsetForLeaderTopic,
 };
 use kafka_protocol::messages::offset_for_leader_epoch_response::EpochEndOffset;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{
-    BrokerId, FetchRequest, OffsetForLeaderEpochRequest, ProduceRequest, TopicName,
-};
-use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::messages::{BrokerId, OffsetForLeaderEpochRequest, ProduceRequest};
 use tessera_gateway::broker::NewTopic;
 use tessera_gateway::Running;
 use tessera_log::batch::{self, testing::make_batch};
@@ -35,10 +31,6 @@ const UNKNOWN_TOPIC_OR_PARTITION: i16 = 3;
 const FENCED_LEADER_EPOCH: i16 = 74;
 const UNKNOWN_LEADER_EPOCH: i16 = 75;
 
-fn name(topic: &str) -> TopicName {
-    TopicName(StrBytes::from_string(topic.to_string()))
-}
-
 async fn start(dir: &Path) -> Running {
     tessera_gateway::start(common::test_config(dir, &[]))
         .await
@@ -52,7 +44,7 @@ async fn produce(client: &mut WireClient, partition: i32, batches: usize) {
             .with_acks(-1)
             .with_timeout_ms(30_000)
             .with_topic_data(vec![TopicProduceData::default()
-                .with_name(name(TOPIC))
+                .with_name(common::topic_name(TOPIC))
                 .with_partition_data(vec![PartitionProduceData::default()
                     .with_index(partition)
                     .with_records(Some(Bytes::from(make_batch(3, 1_000 + i as i64))))])]);
@@ -74,7 +66,7 @@ async fn ask(
     let request = OffsetForLeaderEpochRequest::default()
         .with_replica_id(BrokerId(-1))
         .with_topics(vec![OffsetForLeaderTopic::default()
-            .with_topic(name(topic))
+            .with_topic(common::topic_name(topic))
             .with_partitions(vec![OffsetForLeaderPartition::default()
                 .with_partition(partition)
                 .with_current_leader_epoch(current_leader_epoch)
@@ -118,20 +110,7 @@ async fn stored_batches(client: &mut WireClient, partition: i32) -> (Vec<(i32, i
     let mut out = Vec::new();
     let mut offset = 0;
     loop {
-        let request = FetchRequest::default()
-            .with_replica_id(BrokerId(-1))
-            .with_max_wait_ms(0)
-            .with_min_bytes(0)
-            .with_max_bytes(1 << 20)
-            .with_session_epoch(-1)
-            .with_topics(vec![FetchTopic::default()
-                .with_topic(name(TOPIC))
-                .with_partitions(vec![FetchPartition::default()
-                    .with_partition(partition)
-                    .with_current_leader_epoch(-1)
-                    .with_fetch_offset(offset)
-                    .with_log_start_offset(-1)
-                    .with_partition_max_bytes(1 << 20)])]);
+        let request = common::fetch_request(TOPIC, partition, offset);
         let response = client.call(12, &request).await;
         let p = &response.responses[0].partitions[0];
         assert_eq!(
@@ -370,7 +349,7 @@ async fn errors_are_kafkas() {
         .with_replica_id(BrokerId(-2))
         .with_topics(vec![
             OffsetForLeaderTopic::default()
-                .with_topic(name(TOPIC))
+                .with_topic(common::topic_name(TOPIC))
                 .with_partitions(vec![
                     OffsetForLeaderPartition::default()
                         .with_partition(1)
@@ -386,7 +365,7 @@ async fn errors_are_kafkas() {
                         .with_leader_epoch(0),
                 ]),
             OffsetForLeaderTopic::default()
-                .with_topic(name("missing"))
+                .with_topic(common::topic_name("missing"))
                 .with_partitions(vec![OffsetForLeaderPartition::default()
                     .with_partition(3)
                     .with_leader_epoch(0)]),

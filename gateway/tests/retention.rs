@@ -9,16 +9,12 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
-use kafka_protocol::messages::{
-    BrokerId, FetchRequest, ListOffsetsRequest, ProduceRequest, TopicName,
-};
-use kafka_protocol::protocol::StrBytes;
+use kafka_protocol::messages::{BrokerId, ListOffsetsRequest, ProduceRequest};
 use tessera_gateway::broker::NewTopic;
 use tessera_gateway::Running;
-use tessera_log::batch::{self, testing::make_batch};
+use tessera_log::batch::testing::make_batch;
 
 use common::WireClient;
 
@@ -26,10 +22,6 @@ const NONE: i16 = 0;
 const OFFSET_OUT_OF_RANGE: i16 = 1;
 /// Records per batch; every batch is alone in its segment (segment.bytes 14).
 const COUNT: i32 = 2;
-
-fn name(topic: &str) -> TopicName {
-    TopicName(StrBytes::from_string(topic.to_string()))
-}
 
 async fn start(dir: &Path) -> Running {
     tessera_gateway::start(common::test_config(
@@ -69,7 +61,7 @@ async fn produce(client: &mut WireClient, topic: &str, timestamp: i64) -> i64 {
         .with_acks(-1)
         .with_timeout_ms(30_000)
         .with_topic_data(vec![TopicProduceData::default()
-            .with_name(name(topic))
+            .with_name(common::topic_name(topic))
             .with_partition_data(vec![PartitionProduceData::default()
                 .with_index(0)
                 .with_records(Some(Bytes::from(make_batch(COUNT, timestamp))))])]);
@@ -81,28 +73,11 @@ async fn produce(client: &mut WireClient, topic: &str, timestamp: i64) -> i64 {
 
 /// `(error, log start, base offsets of the batches)`.
 async fn fetch(client: &mut WireClient, topic: &str, offset: i64) -> (i16, i64, Vec<i64>) {
-    let request = FetchRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(0)
-        .with_min_bytes(0)
-        .with_max_bytes(1 << 20)
-        .with_session_epoch(-1)
-        .with_topics(vec![FetchTopic::default()
-            .with_topic(name(topic))
-            .with_partitions(vec![FetchPartition::default()
-                .with_partition(0)
-                .with_current_leader_epoch(-1)
-                .with_fetch_offset(offset)
-                .with_log_start_offset(-1)
-                .with_partition_max_bytes(1 << 20)])]);
-    let response = client.call(12, &request).await;
+    let response = client
+        .call(12, &common::fetch_request(topic, 0, offset))
+        .await;
     let p = &response.responses[0].partitions[0];
-    let records = p.records.clone().unwrap_or_default();
-    let bases = batch::split_batches(&records)
-        .unwrap()
-        .into_iter()
-        .map(|r| batch::validate(&records[r]).unwrap().base_offset)
-        .collect();
+    let bases = common::batch_bases(&p.records.clone().unwrap_or_default());
     (p.error_code, p.log_start_offset, bases)
 }
 
@@ -111,7 +86,7 @@ async fn earliest(client: &mut WireClient, topic: &str) -> i64 {
     let request = ListOffsetsRequest::default()
         .with_replica_id(BrokerId(-1))
         .with_topics(vec![ListOffsetsTopic::default()
-            .with_name(name(topic))
+            .with_name(common::topic_name(topic))
             .with_partitions(vec![ListOffsetsPartition::default()
                 .with_partition_index(0)
                 .with_current_leader_epoch(-1)

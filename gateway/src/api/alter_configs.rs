@@ -8,55 +8,39 @@ use kafka_protocol::messages::alter_configs_response::AlterConfigsResourceRespon
 use kafka_protocol::messages::{AlterConfigsRequest, AlterConfigsResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
-use crate::alter_config::{duplicate_resources, ConfigChange};
+use crate::alter_config::ConfigChange;
 use crate::broker::Broker;
-use crate::error::ApiError;
 
 pub async fn handle(
     broker: &Arc<Broker>,
     _header: &RequestHeader,
     request: AlterConfigsRequest,
 ) -> AlterConfigsResponse {
-    let duplicates = duplicate_resources(
-        request
-            .resources
-            .iter()
-            .map(|r| (r.resource_type, r.resource_name.as_str())),
-    );
-    let mut responses = Vec::with_capacity(request.resources.len());
-    for (i, resource) in request.resources.iter().enumerate() {
-        let outcome = if duplicates.contains(&i) {
-            Err(ApiError::InvalidRequest(
-                "Each resource must appear at most once.".into(),
-            ))
-        } else {
+    let changes = request
+        .resources
+        .iter()
+        .map(|r| {
             let change = ConfigChange::Replace(
-                resource
-                    .configs
+                r.configs
                     .iter()
                     .map(|c| (c.name.to_string(), c.value.as_ref().map(|v| v.to_string())))
                     .collect(),
             );
-            broker
-                .alter_configs(
-                    resource.resource_type,
-                    resource.resource_name.as_str(),
-                    &change,
-                    request.validate_only,
-                )
-                .await
-        };
-        let (code, message) = match outcome {
-            Ok(()) => (crate::error::NONE, None),
-            Err(e) => (e.code(), e.message().map(StrBytes::from_string)),
-        };
-        responses.push(
+            (r.resource_type, r.resource_name.as_str(), change)
+        })
+        .collect();
+    let outcomes = broker.alter_resources(changes, request.validate_only).await;
+    let responses = request
+        .resources
+        .iter()
+        .zip(outcomes)
+        .map(|(r, (code, message))| {
             AlterConfigsResourceResponse::default()
-                .with_resource_type(resource.resource_type)
-                .with_resource_name(resource.resource_name.clone())
+                .with_resource_type(r.resource_type)
+                .with_resource_name(r.resource_name.clone())
                 .with_error_code(code)
-                .with_error_message(message),
-        );
-    }
+                .with_error_message(message.map(StrBytes::from_string))
+        })
+        .collect();
     AlterConfigsResponse::default().with_responses(responses)
 }

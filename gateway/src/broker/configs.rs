@@ -12,6 +12,35 @@ use crate::alter_config::{
 use crate::error::ApiError;
 
 impl Broker {
+    /// AlterConfigs and IncrementalAlterConfigs: alters each
+    /// `(resource type, name, change)` in turn, a resource named twice
+    /// failing both times (Kafka's rule); each one's `(error code,
+    /// message)`, in request order.
+    pub async fn alter_resources(
+        &self,
+        resources: Vec<(i8, &str, ConfigChange)>,
+        validate_only: bool,
+    ) -> Vec<(i16, Option<String>)> {
+        let duplicates =
+            crate::alter_config::duplicate_resources(resources.iter().map(|(t, n, _)| (*t, *n)));
+        let mut outcomes = Vec::with_capacity(resources.len());
+        for (i, (resource_type, name, change)) in resources.iter().enumerate() {
+            let outcome = if duplicates.contains(&i) {
+                Err(ApiError::InvalidRequest(
+                    "Each resource must appear at most once.".into(),
+                ))
+            } else {
+                self.alter_configs(*resource_type, name, change, validate_only)
+                    .await
+            };
+            outcomes.push(match outcome {
+                Ok(()) => (crate::error::NONE, None),
+                Err(e) => (e.code(), e.message()),
+            });
+        }
+        outcomes
+    }
+
     /// Alters one resource's configs; with `validate_only` everything is
     /// checked and nothing written.
     pub async fn alter_configs(

@@ -8,7 +8,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::{RequestHeader, ResponseHeader};
+use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
+use kafka_protocol::messages::{BrokerId, FetchRequest, RequestHeader, ResponseHeader, TopicName};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use tessera_gateway::BrokerConfig;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -28,6 +29,43 @@ pub fn test_config(dir: &Path, extra: &[(&str, &str)]) -> BrokerConfig {
         map.insert(k.to_string(), v.to_string());
     }
     BrokerConfig::from_map(&map).expect("test config")
+}
+
+/// A topic's name as requests carry it.
+pub fn topic_name(topic: &str) -> TopicName {
+    TopicName(StrBytes::from_string(topic.to_string()))
+}
+
+/// A consumer's read_uncommitted Fetch (v4-v12 fields) of one partition
+/// from `offset`: no waiting, up to 1 MiB.
+pub fn fetch_request(topic: &str, partition: i32, offset: i64) -> FetchRequest {
+    FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(0)
+        .with_max_bytes(1 << 20)
+        .with_session_epoch(-1)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(topic_name(topic))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(partition)
+                .with_current_leader_epoch(-1)
+                .with_fetch_offset(offset)
+                .with_log_start_offset(-1)
+                .with_partition_max_bytes(1 << 20)])])
+}
+
+/// The base offsets of the record batches in `records` (each checked).
+pub fn batch_bases(records: &[u8]) -> Vec<i64> {
+    tessera_log::batch::split_batches(records)
+        .unwrap()
+        .into_iter()
+        .map(|r| {
+            tessera_log::batch::validate(&records[r])
+                .unwrap()
+                .base_offset
+        })
+        .collect()
 }
 
 /// Polls `check` until it holds, for conditions a background task brings
