@@ -127,13 +127,28 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
     ),
     (
         "listeners",
-        2,
-        "The Kafka listener (PLAINTEXT://host:port).",
+        7,
+        "The Kafka listeners, NAME://host:port,... (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL or a name from listener.security.protocol.map).",
     ),
     (
         "advertised.listeners",
+        7,
+        "NAME://host:port per listener, given in Metadata to the clients connected on it; each listener's own address when absent.",
+    ),
+    (
+        "listener.security.protocol.map",
+        7,
+        "Listener name to security protocol (NAME:PROTOCOL,...).",
+    ),
+    (
+        "inter.broker.listener.name",
         2,
-        "The host and port given to clients; the listener when empty.",
+        "The listener registered for other brokers; empty: the first PLAINTEXT listener, else the first.",
+    ),
+    (
+        "sasl.enabled.mechanisms",
+        7,
+        "SASL mechanisms of SASL listeners (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); listener.name.<name>.sasl.enabled.mechanisms overrides it per listener, and listener.name.<name>.plain.sasl.jaas.config lists PLAIN users (user_NAME=\"password\").",
     ),
     (
         "admin.listener",

@@ -17,6 +17,9 @@ pub struct Metrics {
     pub rejected_frames: AtomicU64,
     pub range_splits: AtomicU64,
     pub range_merges: AtomicU64,
+    /// SASL authentications that succeeded / failed.
+    pub authentications_succeeded: AtomicU64,
+    pub authentications_failed: AtomicU64,
 }
 
 const API_SLOTS: usize = 128;
@@ -35,6 +38,8 @@ impl Default for Metrics {
             rejected_frames: AtomicU64::new(0),
             range_splits: AtomicU64::new(0),
             range_merges: AtomicU64::new(0),
+            authentications_succeeded: AtomicU64::new(0),
+            authentications_failed: AtomicU64::new(0),
         }
     }
 }
@@ -112,6 +117,16 @@ impl Metrics {
                 "tessera_follower_fetched_bytes_total",
                 "Record bytes returned by Fetch from sealed copies this broker follows (KIP-392).",
                 &self.follower_fetched_bytes,
+            ),
+            (
+                "tessera_successful_authentication_total",
+                "SASL authentications that succeeded (Kafka's successful-authentication-total).",
+                &self.authentications_succeeded,
+            ),
+            (
+                "tessera_failed_authentication_total",
+                "SASL authentications refused: wrong credentials, a disabled mechanism, a request before authentication (Kafka's failed-authentication-total).",
+                &self.authentications_failed,
             ),
             (
                 "tessera_connections_opened_total",

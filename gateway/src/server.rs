@@ -9,9 +9,11 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::api::{self, Reply};
+use crate::api::{self, Connection, Reply};
 use crate::broker::Broker;
+use crate::listeners::Listener;
 use crate::metrics::Metrics;
+use crate::sasl::{Action, Authenticator, Event};
 
 /// Requests one connection may have in flight before we stop reading from it.
 const MAX_IN_FLIGHT: usize = 256;
@@ -20,6 +22,7 @@ const MAX_IN_FLIGHT: usize = 256;
 /// the live connections so the caller can let them finish.
 pub async fn serve(
     listener: TcpListener,
+    spec: Arc<Listener>,
     broker: Arc<Broker>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
@@ -32,7 +35,7 @@ pub async fn serve(
                     Metrics::add(&broker.metrics.connections_opened, 1);
                     tracing::debug!(%peer, "connection accepted");
                     connections.retain(|c: &JoinHandle<()>| !c.is_finished());
-                    connections.push(tokio::spawn(connection(stream, broker.clone(), shutdown.clone())));
+                    connections.push(tokio::spawn(connection(stream, spec.clone(), broker.clone(), shutdown.clone())));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -44,13 +47,26 @@ pub async fn serve(
     }
 }
 
-async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+type Responses = (mpsc::Sender<JoinHandle<Reply>>, JoinHandle<()>);
+
+async fn connection(
+    stream: TcpStream,
+    spec: Arc<Listener>,
+    broker: Arc<Broker>,
+    mut shutdown: watch::Receiver<bool>,
+) {
     let peer = stream.peer_addr().ok();
     let (mut reader, writer) = stream.into_split();
     let max = broker.config.socket_request_max_bytes;
     let mut first = true;
-    let mut responses: Option<(mpsc::Sender<JoinHandle<Reply>>, JoinHandle<()>)> = None;
+    let mut responses: Option<Responses> = None;
     let mut writer = Some(writer);
+    // SASL listeners authenticate before anything else is served.
+    let mut auth = spec.protocol.is_sasl().then(Authenticator::default);
+    let mut context = Connection {
+        listener: spec.clone(),
+        principal: None,
+    };
     loop {
         let frame = tokio::select! {
             frame = read_frame(&mut reader, max) => frame,
@@ -85,14 +101,50 @@ async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch:
             let writer = writer.take().expect("the writer is taken once");
             (tx, tokio::spawn(write_responses(writer, rx)))
         });
+        if let Some(authenticator) = auth.as_mut().filter(|a| !a.is_done()) {
+            let (action, event) = authenticator.on_frame(&frame, &spec, &broker.image());
+            if let Some(event) = event {
+                record_authentication(&broker, &spec, peer, event);
+            }
+            if authenticator.is_done() {
+                context.principal = authenticator.principal.clone().map(Arc::from);
+            }
+            match action {
+                Action::Dispatch => {}
+                Action::Reply(bytes) => {
+                    if tx
+                        .send(tokio::spawn(async move { Reply::Frame(bytes) }))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                    continue;
+                }
+                Action::Close { reply, reason } => {
+                    if let Some(bytes) = reply {
+                        let _ = tx
+                            .send(tokio::spawn(async move { Reply::Frame(bytes) }))
+                            .await;
+                    }
+                    let _ = tx
+                        .send(tokio::spawn(async move { Reply::Close(reason) }))
+                        .await;
+                    break;
+                }
+            }
+        }
         // In request order: decode, and a produce's appends; the rest runs concurrently.
-        let in_flight = api::PEER
+        let in_flight = api::CONNECTION
             .scope(
-                peer.unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
-                api::start_frame(&broker, frame),
+                context.clone(),
+                api::PEER.scope(
+                    peer.unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
+                    api::start_frame(&broker, frame),
+                ),
             )
             .await;
-        let handle = tokio::spawn(in_flight);
+        let handle = tokio::spawn(api::CONNECTION.scope(context.clone(), in_flight));
         if tx.send(handle).await.is_err() {
             break;
         }
@@ -102,6 +154,37 @@ async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch:
         let _ = writer_task.await;
     }
     Metrics::add(&broker.metrics.connections_closed, 1);
+}
+
+/// Counts an authentication and logs a failure (Kafka logs failed
+/// authentications at INFO with the client's address).
+fn record_authentication(
+    broker: &Broker,
+    listener: &Listener,
+    peer: Option<std::net::SocketAddr>,
+    event: Event,
+) {
+    match event {
+        Event::Succeeded { user, mechanism } => {
+            Metrics::add(&broker.metrics.authentications_succeeded, 1);
+            tracing::debug!(?peer, listener = %listener.name, %user, mechanism, "authenticated");
+        }
+        Event::Failed {
+            user,
+            mechanism,
+            reason,
+        } => {
+            Metrics::add(&broker.metrics.authentications_failed, 1);
+            tracing::warn!(
+                ?peer,
+                listener = %listener.name,
+                user = user.as_deref().unwrap_or(""),
+                %mechanism,
+                %reason,
+                "failed authentication"
+            );
+        }
+    }
 }
 
 fn is_replication_upgrade(frame: &[u8]) -> bool {

@@ -206,7 +206,10 @@ pub enum MetadataRecord {
     SetScramCredential(ScramCredentialRecord),
     /// Removes a user's SCRAM credential for one mechanism (replay skips it
     /// when the image holds none).
-    RemoveScramCredential { user: String, mechanism: u8 },
+    RemoveScramCredential {
+        user: String,
+        mechanism: u8,
+    },
 }
 
 /// Record type numbers. Never reuse or renumber: they are in the log.
@@ -1287,11 +1290,9 @@ pub(crate) mod tests {
                         iterations,
                     })
                 }),
-            (arb_nonempty_text(20), 1u8..=2)
-                .prop_map(|(user, mechanism)| MetadataRecord::RemoveScramCredential {
-                    user,
-                    mechanism
-                }),
+            (arb_nonempty_text(20), 1u8..=2).prop_map(|(user, mechanism)| {
+                MetadataRecord::RemoveScramCredential { user, mechanism }
+            }),
         ]
     }
 
@@ -1619,10 +1620,7 @@ pub(crate) mod tests {
             user: "al".into(),
             mechanism: 2,
         };
-        assert_eq!(
-            remove.encode(),
-            vec![0u8, 18, 0, 0, 0, 2, b'a', b'l', 2]
-        );
+        assert_eq!(remove.encode(), vec![0u8, 18, 0, 0, 0, 2, b'a', b'l', 2]);
         assert_eq!(MetadataRecord::decode(&remove.encode()), Ok(remove));
         rejects(MetadataRecord::RemoveScramCredential {
             user: "al".into(),
