@@ -393,9 +393,9 @@ pub fn fresh_salt() -> Vec<u8> {
     bytes
 }
 
-/// The client side, for tests: RFC 5802's computation of the proof.
-#[cfg(test)]
-pub(crate) fn client_final_message(
+/// The client side (tests and tools): RFC 5802's client-final-message for
+/// `server_first`, and the server-final-message the client must then get.
+pub fn client_final_message(
     mechanism: ScramMechanism,
     password: &str,
     client_first_bare: &str,
