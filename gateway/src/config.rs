@@ -20,6 +20,9 @@ pub struct BrokerConfig {
     /// `listeners` (with `listener.security.protocol.map`,
     /// `advertised.listeners` and the SASL settings of each).
     pub listeners: Vec<Listener>,
+    /// The TLS configuration of SSL and SASL_SSL listeners (None when
+    /// there is none), built from the `ssl.*` keys at startup.
+    pub tls: Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>,
     /// Index in `listeners` of the inter-broker listener.
     pub inter_broker_listener: usize,
     /// The inter-broker listener's address (`inter.broker.listener.name`;
@@ -168,6 +171,15 @@ const DEFAULTS: &[(&str, &str)] = &[
     ),
     ("inter.broker.listener.name", ""),
     ("sasl.enabled.mechanisms", "GSSAPI"),
+    ("ssl.keystore.type", "JKS"),
+    ("ssl.keystore.location", ""),
+    ("ssl.key.password", ""),
+    ("ssl.keystore.certificate.chain", ""),
+    ("ssl.keystore.key", ""),
+    ("ssl.truststore.type", "JKS"),
+    ("ssl.truststore.location", ""),
+    ("ssl.truststore.certificates", ""),
+    ("ssl.client.auth", "none"),
     ("admin.listener", "127.0.0.1:9644"),
     ("log.dirs", "./tessera-data"),
     ("broker.rack", ""),
@@ -408,6 +420,11 @@ impl BrokerConfig {
         for l in &listeners {
             resolve_listener(l)?;
         }
+        let tls = if listeners.iter().any(|l| l.protocol.is_tls()) {
+            Some(crate::tls::TlsSettings::from_map(get).server_config()?)
+        } else {
+            None
+        };
         // Every node is controller and broker at once for now (Kafka's
         // combined mode); the key is accepted so Kafka configs carry over.
         let roles = get("process.roles");
@@ -425,6 +442,7 @@ impl BrokerConfig {
         let config = BrokerConfig {
             node_id: parse(map, "node.id")?,
             listeners,
+            tls,
             inter_broker_listener,
             listener,
             advertised_host,
@@ -498,10 +516,10 @@ impl BrokerConfig {
                 max_count: parse(map, "range.max.count")?,
                 sustain_intervals: parse::<u32>(map, "range.policy.sustain.intervals")?.max(1),
             },
-            // JAAS entries hold passwords: never reported.
+            // JAAS entries and private keys are secrets: never reported.
             explicit: map
                 .iter()
-                .filter(|(k, _)| !k.ends_with(".sasl.jaas.config"))
+                .filter(|(k, _)| !crate::tls::is_secret(k))
                 .map(|(k, v)| (k.clone(), v.trim().to_string()))
                 .collect(),
         };

@@ -21,6 +21,7 @@ pub mod range_policy;
 pub mod ranges;
 pub mod sasl;
 pub mod server;
+pub mod tls;
 pub mod topic_config;
 pub mod txn;
 pub mod users;
@@ -81,9 +82,20 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
     for ((socket, local), spec) in bound.into_iter().zip(specs) {
         tracing::info!(listener = %spec.name, protocol = spec.protocol.name(), addr = %local, "listening");
         listener_addrs.push((spec.name.clone(), local));
+        let tls = if spec.protocol.is_tls() {
+            let config = broker
+                .config
+                .tls
+                .clone()
+                .expect("TLS listeners have a TLS config");
+            Some(tokio_rustls::TlsAcceptor::from(config))
+        } else {
+            None
+        };
         servers.push(tokio::spawn(server::serve(
             socket,
             spec,
+            tls,
             broker.clone(),
             shutdown_rx.clone(),
         )));

@@ -20,6 +20,9 @@ pub struct Metrics {
     /// SASL authentications that succeeded / failed.
     pub authentications_succeeded: AtomicU64,
     pub authentications_failed: AtomicU64,
+    /// TLS handshakes that failed or timed out (plaintext on a TLS port,
+    /// a refused client certificate).
+    pub tls_handshake_failures: AtomicU64,
 }
 
 const API_SLOTS: usize = 128;
@@ -40,6 +43,7 @@ impl Default for Metrics {
             range_merges: AtomicU64::new(0),
             authentications_succeeded: AtomicU64::new(0),
             authentications_failed: AtomicU64::new(0),
+            tls_handshake_failures: AtomicU64::new(0),
         }
     }
 }
@@ -127,6 +131,11 @@ impl Metrics {
                 "tessera_failed_authentication_total",
                 "SASL authentications refused: wrong credentials, a disabled mechanism, a request before authentication (Kafka's failed-authentication-total).",
                 &self.authentications_failed,
+            ),
+            (
+                "tessera_tls_handshake_failures_total",
+                "TLS handshakes that failed or timed out (a plaintext client on a TLS port, a refused client certificate).",
+                &self.tls_handshake_failures,
             ),
             (
                 "tessera_connections_opened_total",
