@@ -188,3 +188,38 @@ def test_plaintext_client_on_tls_port_is_dropped(tls_broker):
     assert "TLS handshake failed" in tls_broker.log_path.read_text(errors="replace")
     # Everyone else is served.
     roundtrip(tls_broker, sasl_ssl_conf(tls_broker, "SCRAM-SHA-256"), n=5)
+
+
+def test_client_auth_required(broker_factory, tmp_path):
+    """ssl.client.auth=required: a client without a certificate is refused
+    in the handshake, one with a certificate from the truststore's CA is
+    served."""
+    if os.environ.get("COMPAT_BROKER", "tessera") != "tessera":
+        pytest.skip("tessera's TLS setup")
+    make_certs(tmp_path)
+    b = broker_factory(start=False)
+    b.ssl_port = free_port()
+    b.certs = tmp_path
+    chain = open(tmp_path / "server.pem").read()
+    key = open(tmp_path / "server.key").read()
+    b.overrides.update(
+        {
+            "listeners": f"PLAINTEXT://{b.host}:{b.port},SSL://{b.host}:{b.ssl_port}",
+            # The PEM text form of the keystore this time.
+            "ssl.keystore.type": "PEM",
+            "ssl.keystore.certificate.chain": chain,
+            "ssl.keystore.key": key,
+            "ssl.truststore.type": "PEM",
+            "ssl.truststore.location": str(tmp_path / "ca.pem"),
+            "ssl.client.auth": "required",
+        }
+    )
+    b.start()
+    before = metric(b, "tessera_tls_handshake_failures_total")
+    a = AdminClient(ssl_conf(b, client_cert=False))
+    from confluent_kafka import KafkaException
+
+    with pytest.raises(KafkaException):
+        a.list_topics(timeout=5)
+    assert metric(b, "tessera_tls_handshake_failures_total") > before
+    roundtrip(b, ssl_conf(b, client_cert=True), n=5)
