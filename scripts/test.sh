@@ -56,6 +56,12 @@ if ! command -v kcat >/dev/null 2>&1; then
     as_root apt-get install -y kcat
 fi
 
+if ! command -v openssl >/dev/null 2>&1; then
+    step "installing openssl (apt; test_tls.py makes its certificates with it)"
+    as_root apt-get update
+    as_root apt-get install -y openssl
+fi
+
 PY=${PYTHON:-}
 if [ -z "$PY" ]; then
     for c in python3.11 python3; do

@@ -132,15 +132,12 @@ class Broker:
                 f"tessera binary not found at {binary} (build with "
                 "`cargo build --release -p tessera-gateway` or set TESSERA_BIN)"
             )
-        cmd = [
-            str(binary),
-            "--data-dir",
-            str(self.data_dir),
-            "--listeners",
-            f"PLAINTEXT://{self.host}:{self.port}",
-            "--admin-listener",
-            f"{self.host}:{self.admin_port}",
-        ]
+        cmd = [str(binary), "--data-dir", str(self.data_dir)]
+        # A test that sets its own `listeners` (SASL, TLS) keeps `self.port`
+        # as one of them.
+        if "listeners" not in self.overrides:
+            cmd += ["--listeners", f"PLAINTEXT://{self.host}:{self.port}"]
+        cmd += ["--admin-listener", f"{self.host}:{self.admin_port}"]
         for k, v in self.overrides.items():
             cmd += ["-o", f"{k}={v}"]
         return cmd

@@ -126,6 +126,25 @@ pub fn kafka_style_uuid(id: uuid::Uuid) -> String {
     out
 }
 
+/// The metadata controller's configuration for a broker's config.
+pub fn controller_config(config: &BrokerConfig) -> anyhow::Result<ControllerConfig> {
+    let voters = if config.controller_quorum_voters.is_empty() {
+        Default::default()
+    } else {
+        ControllerConfig::parse_voters(&config.controller_quorum_voters)?
+    };
+    let controller = ControllerConfig {
+        snapshot_interval_entries: config.metadata_snapshot_interval_entries,
+        ..ControllerConfig::new(config.node_id as u64, config.data_dir.join("meta"))
+    }
+    .with_voters(voters);
+    Ok(match &config.metadata_learner_listener {
+        // A broker-only node follows the metadata log as a learner.
+        Some(address) => controller.as_learner(address.clone()),
+        None => controller,
+    })
+}
+
 impl Broker {
     /// Opens the data directory, starts the controller, registers this
     /// broker and opens every range log the image says it serves.
@@ -136,20 +155,7 @@ impl Broker {
             config.node_id,
             &config.controller_quorum_voters,
         )?;
-        let voters = if config.controller_quorum_voters.is_empty() {
-            Default::default()
-        } else {
-            ControllerConfig::parse_voters(&config.controller_quorum_voters)?
-        };
-        let mut controller_config = ControllerConfig {
-            snapshot_interval_entries: config.metadata_snapshot_interval_entries,
-            ..ControllerConfig::new(config.node_id as u64, config.data_dir.join("meta"))
-        }
-        .with_voters(voters);
-        if let Some(address) = &config.metadata_learner_listener {
-            controller_config = controller_config.as_learner(address.clone());
-        }
-        let controller = Controller::start(controller_config).await?;
+        let controller = Controller::start(controller_config(&config)?).await?;
         let (rolls, roll_rx) = mpsc::unbounded_channel();
         let broker = Arc::new(Broker {
             cluster_id,
@@ -217,6 +223,18 @@ impl Broker {
             .write(tessera_planner::register_broker(registration))
             .await?;
         Ok(())
+    }
+
+    /// Where a client on the current connection's listener reaches broker
+    /// `registration`: this broker's own advertised address on that
+    /// listener; another broker's registered (inter-broker) address.
+    pub fn endpoint(&self, registration: &tessera_metadata::BrokerRegistration) -> (String, i32) {
+        if registration.broker_id == self.config.node_id {
+            if let Some(l) = crate::api::current_listener() {
+                return (l.advertised_host.clone(), i32::from(l.advertised_port));
+            }
+        }
+        (registration.host.clone(), i32::from(registration.port))
     }
 
     /// The node id of the metadata quorum's leader, as Metadata and

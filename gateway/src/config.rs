@@ -10,15 +10,26 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use crate::error::ConfigError;
+use crate::listeners::{is_listener_key, parse_endpoint, parse_listeners, Listener};
 
 /// The typed broker configuration.
 #[derive(Clone, Debug)]
 pub struct BrokerConfig {
     /// `node.id`
     pub node_id: i32,
-    /// `listeners`: the Kafka listener address.
+    /// `listeners` (with `listener.security.protocol.map`,
+    /// `advertised.listeners` and the SASL settings of each).
+    pub listeners: Vec<Listener>,
+    /// The TLS configuration of SSL and SASL_SSL listeners (None when
+    /// there is none), built from the `ssl.*` keys at startup.
+    pub tls: Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// Index in `listeners` of the inter-broker listener.
+    pub inter_broker_listener: usize,
+    /// The inter-broker listener's address (`inter.broker.listener.name`;
+    /// by default the first PLAINTEXT listener, else the first one): what
+    /// this broker registers, and where peers reach it.
     pub listener: SocketAddr,
-    /// `advertised.listeners`: host and port given to clients.
+    /// The inter-broker listener's advertised host and port.
     pub advertised_host: String,
     pub advertised_port: u16,
     /// `admin.listener`: HTTP address for /metrics, /health, /ready.
@@ -159,6 +170,21 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("node.id", "1"),
     ("listeners", "PLAINTEXT://127.0.0.1:9092"),
     ("advertised.listeners", ""),
+    (
+        "listener.security.protocol.map",
+        crate::listeners::DEFAULT_PROTOCOL_MAP,
+    ),
+    ("inter.broker.listener.name", ""),
+    ("sasl.enabled.mechanisms", "GSSAPI"),
+    ("ssl.keystore.type", "JKS"),
+    ("ssl.keystore.location", ""),
+    ("ssl.key.password", ""),
+    ("ssl.keystore.certificate.chain", ""),
+    ("ssl.keystore.key", ""),
+    ("ssl.truststore.type", "JKS"),
+    ("ssl.truststore.location", ""),
+    ("ssl.truststore.certificates", ""),
+    ("ssl.client.auth", "none"),
     ("admin.listener", "127.0.0.1:9644"),
     ("log.dirs", "./tessera-data"),
     ("broker.rack", ""),
@@ -325,22 +351,22 @@ fn parse_assignors(raw: &str) -> Result<Vec<String>, ConfigError> {
     Ok(out)
 }
 
-/// `PLAINTEXT://host:port` or `host:port` -> (host, port).
+/// `PLAINTEXT://host:port` or `host:port` -> (host, port), for the admin
+/// HTTP listener.
 fn parse_listener(key: &str, raw: &str) -> Result<(String, u16), ConfigError> {
-    let invalid = || ConfigError::InvalidValue {
-        key: key.to_string(),
-        value: raw.to_string(),
-    };
     let first = raw.split(',').next().unwrap_or("").trim();
-    let addr = match first.split_once("://") {
-        Some((scheme, rest)) if scheme.eq_ignore_ascii_case("PLAINTEXT") => rest,
-        Some(_) => return Err(invalid()),
-        None => first,
-    };
-    let (host, port) = addr.rsplit_once(':').ok_or_else(invalid)?;
-    let port: u16 = port.parse().map_err(|_| invalid())?;
-    let host = if host.is_empty() { "127.0.0.1" } else { host };
-    Ok((host.to_string(), port))
+    match parse_endpoint(key, first)? {
+        (name, host, port) if name == "PLAINTEXT" => Ok((host, port)),
+        _ => Err(ConfigError::InvalidValue {
+            key: key.to_string(),
+            value: raw.to_string(),
+        }),
+    }
+}
+
+/// The address a listener binds.
+pub fn resolve_listener(l: &Listener) -> Result<SocketAddr, ConfigError> {
+    resolve("listeners", &l.host, l.port)
 }
 
 fn resolve(key: &str, host: &str, port: u16) -> Result<SocketAddr, ConfigError> {
@@ -359,7 +385,7 @@ impl BrokerConfig {
     /// Builds the typed config; unknown keys are refused so a typo is not silently ignored.
     pub fn from_map(map: &BTreeMap<String, String>) -> Result<BrokerConfig, ConfigError> {
         for key in map.keys() {
-            if !DEFAULTS.iter().any(|(k, _)| k == key) {
+            if !DEFAULTS.iter().any(|(k, _)| k == key) && !is_listener_key(key) {
                 return Err(ConfigError::UnknownKey(key.clone()));
             }
         }
@@ -373,13 +399,37 @@ impl BrokerConfig {
                     .to_string()
             })
         };
-        let (host, port) = parse_listener("listeners", &get("listeners"))?;
-        let listener = resolve("listeners", &host, port)?;
-        let advertised = get("advertised.listeners");
-        let (advertised_host, advertised_port) = if advertised.trim().is_empty() {
-            (host.clone(), port)
+        let listeners = parse_listeners(map, get)?;
+        let inter_broker = get("inter.broker.listener.name")
+            .trim()
+            .to_ascii_uppercase();
+        let inter_broker_listener = if inter_broker.is_empty() {
+            listeners
+                .iter()
+                .position(|l| l.protocol == crate::listeners::SecurityProtocol::Plaintext)
+                .unwrap_or(0)
         } else {
-            parse_listener("advertised.listeners", &advertised)?
+            listeners
+                .iter()
+                .position(|l| l.name == inter_broker)
+                .ok_or_else(|| ConfigError::InvalidValue {
+                    key: "inter.broker.listener.name".into(),
+                    value: format!("{inter_broker} is not in listeners"),
+                })?
+        };
+        let inter_broker = &listeners[inter_broker_listener];
+        let listener = resolve("listeners", &inter_broker.host, inter_broker.port)?;
+        let (advertised_host, advertised_port) = (
+            inter_broker.advertised_host.clone(),
+            inter_broker.advertised_port,
+        );
+        for l in &listeners {
+            resolve_listener(l)?;
+        }
+        let tls = if listeners.iter().any(|l| l.protocol.is_tls()) {
+            Some(crate::tls::TlsSettings::from_map(get).server_config()?)
+        } else {
+            None
         };
         // A node is controller and broker at once (Kafka's combined mode)
         // or a broker only, following the metadata log as a learner; a
@@ -415,6 +465,9 @@ impl BrokerConfig {
         let rack = get("broker.rack");
         let config = BrokerConfig {
             node_id: parse(map, "node.id")?,
+            listeners,
+            tls,
+            inter_broker_listener,
             listener,
             advertised_host,
             advertised_port,
@@ -488,8 +541,10 @@ impl BrokerConfig {
                 max_count: parse(map, "range.max.count")?,
                 sustain_intervals: parse::<u32>(map, "range.policy.sustain.intervals")?.max(1),
             },
+            // JAAS entries and private keys are secrets: never reported.
             explicit: map
                 .iter()
+                .filter(|(k, _)| !crate::tls::is_secret(k))
                 .map(|(k, v)| (k.clone(), v.trim().to_string()))
                 .collect(),
         };

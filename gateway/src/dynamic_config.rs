@@ -127,13 +127,73 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
     ),
     (
         "listeners",
-        2,
-        "The Kafka listener (PLAINTEXT://host:port).",
+        7,
+        "The Kafka listeners, NAME://host:port,... (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL or a name from listener.security.protocol.map).",
     ),
     (
         "advertised.listeners",
+        7,
+        "NAME://host:port per listener, given in Metadata to the clients connected on it; each listener's own address when absent.",
+    ),
+    (
+        "listener.security.protocol.map",
+        7,
+        "Listener name to security protocol (NAME:PROTOCOL,...).",
+    ),
+    (
+        "ssl.keystore.type",
         2,
-        "The host and port given to clients; the listener when empty.",
+        "The format of the server's key and certificates: only PEM is supported.",
+    ),
+    (
+        "ssl.keystore.location",
+        2,
+        "A PEM file with the server's private key and certificate chain, for SSL and SASL_SSL listeners.",
+    ),
+    (
+        "ssl.key.password",
+        9,
+        "The password of an encrypted private key (not supported: give an unencrypted key).",
+    ),
+    (
+        "ssl.keystore.certificate.chain",
+        9,
+        "The server's certificate chain as PEM text (instead of ssl.keystore.location).",
+    ),
+    (
+        "ssl.keystore.key",
+        9,
+        "The server's private key as PEM text (with ssl.keystore.certificate.chain).",
+    ),
+    (
+        "ssl.truststore.type",
+        2,
+        "The format of the truststore: only PEM is supported.",
+    ),
+    (
+        "ssl.truststore.location",
+        2,
+        "A PEM file with the CA certificates client certificates are checked against.",
+    ),
+    (
+        "ssl.truststore.certificates",
+        9,
+        "The CA certificates as PEM text (instead of ssl.truststore.location).",
+    ),
+    (
+        "ssl.client.auth",
+        2,
+        "Client certificates on TLS listeners: none, requested or required; the principal is User:<subject DN>.",
+    ),
+    (
+        "inter.broker.listener.name",
+        2,
+        "The listener registered for other brokers; empty: the first PLAINTEXT listener, else the first.",
+    ),
+    (
+        "sasl.enabled.mechanisms",
+        7,
+        "SASL mechanisms of SASL listeners (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); listener.name.<name>.sasl.enabled.mechanisms overrides it per listener, and listener.name.<name>.plain.sasl.jaas.config lists PLAIN users (user_NAME=\"password\").",
     ),
     (
         "admin.listener",

@@ -125,6 +125,16 @@ pub enum ApiError {
     NotEnoughReplicas { in_sync: usize, required: usize },
     #[error("written on the leader, but the in-sync replicas fell below min.insync.replicas before a quorum had it")]
     NotEnoughReplicasAfterAppend,
+    #[error("{0}")]
+    IllegalSaslState(String),
+    #[error("{0}")]
+    UnsupportedSaslMechanism(String),
+    #[error("{0}")]
+    ResourceNotFound(String),
+    #[error("{0}")]
+    DuplicateResource(String),
+    #[error("{0}")]
+    UnacceptableCredential(String),
     /// A KIP-848 consumer group refused the request (its own code).
     #[error("{0}")]
     ConsumerGroup(crate::groups::consumer_protocol::ConsumerGroupError),
@@ -188,6 +198,11 @@ impl ApiError {
             ApiError::TransactionalIdNotFound => K::TransactionalIdNotFound,
             ApiError::NotEnoughReplicas { .. } => K::NotEnoughReplicas,
             ApiError::NotEnoughReplicasAfterAppend => K::NotEnoughReplicasAfterAppend,
+            ApiError::IllegalSaslState(_) => K::IllegalSaslState,
+            ApiError::UnsupportedSaslMechanism(_) => K::UnsupportedSaslMechanism,
+            ApiError::ResourceNotFound(_) => K::ResourceNotFound,
+            ApiError::DuplicateResource(_) => K::DuplicateResource,
+            ApiError::UnacceptableCredential(_) => K::UnacceptableCredential,
             ApiError::ConsumerGroup(e) => e.kafka(),
         }
     }
@@ -273,6 +288,11 @@ mod tests {
         assert_eq!(ApiError::InvalidReplicationFactor(String::new()).code(), 38);
         assert_eq!(ApiError::InvalidConfig(String::new()).code(), 40);
         assert_eq!(ApiError::OffsetOutOfRange.code(), 1);
+        assert_eq!(ApiError::IllegalSaslState(String::new()).code(), 34);
+        assert_eq!(ApiError::UnsupportedSaslMechanism(String::new()).code(), 33);
+        assert_eq!(ApiError::ResourceNotFound(String::new()).code(), 91);
+        assert_eq!(ApiError::DuplicateResource(String::new()).code(), 92);
+        assert_eq!(ApiError::UnacceptableCredential(String::new()).code(), 93);
         assert_eq!(ApiError::UnknownTopicId.code(), 100);
         assert_eq!(ApiError::CoordinatorNotAvailable.code(), 15);
         assert_eq!(ApiError::CoordinatorLoadInProgress.code(), 14);

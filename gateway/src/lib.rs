@@ -13,14 +13,18 @@ pub mod error;
 pub mod groups;
 pub mod internal_topics;
 pub mod leader_epochs;
+pub mod listeners;
 pub mod metrics;
 pub mod peer;
 pub mod producer_ids;
 pub mod range_policy;
 pub mod ranges;
+pub mod sasl;
 pub mod server;
+pub mod tls;
 pub mod topic_config;
 pub mod txn;
+pub mod users;
 
 use std::sync::Arc;
 
@@ -33,34 +37,77 @@ pub use config::BrokerConfig;
 /// A running broker: its listeners' bound addresses and a way to stop it.
 pub struct Running {
     pub broker: Arc<Broker>,
+    /// The inter-broker listener's bound address (the only one by default).
     pub kafka_addr: std::net::SocketAddr,
+    /// Every Kafka listener: its name and bound address.
+    pub listener_addrs: Vec<(String, std::net::SocketAddr)>,
     pub admin_addr: std::net::SocketAddr,
     shutdown: watch::Sender<bool>,
-    server: tokio::task::JoinHandle<Vec<tokio::task::JoinHandle<()>>>,
+    servers: Vec<tokio::task::JoinHandle<Vec<tokio::task::JoinHandle<()>>>>,
 }
 
-/// Starts the broker and both listeners.
+/// Starts the broker and its listeners.
 pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
-    let kafka_listener = TcpListener::bind(config.listener).await?;
-    let admin_listener = TcpListener::bind(config.admin_listener).await?;
-    let kafka_addr = kafka_listener.local_addr()?;
-    let admin_addr = admin_listener.local_addr()?;
     let mut config = config;
-    if config.advertised_port == 0 {
-        config.advertised_port = kafka_addr.port();
+    let mut bound = Vec::new();
+    for l in &mut config.listeners {
+        let addr = config::resolve_listener(l)?;
+        let socket = TcpListener::bind(addr)
+            .await
+            .map_err(|e| anyhow::anyhow!("listener {} on {addr}: {e}", l.name))?;
+        let local = socket.local_addr()?;
+        if l.port == 0 {
+            l.port = local.port();
+        }
+        if l.advertised_port == 0 {
+            l.advertised_port = local.port();
+        }
+        bound.push((socket, local));
     }
+    let admin_listener = TcpListener::bind(config.admin_listener).await?;
+    let admin_addr = admin_listener.local_addr()?;
+    // The inter-broker listener's bound address.
+    let inter = config.inter_broker_listener;
+    let kafka_addr = bound[inter].1;
+    config.listener = kafka_addr;
+    config.advertised_port = config.listeners[inter].advertised_port;
+    let specs: Vec<Arc<listeners::Listener>> =
+        config.listeners.iter().cloned().map(Arc::new).collect();
     let broker = Broker::start(config).await?;
     tokio::spawn(admin::serve(admin_listener, broker.clone()));
     tokio::spawn(ranges::run_range_policy(broker.clone()));
     let (shutdown, shutdown_rx) = watch::channel(false);
-    let server = tokio::spawn(server::serve(kafka_listener, broker.clone(), shutdown_rx));
+    let mut servers = Vec::new();
+    let mut listener_addrs = Vec::new();
+    for ((socket, local), spec) in bound.into_iter().zip(specs) {
+        tracing::info!(listener = %spec.name, protocol = spec.protocol.name(), addr = %local, "listening");
+        listener_addrs.push((spec.name.clone(), local));
+        let tls = if spec.protocol.is_tls() {
+            let config = broker
+                .config
+                .tls
+                .clone()
+                .expect("TLS listeners have a TLS config");
+            Some(tokio_rustls::TlsAcceptor::from(config))
+        } else {
+            None
+        };
+        servers.push(tokio::spawn(server::serve(
+            socket,
+            spec,
+            tls,
+            broker.clone(),
+            shutdown_rx.clone(),
+        )));
+    }
     tracing::info!(%kafka_addr, %admin_addr, data_dir = %broker.config.data_dir.display(), "tessera is serving");
     Ok(Running {
         broker,
         kafka_addr,
+        listener_addrs,
         admin_addr,
         shutdown,
-        server,
+        servers,
     })
 }
 
@@ -71,14 +118,18 @@ impl Running {
     pub async fn shutdown(self) {
         self.broker.controlled_shutdown().await;
         let _ = self.shutdown.send(true);
-        if let Ok(connections) = self.server.await {
-            let drain = async {
-                for c in connections {
-                    let _ = c.await;
-                }
-            };
-            let _ = tokio::time::timeout(std::time::Duration::from_secs(10), drain).await;
+        let mut connections = Vec::new();
+        for server in self.servers {
+            if let Ok(mut c) = server.await {
+                connections.append(&mut c);
+            }
         }
+        let drain = async {
+            for c in connections {
+                let _ = c.await;
+            }
+        };
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(10), drain).await;
         self.broker.shutdown().await;
     }
 }

@@ -68,6 +68,12 @@ enum Command {
         #[arg(long, value_delimiter = ',')]
         racks: Vec<String>,
     },
+    /// SASL/SCRAM users of a node that is not running (its data directory
+    /// and metadata log): `tessera users add NAME --password PW`.
+    Users {
+        #[command(subcommand)]
+        action: UsersAction,
+    },
     /// List, split and merge ranges of a running broker (through its admin port).
     Ranges {
         /// The broker's admin listener.
@@ -75,6 +81,23 @@ enum Command {
         admin: String,
         #[command(subcommand)]
         action: RangesAction,
+    },
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum UsersAction {
+    /// Add or replace a user's SCRAM credentials (salted; the password is
+    /// not stored).
+    Add {
+        name: String,
+        #[arg(long)]
+        password: String,
+        /// SCRAM-SHA-256 or SCRAM-SHA-512, repeatable; default both.
+        #[arg(long = "mechanism")]
+        mechanisms: Vec<String>,
+        /// PBKDF2 iterations (4096..=16384).
+        #[arg(long, default_value_t = tessera_gateway::users::DEFAULT_ITERATIONS)]
+        iterations: u32,
     },
 }
 
@@ -326,6 +349,39 @@ fn main() -> anyhow::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
+    if let Some(Command::Users {
+        action:
+            UsersAction::Add {
+                name,
+                password,
+                mechanisms,
+                iterations,
+            },
+    }) = &cli.command
+    {
+        use tessera_gateway::sasl::scram::ScramMechanism;
+        let mechanisms = if mechanisms.is_empty() {
+            ScramMechanism::ALL.to_vec()
+        } else {
+            mechanisms
+                .iter()
+                .map(|m| {
+                    ScramMechanism::from_name(&m.to_ascii_uppercase())
+                        .ok_or_else(|| anyhow::anyhow!("unknown SCRAM mechanism {m}"))
+                })
+                .collect::<anyhow::Result<Vec<_>>>()?
+        };
+        runtime.block_on(tessera_gateway::users::add(
+            &config,
+            name,
+            password,
+            &mechanisms,
+            *iterations,
+        ))?;
+        let names: Vec<&str> = mechanisms.iter().map(|m| m.name()).collect();
+        println!("user {name}: {} credentials written", names.join(", "));
+        return Ok(());
+    }
     runtime.block_on(async move {
         let running = tessera_gateway::start(config).await?;
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

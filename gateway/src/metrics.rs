@@ -19,6 +19,12 @@ pub struct Metrics {
     pub rejected_frames: AtomicU64,
     pub range_splits: AtomicU64,
     pub range_merges: AtomicU64,
+    /// SASL authentications that succeeded / failed.
+    pub authentications_succeeded: AtomicU64,
+    pub authentications_failed: AtomicU64,
+    /// TLS handshakes that failed or timed out (plaintext on a TLS port,
+    /// a refused client certificate).
+    pub tls_handshake_failures: AtomicU64,
 }
 
 const API_SLOTS: usize = 128;
@@ -38,6 +44,9 @@ impl Default for Metrics {
             rejected_frames: AtomicU64::new(0),
             range_splits: AtomicU64::new(0),
             range_merges: AtomicU64::new(0),
+            authentications_succeeded: AtomicU64::new(0),
+            authentications_failed: AtomicU64::new(0),
+            tls_handshake_failures: AtomicU64::new(0),
         }
     }
 }
@@ -120,6 +129,21 @@ impl Metrics {
                 "tessera_remote_read_bytes_total",
                 "Record bytes a leader read from another replica's sealed copy (a segment of its partition it holds no copy of).",
                 &self.remote_read_bytes,
+            ),
+            (
+                "tessera_successful_authentication_total",
+                "SASL authentications that succeeded (Kafka's successful-authentication-total).",
+                &self.authentications_succeeded,
+            ),
+            (
+                "tessera_failed_authentication_total",
+                "SASL authentications refused: wrong credentials, a disabled mechanism, a request before authentication (Kafka's failed-authentication-total).",
+                &self.authentications_failed,
+            ),
+            (
+                "tessera_tls_handshake_failures_total",
+                "TLS handshakes that failed or timed out (a plaintext client on a TLS port, a refused client certificate).",
+                &self.tls_handshake_failures,
             ),
             (
                 "tessera_connections_opened_total",

@@ -3,23 +3,40 @@
 
 use std::sync::Arc;
 
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
 use bytes::{Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt, BufWriter};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
+use tokio_rustls::TlsAcceptor;
 
-use crate::api::{self, Reply};
+use crate::api::{self, Connection, Reply};
 use crate::broker::Broker;
+use crate::listeners::Listener;
 use crate::metrics::Metrics;
+use crate::sasl::{Action, Authenticator, Event};
 
 /// Requests one connection may have in flight before we stop reading from it.
 const MAX_IN_FLIGHT: usize = 256;
+
+/// A TLS handshake not done within this is dropped (a slow or plaintext
+/// client on a TLS port holds nothing for longer).
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Kafka's principal of a connection nobody authenticated.
+const ANONYMOUS: &str = "User:ANONYMOUS";
 
 /// Accepts connections until `shutdown` turns true; returns the handles of
 /// the live connections so the caller can let them finish.
 pub async fn serve(
     listener: TcpListener,
+    spec: Arc<Listener>,
+    tls: Option<TlsAcceptor>,
     broker: Arc<Broker>,
     mut shutdown: watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
@@ -32,7 +49,11 @@ pub async fn serve(
                     Metrics::add(&broker.metrics.connections_opened, 1);
                     tracing::debug!(%peer, "connection accepted");
                     connections.retain(|c: &JoinHandle<()>| !c.is_finished());
-                    connections.push(tokio::spawn(connection(stream, broker.clone(), shutdown.clone())));
+                    let (spec, broker, shutdown) = (spec.clone(), broker.clone(), shutdown.clone());
+                    connections.push(match &tls {
+                        None => tokio::spawn(plain_connection(stream, spec, broker, shutdown)),
+                        Some(acceptor) => tokio::spawn(tls_connection(acceptor.clone(), stream, spec, broker, shutdown)),
+                    });
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -44,13 +65,102 @@ pub async fn serve(
     }
 }
 
-async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch::Receiver<bool>) {
+type Responses = (mpsc::Sender<JoinHandle<Reply>>, JoinHandle<()>);
+
+/// Another broker's replication stream taking over a plaintext connection.
+type Upgrade<R, W> = Box<dyn FnOnce(R, W) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+async fn plain_connection(
+    stream: TcpStream,
+    spec: Arc<Listener>,
+    broker: Arc<Broker>,
+    shutdown: watch::Receiver<bool>,
+) {
     let peer = stream.peer_addr().ok();
-    let (mut reader, writer) = stream.into_split();
+    let (reader, writer) = stream.into_split();
+    let replication = broker.clone();
+    let upgrade: Upgrade<OwnedReadHalf, OwnedWriteHalf> =
+        Box::new(move |r, w| Box::pin(async move { replication.serve_replication(r, w).await }));
+    connection(
+        reader,
+        writer,
+        peer,
+        None,
+        Some(upgrade),
+        spec,
+        broker,
+        shutdown,
+    )
+    .await
+}
+
+async fn tls_connection(
+    acceptor: TlsAcceptor,
+    stream: TcpStream,
+    spec: Arc<Listener>,
+    broker: Arc<Broker>,
+    shutdown: watch::Receiver<bool>,
+) {
+    let peer = stream.peer_addr().ok();
+    let tls = match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await {
+        Ok(Ok(tls)) => tls,
+        Ok(Err(e)) => {
+            // A plaintext client on a TLS port ends here (its first bytes
+            // are not a TLS record), as does a client certificate refused.
+            Metrics::add(&broker.metrics.tls_handshake_failures, 1);
+            Metrics::add(&broker.metrics.connections_closed, 1);
+            tracing::info!(?peer, listener = %spec.name, error = %e, "TLS handshake failed; closing connection");
+            return;
+        }
+        Err(_) => {
+            Metrics::add(&broker.metrics.tls_handshake_failures, 1);
+            Metrics::add(&broker.metrics.connections_closed, 1);
+            tracing::info!(?peer, listener = %spec.name, "TLS handshake timed out; closing connection");
+            return;
+        }
+    };
+    let principal = tls
+        .get_ref()
+        .1
+        .peer_certificates()
+        .and_then(|certs| certs.first())
+        .and_then(|cert| crate::tls::principal_of(cert));
+    if let Some(p) = &principal {
+        tracing::debug!(?peer, principal = %p, "client certificate");
+    }
+    let (reader, writer) = tokio::io::split(tls);
+    connection(
+        reader, writer, peer, principal, None, spec, broker, shutdown,
+    )
+    .await
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn connection<R, W>(
+    mut reader: R,
+    writer: W,
+    peer: Option<std::net::SocketAddr>,
+    tls_principal: Option<String>,
+    mut upgrade: Option<Upgrade<R, W>>,
+    spec: Arc<Listener>,
+    broker: Arc<Broker>,
+    mut shutdown: watch::Receiver<bool>,
+) where
+    R: AsyncRead + Unpin + Send + 'static,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
     let max = broker.config.socket_request_max_bytes;
     let mut first = true;
-    let mut responses: Option<(mpsc::Sender<JoinHandle<Reply>>, JoinHandle<()>)> = None;
+    let mut responses: Option<Responses> = None;
     let mut writer = Some(writer);
+    // SASL listeners authenticate before anything else is served.
+    let mut auth = spec.protocol.is_sasl().then(Authenticator::default);
+    // The principal until SASL names one: the client certificate's, else
+    // Kafka's ANONYMOUS.
+    let mut context = Connection {
+        listener: spec.clone(),
+        principal: Some(Arc::from(tls_principal.as_deref().unwrap_or(ANONYMOUS))),
+    };
     loop {
         let frame = tokio::select! {
             frame = read_frame(&mut reader, max) => frame,
@@ -68,15 +178,17 @@ async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch:
         // Another broker opening a replication stream (its first request
         // carries the private api key): the connection is the stream's now.
         if std::mem::take(&mut first) && is_replication_upgrade(&frame) {
-            if let Some(writer) = writer.take() {
-                // A stream never ends by itself: shutdown ends it.
-                tokio::select! {
-                    _ = broker.serve_replication(reader, writer) => {}
-                    _ = shutdown.changed() => {}
+            if let Some(upgrade) = upgrade.take() {
+                if let Some(writer) = writer.take() {
+                    // A stream never ends by itself: shutdown ends it.
+                    tokio::select! {
+                        _ = upgrade(reader, writer) => {}
+                        _ = shutdown.changed() => {}
+                    }
                 }
+                Metrics::add(&broker.metrics.connections_closed, 1);
+                return;
             }
-            Metrics::add(&broker.metrics.connections_closed, 1);
-            return;
         }
         // Each request is handled in its own task; the writer awaits them in
         // arrival order, so pipelined responses go back in request order.
@@ -85,14 +197,50 @@ async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch:
             let writer = writer.take().expect("the writer is taken once");
             (tx, tokio::spawn(write_responses(writer, rx)))
         });
+        if let Some(authenticator) = auth.as_mut().filter(|a| !a.is_done()) {
+            let (action, event) = authenticator.on_frame(&frame, &spec, &broker.image());
+            if let Some(event) = event {
+                record_authentication(&broker, &spec, peer, event);
+            }
+            if authenticator.is_done() {
+                context.principal = authenticator.principal.clone().map(Arc::from);
+            }
+            match action {
+                Action::Dispatch => {}
+                Action::Reply(bytes) => {
+                    if tx
+                        .send(tokio::spawn(async move { Reply::Frame(bytes) }))
+                        .await
+                        .is_err()
+                    {
+                        break;
+                    }
+                    continue;
+                }
+                Action::Close { reply, reason } => {
+                    if let Some(bytes) = reply {
+                        let _ = tx
+                            .send(tokio::spawn(async move { Reply::Frame(bytes) }))
+                            .await;
+                    }
+                    let _ = tx
+                        .send(tokio::spawn(async move { Reply::Close(reason) }))
+                        .await;
+                    break;
+                }
+            }
+        }
         // In request order: decode, and a produce's appends; the rest runs concurrently.
-        let in_flight = api::PEER
+        let in_flight = api::CONNECTION
             .scope(
-                peer.unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
-                api::start_frame(&broker, frame),
+                context.clone(),
+                api::PEER.scope(
+                    peer.unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
+                    api::start_frame(&broker, frame),
+                ),
             )
             .await;
-        let handle = tokio::spawn(in_flight);
+        let handle = tokio::spawn(api::CONNECTION.scope(context.clone(), in_flight));
         if tx.send(handle).await.is_err() {
             break;
         }
@@ -104,14 +252,45 @@ async fn connection(stream: TcpStream, broker: Arc<Broker>, mut shutdown: watch:
     Metrics::add(&broker.metrics.connections_closed, 1);
 }
 
+/// Counts an authentication and logs a failure (Kafka logs failed
+/// authentications at INFO with the client's address).
+fn record_authentication(
+    broker: &Broker,
+    listener: &Listener,
+    peer: Option<std::net::SocketAddr>,
+    event: Event,
+) {
+    match event {
+        Event::Succeeded { user, mechanism } => {
+            Metrics::add(&broker.metrics.authentications_succeeded, 1);
+            tracing::debug!(?peer, listener = %listener.name, %user, mechanism, "authenticated");
+        }
+        Event::Failed {
+            user,
+            mechanism,
+            reason,
+        } => {
+            Metrics::add(&broker.metrics.authentications_failed, 1);
+            tracing::warn!(
+                ?peer,
+                listener = %listener.name,
+                user = user.as_deref().unwrap_or(""),
+                %mechanism,
+                %reason,
+                "failed authentication"
+            );
+        }
+    }
+}
+
 fn is_replication_upgrade(frame: &[u8]) -> bool {
     frame.len() >= 2
         && i16::from_be_bytes([frame[0], frame[1]])
             == tessera_replication::protocol::UPGRADE_API_KEY
 }
 
-async fn write_responses(
-    writer: tokio::net::tcp::OwnedWriteHalf,
+async fn write_responses<W: AsyncWrite + Unpin>(
+    writer: W,
     mut rx: mpsc::Receiver<JoinHandle<Reply>>,
 ) {
     use tokio::sync::mpsc::error::TryRecvError;
@@ -161,8 +340,8 @@ async fn write_responses(
 /// Reads one size-prefixed frame. `Ok(None)` on a clean end of stream; an
 /// error when the size is negative or over `socket.request.max.bytes` (refused
 /// before anything is allocated, as Kafka does), or the stream ends mid-frame.
-async fn read_frame(
-    reader: &mut tokio::net::tcp::OwnedReadHalf,
+async fn read_frame<R: AsyncRead + Unpin>(
+    reader: &mut R,
     max: usize,
 ) -> Result<Option<Bytes>, String> {
     let mut size = [0u8; 4];

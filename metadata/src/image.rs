@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::records::{
-    BrokerRegistration, MetadataRecord, PartitionSpan, RangeRecord, SegmentOpenRecord,
-    SegmentSealRecord, TopicRecord,
+    BrokerRegistration, MetadataRecord, PartitionSpan, RangeRecord, ScramCredentialRecord,
+    SegmentOpenRecord, SegmentSealRecord, TopicRecord,
 };
 use crate::{RangeId, SegmentId, TopicId};
 
@@ -113,6 +113,8 @@ pub struct MetadataImage {
     /// whose last key was deleted is removed, so an image and the image
     /// replayed from its snapshot are equal.
     pub broker_configs: BTreeMap<Option<i32>, BTreeMap<String, String>>,
+    /// SCRAM credentials by (user, mechanism type byte).
+    pub scram_credentials: BTreeMap<(String, u8), ScramCredentialRecord>,
 }
 
 /// The empty image: `offset` is -1 (nothing applied), not 0, because 0 is
@@ -131,6 +133,7 @@ impl Default for MetadataImage {
             next_producer_id: 0,
             last_producer_id_broker: -1,
             broker_configs: BTreeMap::new(),
+            scram_credentials: BTreeMap::new(),
         }
     }
 }
@@ -301,6 +304,9 @@ impl MetadataImage {
                     value: Some(value.clone()),
                 });
             }
+        }
+        for credential in self.scram_credentials.values() {
+            out.push(MetadataRecord::SetScramCredential(credential.clone()));
         }
         out
     }

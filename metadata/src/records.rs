@@ -36,6 +36,37 @@ pub const MAX_TOPIC_CONFIGS: usize = 1024;
 pub const MAX_REPLICAS: usize = 128;
 /// Bound on the parents of one range (a split has one, a merge two).
 pub const MAX_RANGE_PARENTS: usize = 16;
+/// Bound on a SCRAM user name.
+pub const MAX_USER_NAME_LEN: usize = 1024;
+/// Bound on a SCRAM salt.
+pub const MAX_SCRAM_SALT_LEN: usize = 1024;
+/// Kafka's bounds on SCRAM iterations (`ScramMechanism`'s min, and
+/// AlterUserScramCredentials' max).
+pub const MIN_SCRAM_ITERATIONS: u32 = 4096;
+pub const MAX_SCRAM_ITERATIONS: u32 = 16384;
+
+/// A SCRAM credential as Kafka stores it (UserScramCredentialRecord): salt,
+/// iterations, stored key and server key, never the password.
+/// `mechanism` is Kafka's type byte: 1 = SCRAM-SHA-256, 2 = SCRAM-SHA-512;
+/// the keys are as long as the mechanism's hash (32 or 64 bytes).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ScramCredentialRecord {
+    pub user: String,
+    pub mechanism: u8,
+    pub salt: Vec<u8>,
+    pub stored_key: Vec<u8>,
+    pub server_key: Vec<u8>,
+    pub iterations: u32,
+}
+
+/// The key length of a SCRAM mechanism type byte (None: unknown type).
+pub fn scram_key_len(mechanism: u8) -> Option<usize> {
+    match mechanism {
+        1 => Some(32),
+        2 => Some(64),
+        _ => None,
+    }
+}
 
 /// A registered broker: who it is and where clients reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -171,6 +202,14 @@ pub enum MetadataRecord {
         segment: SegmentId,
         replicas: Vec<i32>,
     },
+    /// Upsert of a user's SCRAM credential for one mechanism.
+    SetScramCredential(ScramCredentialRecord),
+    /// Removes a user's SCRAM credential for one mechanism (replay skips it
+    /// when the image holds none).
+    RemoveScramCredential {
+        user: String,
+        mechanism: u8,
+    },
 }
 
 /// Record type numbers. Never reuse or renumber: they are in the log.
@@ -192,8 +231,10 @@ pub mod record_type {
     pub const SET_BROKER_CONFIG: u16 = 14;
     pub const INCREASE_PARTITIONS: u16 = 15;
     pub const SET_SEGMENT_REPLICAS: u16 = 16;
+    pub const SET_SCRAM_CREDENTIAL: u16 = 17;
+    pub const REMOVE_SCRAM_CREDENTIAL: u16 = 18;
     /// The largest type number this build reads.
-    pub const MAX: u16 = SET_SEGMENT_REPLICAS;
+    pub const MAX: u16 = REMOVE_SCRAM_CREDENTIAL;
 }
 
 impl MetadataRecord {
@@ -218,6 +259,8 @@ impl MetadataRecord {
             MetadataRecord::SetBrokerConfig { .. } => SET_BROKER_CONFIG,
             MetadataRecord::IncreasePartitions { .. } => INCREASE_PARTITIONS,
             MetadataRecord::SetSegmentReplicas { .. } => SET_SEGMENT_REPLICAS,
+            MetadataRecord::SetScramCredential(_) => SET_SCRAM_CREDENTIAL,
+            MetadataRecord::RemoveScramCredential { .. } => REMOVE_SCRAM_CREDENTIAL,
         }
     }
 
@@ -350,6 +393,18 @@ impl MetadataRecord {
             MetadataRecord::SetSegmentReplicas { segment, replicas } => {
                 w.segment(segment);
                 w.replicas(replicas);
+            }
+            MetadataRecord::SetScramCredential(c) => {
+                w.str16(&c.user);
+                w.u8(c.mechanism);
+                w.bytes16(&c.salt);
+                w.bytes16(&c.stored_key);
+                w.bytes16(&c.server_key);
+                w.u32(c.iterations);
+            }
+            MetadataRecord::RemoveScramCredential { user, mechanism } => {
+                w.str16(user);
+                w.u8(*mechanism);
             }
         }
         w.0
@@ -533,6 +588,18 @@ impl MetadataRecord {
                 let replicas = r.replicas()?;
                 MetadataRecord::SetSegmentReplicas { segment, replicas }
             }
+            SET_SCRAM_CREDENTIAL => MetadataRecord::SetScramCredential(ScramCredentialRecord {
+                user: r.str16("user")?,
+                mechanism: r.u8("mechanism")?,
+                salt: r.bytes16("salt")?,
+                stored_key: r.bytes16("stored_key")?,
+                server_key: r.bytes16("server_key")?,
+                iterations: r.u32("iterations")?,
+            }),
+            REMOVE_SCRAM_CREDENTIAL => MetadataRecord::RemoveScramCredential {
+                user: r.str16("user")?,
+                mechanism: r.u8("mechanism")?,
+            },
             // Numbers not (or no longer) in use.
             _ => return Err(RecordDecodeError::UnknownType(ty)),
         };
@@ -737,8 +804,44 @@ impl MetadataRecord {
                 check_range_id("segment range", segment.range)?;
                 check_replicas(replicas)
             }
+            MetadataRecord::SetScramCredential(c) => {
+                check_len("user", &c.user, 1, MAX_USER_NAME_LEN)?;
+                let key_len = check_scram_mechanism(c.mechanism)?;
+                if c.salt.is_empty() || c.salt.len() > MAX_SCRAM_SALT_LEN {
+                    return Err(E::invalid(
+                        "salt",
+                        format!("length {} not in 1..={MAX_SCRAM_SALT_LEN}", c.salt.len()),
+                    ));
+                }
+                if c.stored_key.len() != key_len || c.server_key.len() != key_len {
+                    return Err(E::invalid(
+                        "stored_key/server_key",
+                        format!("not {key_len} bytes"),
+                    ));
+                }
+                if !(MIN_SCRAM_ITERATIONS..=MAX_SCRAM_ITERATIONS).contains(&c.iterations) {
+                    return Err(E::invalid(
+                        "iterations",
+                        format!(
+                            "{} not in {MIN_SCRAM_ITERATIONS}..={MAX_SCRAM_ITERATIONS}",
+                            c.iterations
+                        ),
+                    ));
+                }
+                Ok(())
+            }
+            MetadataRecord::RemoveScramCredential { user, mechanism } => {
+                check_len("user", user, 1, MAX_USER_NAME_LEN)?;
+                check_scram_mechanism(*mechanism).map(|_| ())
+            }
         }
     }
+}
+
+/// A known SCRAM mechanism type byte; its key length.
+fn check_scram_mechanism(mechanism: u8) -> Result<usize, RecordDecodeError> {
+    scram_key_len(mechanism)
+        .ok_or_else(|| RecordDecodeError::invalid("mechanism", mechanism.to_string()))
 }
 
 /// A replica set: 1..=MAX_REPLICAS valid, distinct broker ids.
@@ -887,6 +990,12 @@ impl Writer {
         self.u32(n as u32);
         self.0.extend_from_slice(&b[..n]);
     }
+    /// Bytes with a u16 length (cut like `str16`).
+    fn bytes16(&mut self, b: &[u8]) {
+        let n = b.len().min(u16::MAX as usize);
+        self.u16(n as u16);
+        self.0.extend_from_slice(&b[..n]);
+    }
 }
 
 struct Reader<'a> {
@@ -985,6 +1094,10 @@ impl<'a> Reader<'a> {
     fn str32(&mut self, field: &'static str) -> Result<String, RecordDecodeError> {
         let n = self.u32(field)? as usize;
         self.utf8(n, field)
+    }
+    fn bytes16(&mut self, field: &'static str) -> Result<Vec<u8>, RecordDecodeError> {
+        let n = self.u16(field)? as usize;
+        Ok(self.take(n, field)?.to_vec())
     }
 }
 
@@ -1159,6 +1272,27 @@ pub(crate) mod tests {
                     segment,
                     replicas: replicas.into_iter().collect(),
                 }),
+            (
+                arb_nonempty_text(20),
+                1u8..=2,
+                proptest::collection::vec(any::<u8>(), 1..40),
+                any::<u8>(),
+                MIN_SCRAM_ITERATIONS..=MAX_SCRAM_ITERATIONS
+            )
+                .prop_map(|(user, mechanism, salt, fill, iterations)| {
+                    let n = scram_key_len(mechanism).unwrap();
+                    MetadataRecord::SetScramCredential(ScramCredentialRecord {
+                        user,
+                        mechanism,
+                        salt,
+                        stored_key: vec![fill; n],
+                        server_key: vec![fill.wrapping_add(1); n],
+                        iterations,
+                    })
+                }),
+            (arb_nonempty_text(20), 1u8..=2).prop_map(|(user, mechanism)| {
+                MetadataRecord::RemoveScramCredential { user, mechanism }
+            }),
         ]
     }
 
@@ -1440,9 +1574,58 @@ pub(crate) mod tests {
         rejects(increase(0, 5));
         increase(9, MAX_PARTITIONS).validate().unwrap();
         assert_eq!(
-            MetadataRecord::decode(&[0, 17, 0, 0]),
-            Err(RecordDecodeError::UnknownType(17))
+            MetadataRecord::decode(&[0, 21, 0, 0]),
+            Err(RecordDecodeError::UnknownType(21))
         );
+    }
+
+    #[test]
+    fn scram_credential_codec() {
+        let rec = MetadataRecord::SetScramCredential(ScramCredentialRecord {
+            user: "al".into(),
+            mechanism: 1,
+            salt: vec![7],
+            stored_key: vec![1; 32],
+            server_key: vec![2; 32],
+            iterations: 4096,
+        });
+        let bytes = rec.encode();
+        assert_eq!(
+            bytes,
+            [
+                &[0u8, 17, 0, 0, 0, 2, b'a', b'l', 1, 0, 1, 7, 0, 32][..],
+                &[1; 32],
+                &[0, 32],
+                &[2; 32],
+                &4096u32.to_be_bytes(),
+            ]
+            .concat()
+        );
+        assert_eq!(MetadataRecord::decode(&bytes), Ok(rec.clone()));
+        let with = |f: &dyn Fn(&mut ScramCredentialRecord)| {
+            let MetadataRecord::SetScramCredential(mut c) = rec.clone() else {
+                unreachable!()
+            };
+            f(&mut c);
+            MetadataRecord::SetScramCredential(c)
+        };
+        rejects(with(&|c| c.mechanism = 3));
+        rejects(with(&|c| c.user.clear()));
+        rejects(with(&|c| c.salt.clear()));
+        rejects(with(&|c| c.stored_key.pop().map(|_| ()).unwrap_or(())));
+        rejects(with(&|c| c.mechanism = 2));
+        rejects(with(&|c| c.iterations = 4095));
+        rejects(with(&|c| c.iterations = 16385));
+        let remove = MetadataRecord::RemoveScramCredential {
+            user: "al".into(),
+            mechanism: 2,
+        };
+        assert_eq!(remove.encode(), vec![0u8, 18, 0, 0, 0, 2, b'a', b'l', 2]);
+        assert_eq!(MetadataRecord::decode(&remove.encode()), Ok(remove));
+        rejects(MetadataRecord::RemoveScramCredential {
+            user: "al".into(),
+            mechanism: 0,
+        });
     }
 
     #[test]

@@ -55,7 +55,16 @@ impl MetadataImage {
         match record {
             // A broker config needs no registered broker (as in Kafka), and
             // deleting a key that is not set changes nothing.
-            R::NoOp | R::RegisterBroker(_) | R::SetBrokerConfig { .. } => None,
+            R::NoOp
+            | R::RegisterBroker(_)
+            | R::SetBrokerConfig { .. }
+            | R::SetScramCredential(_) => None,
+            R::RemoveScramCredential { user, mechanism } => fail(
+                !self
+                    .scram_credentials
+                    .contains_key(&(user.clone(), *mechanism)),
+                "unknown SCRAM credential",
+            ),
             R::FenceBroker { broker_id } | R::UnfenceBroker { broker_id } => {
                 fail(!self.brokers.contains_key(broker_id), "unknown broker")
             }
@@ -317,6 +326,13 @@ impl MetadataImage {
                     }
                 }
             },
+            R::SetScramCredential(c) => {
+                self.scram_credentials
+                    .insert((c.user.clone(), c.mechanism), c.clone());
+            }
+            R::RemoveScramCredential { user, mechanism } => {
+                self.scram_credentials.remove(&(user.clone(), *mechanism));
+            }
             R::IncreasePartitions {
                 topic_id,
                 partitions,
@@ -653,6 +669,43 @@ mod tests {
             MetadataRecord::DeleteTopic { topic_id: tid(1) },
         ]);
         assert_eq!(img.dynamic_broker_config(1, "k"), Some(("v", true)));
+    }
+
+    #[test]
+    fn scram_credentials() {
+        let cred = |user: &str, mechanism: u8, fill: u8| {
+            let n = crate::records::scram_key_len(mechanism).unwrap();
+            MetadataRecord::SetScramCredential(crate::records::ScramCredentialRecord {
+                user: user.into(),
+                mechanism,
+                salt: vec![1, 2, 3],
+                stored_key: vec![fill; n],
+                server_key: vec![fill; n],
+                iterations: 4096,
+            })
+        };
+        let remove = |user: &str, mechanism: u8| MetadataRecord::RemoveScramCredential {
+            user: user.into(),
+            mechanism,
+        };
+        let (img, applied) = replay(&[
+            cred("alice", 1, 1),
+            cred("alice", 2, 2),
+            cred("bob", 1, 3),
+            // An upsert replaces.
+            cred("alice", 1, 4),
+            remove("bob", 1),
+            // Removing what is not there is skipped on every replica.
+            remove("bob", 1),
+            remove("carol", 2),
+        ]);
+        assert_eq!(applied, vec![true, true, true, true, true, false, false]);
+        assert_eq!(img.scram_credentials.len(), 2);
+        assert_eq!(
+            img.scram_credentials[&("alice".to_string(), 1)].stored_key,
+            vec![4; 32]
+        );
+        assert_snapshot_round_trips(&img);
     }
 
     #[test]

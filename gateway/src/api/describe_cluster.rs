@@ -32,10 +32,11 @@ pub async fn handle(
         .values()
         .filter(|b| request.include_fenced_brokers || !b.fenced)
         .map(|b| {
+            let (host, port) = broker.endpoint(&b.registration);
             DescribeClusterBroker::default()
                 .with_broker_id(BrokerId(b.registration.broker_id))
-                .with_host(StrBytes::from_string(b.registration.host.clone()))
-                .with_port(b.registration.port as i32)
+                .with_host(StrBytes::from_string(host))
+                .with_port(port)
                 .with_rack(b.registration.rack.clone().map(StrBytes::from_string))
                 .with_is_fenced(b.fenced)
         })

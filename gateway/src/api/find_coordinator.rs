@@ -89,9 +89,6 @@ async fn find(broker: &Broker, key_type: i8, key: &str) -> Result<(i32, String, 
         .and_then(|id| image.brokers.get(&id))
         .filter(|b| !b.fenced)
         .ok_or(ApiError::CoordinatorNotAvailable)?;
-    Ok((
-        leader.registration.broker_id,
-        leader.registration.host.clone(),
-        leader.registration.port as i32,
-    ))
+    let (host, port) = broker.endpoint(&leader.registration);
+    Ok((leader.registration.broker_id, host, port))
 }

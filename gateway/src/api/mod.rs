@@ -5,6 +5,7 @@ pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
 pub mod alter_configs;
 pub mod alter_partition_reassignments;
+pub mod alter_user_scram_credentials;
 pub mod api_versions;
 pub mod consumer_group_describe;
 pub mod consumer_group_heartbeat;
@@ -19,6 +20,7 @@ pub mod describe_groups;
 pub mod describe_log_dirs;
 pub mod describe_producers;
 pub mod describe_transactions;
+pub mod describe_user_scram_credentials;
 pub mod elect_leaders;
 pub mod end_txn;
 pub mod fetch;
@@ -38,6 +40,8 @@ pub mod offset_delete;
 pub mod offset_fetch;
 pub mod offset_for_leader_epoch;
 pub mod produce;
+pub mod sasl_authenticate;
+pub mod sasl_handshake;
 pub mod sync_group;
 pub mod txn_offset_commit;
 pub mod write_txn_markers;
@@ -105,6 +109,10 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::ElectLeaders, 0, 2),
     (ApiKey::AlterPartitionReassignments, 0, 1),
     (ApiKey::ListPartitionReassignments, 0, 0),
+    (ApiKey::SaslHandshake, 0, 1),
+    (ApiKey::SaslAuthenticate, 0, 2),
+    (ApiKey::DescribeUserScramCredentials, 0, 0),
+    (ApiKey::AlterUserScramCredentials, 0, 0),
 ];
 
 pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
@@ -166,6 +174,25 @@ tokio::task_local! {
     /// The peer of the connection whose request is being started (set by
     /// the connection around [`start_frame`]).
     pub static PEER: std::net::SocketAddr;
+}
+
+/// The connection a request arrived on: its listener and, once a SASL
+/// listener authenticated it, its principal (`User:<name>`).
+#[derive(Clone, Debug)]
+pub struct Connection {
+    pub listener: Arc<crate::listeners::Listener>,
+    pub principal: Option<Arc<str>>,
+}
+
+tokio::task_local! {
+    /// Set by the connection around the whole handling of each request.
+    pub static CONNECTION: Connection;
+}
+
+/// The listener of the request being handled (None outside a connection,
+/// as in tests that call handlers directly).
+pub fn current_listener() -> Option<Arc<crate::listeners::Listener>> {
+    CONNECTION.try_with(|c| c.listener.clone()).ok()
 }
 
 /// Kafka's form of a client's address (`/127.0.0.1`), for group members.
@@ -328,6 +355,10 @@ async fn dispatch(
         ApiKey::ElectLeaders => call!(elect_leaders),
         ApiKey::AlterPartitionReassignments => call!(alter_partition_reassignments),
         ApiKey::ListPartitionReassignments => call!(list_partition_reassignments),
+        ApiKey::SaslHandshake => call!(sasl_handshake),
+        ApiKey::SaslAuthenticate => call!(sasl_authenticate),
+        ApiKey::DescribeUserScramCredentials => call!(describe_user_scram_credentials),
+        ApiKey::AlterUserScramCredentials => call!(alter_user_scram_credentials),
         other => ready(Reply::Close(format!("API {other:?} has no handler"))),
     }
 }

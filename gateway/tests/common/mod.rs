@@ -120,6 +120,36 @@ impl WireClient {
         id
     }
 
+    /// Whether the broker closed the connection (without sending anything
+    /// more) within the I/O timeout.
+    pub async fn is_closed(&mut self) -> bool {
+        let mut byte = [0u8; 1];
+        matches!(
+            tokio::time::timeout(IO_TIMEOUT, self.stream.read(&mut byte)).await,
+            Ok(Ok(0)) | Ok(Err(_))
+        )
+    }
+
+    /// Writes a raw size-prefixed frame (SASL tokens after a v0 handshake).
+    pub async fn send_raw(&mut self, payload: &[u8]) {
+        let mut buf = Vec::with_capacity(4 + payload.len());
+        buf.extend_from_slice(&(payload.len() as u32).to_be_bytes());
+        buf.extend_from_slice(payload);
+        self.stream.write_all(&buf).await.unwrap();
+    }
+
+    /// Reads a raw size-prefixed frame.
+    pub async fn receive_raw(&mut self) -> Vec<u8> {
+        let mut size = [0u8; 4];
+        tokio::time::timeout(IO_TIMEOUT, self.stream.read_exact(&mut size))
+            .await
+            .expect("timed out")
+            .expect("connection closed");
+        let mut frame = vec![0u8; u32::from_be_bytes(size) as usize];
+        self.stream.read_exact(&mut frame).await.unwrap();
+        frame
+    }
+
     /// Reads the next response, which must answer request `id`.
     pub async fn receive<R: Request>(&mut self, version: i16, id: i32) -> R::Response {
         let mut size = [0u8; 4];

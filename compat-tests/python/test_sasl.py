@@ -1,0 +1,203 @@
+"""SASL with real clients: a broker with a PLAINTEXT listener and a
+SASL_PLAINTEXT listener (PLAIN users from the JAAS key, SCRAM users seeded
+with `tessera users add` before start and added with
+AlterUserScramCredentials). kafka-python over PLAIN and SCRAM,
+confluent-kafka and kcat (librdkafka 2.0.2) over SCRAM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import (
+    AdminClient,
+    ScramCredentialInfo,
+    ScramMechanism,
+    UserScramCredentialUpsertion,
+)
+
+from conftest import free_port, tessera_bin
+from helpers import create_topic, unique_topic
+
+KCAT = os.environ.get("KCAT") or shutil.which("kcat") or shutil.which("kafkacat")
+
+JAAS = (
+    "org.apache.kafka.common.security.plain.PlainLoginModule required "
+    'user_alice="alice-secret" user_admin="admin-secret";'
+)
+
+
+@pytest.fixture
+def sasl_broker(broker_factory):
+    if os.environ.get("COMPAT_BROKER", "tessera") != "tessera":
+        pytest.skip("tessera's SASL setup")
+    b = broker_factory(start=False)
+    b.sasl_port = free_port()
+    b.overrides.update(
+        {
+            "listeners": f"PLAINTEXT://{b.host}:{b.port},SASL_PLAINTEXT://{b.host}:{b.sasl_port}",
+            "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+            "listener.name.sasl_plaintext.plain.sasl.jaas.config": JAAS,
+        }
+    )
+    # The first SCRAM user, written to the data dir before start.
+    out = subprocess.run(
+        [str(tessera_bin()), "--data-dir", str(b.data_dir), "users", "add", "bob",
+         "--password", "bob-secret"],
+        capture_output=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr.decode(errors="replace")[-2000:]
+    b.start()
+    b.sasl_bootstrap = f"{b.host}:{b.sasl_port}"
+    return b
+
+
+def confluent_conf(b, mechanism: str, user: str, password: str, **extra) -> dict:
+    conf = {
+        "bootstrap.servers": b.sasl_bootstrap,
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanisms": mechanism,
+        "sasl.username": user,
+        "sasl.password": password,
+    }
+    conf.update(extra)
+    return conf
+
+
+def roundtrip_confluent(b, conf: dict, n: int = 50):
+    topic = unique_topic("sasl")
+    create_topic(b, topic, partitions=2)
+    p = Producer(dict(conf, acks="all"))
+    for i in range(n):
+        p.produce(topic, key=str(i).encode(), value=f"v{i}".encode())
+    assert p.flush(30) == 0
+    c = Consumer(dict(conf, **{"group.id": unique_topic("g"), "auto.offset.reset": "earliest"}))
+    c.subscribe([topic])
+    got = []
+    try:
+        import time
+
+        deadline = time.monotonic() + 60
+        while len(got) < n and time.monotonic() < deadline:
+            m = c.poll(1.0)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            got.append(m.value())
+    finally:
+        c.close()
+    assert sorted(got) == sorted(f"v{i}".encode() for i in range(n))
+
+
+def test_confluent_scram_sha512_and_sha256(sasl_broker):
+    roundtrip_confluent(sasl_broker, confluent_conf(sasl_broker, "SCRAM-SHA-512", "bob", "bob-secret"))
+    roundtrip_confluent(sasl_broker, confluent_conf(sasl_broker, "SCRAM-SHA-256", "bob", "bob-secret"))
+
+
+def test_confluent_metadata_advertises_the_sasl_listener(sasl_broker):
+    a = AdminClient(confluent_conf(sasl_broker, "PLAIN", "alice", "alice-secret"))
+    md = a.list_topics(timeout=20)
+    [broker] = md.brokers.values()
+    assert (broker.host, broker.port) == (sasl_broker.host, sasl_broker.sasl_port)
+    # The PLAINTEXT listener advertises itself.
+    md = AdminClient({"bootstrap.servers": sasl_broker.bootstrap}).list_topics(timeout=20)
+    [broker] = md.brokers.values()
+    assert broker.port == sasl_broker.port
+
+
+def test_confluent_wrong_password_fails(sasl_broker):
+    a = AdminClient(confluent_conf(sasl_broker, "SCRAM-SHA-256", "bob", "wrong"))
+    with pytest.raises(KafkaException) as e:
+        a.list_topics(timeout=5)
+    print(e.value)
+    # The broker is unharmed.
+    roundtrip_confluent(sasl_broker, confluent_conf(sasl_broker, "SCRAM-SHA-256", "bob", "bob-secret"), n=5)
+
+
+def test_confluent_alter_user_scram_credentials(sasl_broker):
+    a = AdminClient({"bootstrap.servers": sasl_broker.bootstrap})
+    fs = a.alter_user_scram_credentials(
+        [
+            UserScramCredentialUpsertion(
+                "carol", ScramCredentialInfo(ScramMechanism.SCRAM_SHA_256, 8192), b"carol-secret"
+            )
+        ]
+    )
+    for f in fs.values():
+        f.result(timeout=30)
+    described = a.describe_user_scram_credentials(["carol"])["carol"].result(timeout=30)
+    infos = described.scram_credential_infos
+    assert [(i.mechanism, i.iterations) for i in infos] == [(ScramMechanism.SCRAM_SHA_256, 8192)]
+    roundtrip_confluent(sasl_broker, confluent_conf(sasl_broker, "SCRAM-SHA-256", "carol", "carol-secret"), n=5)
+
+
+def kafka_python_conf(b, mechanism: str, user: str, password: str) -> dict:
+    return {
+        "bootstrap_servers": b.sasl_bootstrap,
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": mechanism,
+        "sasl_plain_username": user,
+        "sasl_plain_password": password,
+    }
+
+
+@pytest.mark.parametrize(
+    "mechanism,user,password",
+    [
+        ("PLAIN", "alice", "alice-secret"),
+        ("SCRAM-SHA-256", "bob", "bob-secret"),
+        ("SCRAM-SHA-512", "bob", "bob-secret"),
+    ],
+)
+def test_kafka_python_sasl_plaintext(sasl_broker, mechanism, user, password):
+    from kafka import KafkaConsumer, KafkaProducer
+
+    topic = unique_topic("kp-sasl")
+    create_topic(sasl_broker, topic)
+    conf = kafka_python_conf(sasl_broker, mechanism, user, password)
+    p = KafkaProducer(acks="all", **conf)
+    for i in range(20):
+        p.send(topic, f"m{i}".encode()).get(30)
+    p.close()
+    c = KafkaConsumer(topic, auto_offset_reset="earliest", consumer_timeout_ms=10_000,
+                      group_id=unique_topic("kp-g"), **conf)
+    got = [m.value for m in c]
+    c.close()
+    assert got == [f"m{i}".encode() for i in range(20)]
+
+
+def test_kafka_python_wrong_password(sasl_broker):
+    from kafka import KafkaProducer
+    from kafka.errors import KafkaError
+
+    conf = kafka_python_conf(sasl_broker, "PLAIN", "alice", "nope")
+    with pytest.raises(KafkaError) as e:
+        KafkaProducer(max_block_ms=5000, **conf)
+    print(repr(e.value))
+
+
+@pytest.mark.skipif(KCAT is None, reason="kcat not installed (scripts/test.sh installs it)")
+def test_kcat_scram(sasl_broker):
+    topic = unique_topic("kcat-sasl")
+    create_topic(sasl_broker, topic)
+    sasl = ["-b", sasl_broker.sasl_bootstrap, "-X", "security.protocol=SASL_PLAINTEXT",
+            "-X", "sasl.mechanisms=SCRAM-SHA-256", "-X", "sasl.username=bob",
+            "-X", "sasl.password=bob-secret"]
+    lines = [f"line {i}".encode() for i in range(100)]
+    p = subprocess.run([KCAT, *sasl, "-P", "-t", topic], input=b"\n".join(lines) + b"\n",
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    p = subprocess.run([KCAT, *sasl, "-C", "-t", topic, "-o", "beginning", "-e", "-q"],
+                       capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split(b"\n")[:-1] == lines
+    p = subprocess.run([KCAT, *sasl, "-L"], capture_output=True, timeout=60)
+    assert f"at {sasl_broker.sasl_bootstrap}".encode() in p.stdout, p.stdout
+    # Wrong password: kcat fails, with the broker's message.
+    bad = [a if a != "sasl.password=bob-secret" else "sasl.password=x" for a in sasl]
+    p = subprocess.run([KCAT, *bad, "-L", "-m", "5"], capture_output=True, timeout=60)
+    assert p.returncode != 0
+    assert b"Authentication failed" in p.stderr, p.stderr

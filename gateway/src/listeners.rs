@@ -1,0 +1,369 @@
+//! Kafka's listener model: `listeners` (`NAME://host:port,...`),
+//! `listener.security.protocol.map` (`NAME:PROTOCOL,...`),
+//! `advertised.listeners`, `inter.broker.listener.name`, and each SASL
+//! listener's mechanisms (`sasl.enabled.mechanisms`, or
+//! `listener.name.<name>.sasl.enabled.mechanisms`) and PLAIN users
+//! (`listener.name.<name>.plain.sasl.jaas.config`). Pure parsing.
+
+use std::collections::BTreeMap;
+
+use crate::error::ConfigError;
+use crate::sasl::plain::jaas_users;
+use crate::sasl::scram::ScramMechanism;
+
+/// A listener's security protocol.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SecurityProtocol {
+    Plaintext,
+    Ssl,
+    SaslPlaintext,
+    SaslSsl,
+}
+
+impl SecurityProtocol {
+    pub fn parse(s: &str) -> Option<SecurityProtocol> {
+        match s.trim().to_ascii_uppercase().as_str() {
+            "PLAINTEXT" => Some(SecurityProtocol::Plaintext),
+            "SSL" => Some(SecurityProtocol::Ssl),
+            "SASL_PLAINTEXT" => Some(SecurityProtocol::SaslPlaintext),
+            "SASL_SSL" => Some(SecurityProtocol::SaslSsl),
+            _ => None,
+        }
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            SecurityProtocol::Plaintext => "PLAINTEXT",
+            SecurityProtocol::Ssl => "SSL",
+            SecurityProtocol::SaslPlaintext => "SASL_PLAINTEXT",
+            SecurityProtocol::SaslSsl => "SASL_SSL",
+        }
+    }
+
+    pub fn is_sasl(self) -> bool {
+        matches!(
+            self,
+            SecurityProtocol::SaslPlaintext | SecurityProtocol::SaslSsl
+        )
+    }
+
+    pub fn is_tls(self) -> bool {
+        matches!(self, SecurityProtocol::Ssl | SecurityProtocol::SaslSsl)
+    }
+}
+
+/// The SASL mechanisms this build serves.
+pub const SUPPORTED_MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+
+/// One listener.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Listener {
+    /// Upper-case listener name (`PLAINTEXT`, `SASL_PLAINTEXT`, `CLIENT`...).
+    pub name: String,
+    pub protocol: SecurityProtocol,
+    /// Where it binds.
+    pub host: String,
+    pub port: u16,
+    /// What Metadata tells a client that connected to it (port 0: the bound port).
+    pub advertised_host: String,
+    pub advertised_port: u16,
+    /// Enabled SASL mechanisms, in configured order (SASL listeners only).
+    pub mechanisms: Vec<String>,
+    /// PLAIN users from the listener's JAAS entry.
+    pub plain_users: BTreeMap<String, String>,
+}
+
+impl Listener {
+    pub fn mechanism_enabled(&self, name: &str) -> bool {
+        self.mechanisms.iter().any(|m| m == name)
+    }
+}
+
+/// Kafka's default `listener.security.protocol.map`.
+pub const DEFAULT_PROTOCOL_MAP: &str =
+    "PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL";
+
+fn invalid(key: &str, value: impl Into<String>) -> ConfigError {
+    ConfigError::InvalidValue {
+        key: key.to_string(),
+        value: value.into(),
+    }
+}
+
+/// `NAME://host:port` (or `host:port`, read as PLAINTEXT) -> (NAME, host, port).
+pub fn parse_endpoint(key: &str, raw: &str) -> Result<(String, String, u16), ConfigError> {
+    let raw = raw.trim();
+    let (name, addr) = match raw.split_once("://") {
+        Some((name, rest)) => (name.trim().to_ascii_uppercase(), rest),
+        None => ("PLAINTEXT".to_string(), raw),
+    };
+    if name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+    {
+        return Err(invalid(key, raw));
+    }
+    // `[::1]:9092` or `host:9092`.
+    let (host, port) = addr.rsplit_once(':').ok_or_else(|| invalid(key, raw))?;
+    let port: u16 = port.parse().map_err(|_| invalid(key, raw))?;
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let host = if host.is_empty() { "127.0.0.1" } else { host };
+    Ok((name, host.to_string(), port))
+}
+
+fn parse_protocol_map(raw: &str) -> Result<BTreeMap<String, SecurityProtocol>, ConfigError> {
+    let key = "listener.security.protocol.map";
+    let mut map = BTreeMap::new();
+    for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, protocol) = entry.split_once(':').ok_or_else(|| invalid(key, raw))?;
+        let protocol = SecurityProtocol::parse(protocol).ok_or_else(|| invalid(key, raw))?;
+        map.insert(name.trim().to_ascii_uppercase(), protocol);
+    }
+    Ok(map)
+}
+
+/// Every config key that applies to one listener: `listener.name.<name>.rest`
+/// (Kafka lower-cases the name in these keys).
+fn listener_key<'a>(map: &'a BTreeMap<String, String>, name: &str, rest: &str) -> Option<&'a str> {
+    map.get(&format!(
+        "listener.name.{}.{rest}",
+        name.to_ascii_lowercase()
+    ))
+    .map(String::as_str)
+}
+
+/// Is `key` one of the per-listener keys this build reads?
+/// (`listener.name.<name>.sasl.enabled.mechanisms`,
+/// `listener.name.<name>.<mechanism>.sasl.jaas.config`)
+pub fn is_listener_key(key: &str) -> bool {
+    let Some(rest) = key.strip_prefix("listener.name.") else {
+        return false;
+    };
+    let Some((_, tail)) = rest.split_once('.') else {
+        return false;
+    };
+    tail == "sasl.enabled.mechanisms"
+        || tail
+            .strip_suffix(".sasl.jaas.config")
+            .is_some_and(|m| !m.is_empty() && !m.contains('.'))
+}
+
+/// Builds the listeners from the flattened config (`get` returns a key's
+/// value or its default).
+pub fn parse_listeners(
+    map: &BTreeMap<String, String>,
+    get: impl Fn(&str) -> String,
+) -> Result<Vec<Listener>, ConfigError> {
+    let protocols = parse_protocol_map(&get("listener.security.protocol.map"))?;
+    let raw = get("listeners");
+    let mut out: Vec<Listener> = Vec::new();
+    for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let (name, host, port) = parse_endpoint("listeners", entry)?;
+        let protocol = *protocols.get(&name).ok_or_else(|| {
+            invalid(
+                "listener.security.protocol.map",
+                format!("no security protocol for listener {name}"),
+            )
+        })?;
+        if out.iter().any(|l| l.name == name) {
+            return Err(invalid(
+                "listeners",
+                format!("listener {name} appears twice"),
+            ));
+        }
+        if port != 0 && out.iter().any(|l| l.port == port && l.host == host) {
+            return Err(invalid("listeners", format!("port {port} appears twice")));
+        }
+        let mut listener = Listener {
+            advertised_host: host.clone(),
+            advertised_port: port,
+            name,
+            protocol,
+            host,
+            port,
+            mechanisms: Vec::new(),
+            plain_users: BTreeMap::new(),
+        };
+        if protocol.is_sasl() {
+            sasl_settings(map, &get, &mut listener)?;
+        }
+        out.push(listener);
+    }
+    if out.is_empty() {
+        return Err(invalid("listeners", raw));
+    }
+    let advertised = get("advertised.listeners");
+    for entry in advertised
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
+        let (name, host, port) = parse_endpoint("advertised.listeners", entry)?;
+        let listener = out.iter_mut().find(|l| l.name == name).ok_or_else(|| {
+            invalid(
+                "advertised.listeners",
+                format!("{name} is not in listeners"),
+            )
+        })?;
+        listener.advertised_host = host;
+        listener.advertised_port = port;
+    }
+    Ok(out)
+}
+
+fn sasl_settings(
+    map: &BTreeMap<String, String>,
+    get: &impl Fn(&str) -> String,
+    listener: &mut Listener,
+) -> Result<(), ConfigError> {
+    let mechanisms = listener_key(map, &listener.name, "sasl.enabled.mechanisms")
+        .map(str::to_string)
+        .unwrap_or_else(|| get("sasl.enabled.mechanisms"));
+    for m in mechanisms
+        .split(',')
+        .map(|m| m.trim().to_ascii_uppercase())
+        .filter(|m| !m.is_empty())
+    {
+        if !SUPPORTED_MECHANISMS.contains(&m.as_str()) {
+            return Err(invalid(
+                "sasl.enabled.mechanisms",
+                format!(
+                    "{m} (listener {}: supported are {})",
+                    listener.name,
+                    SUPPORTED_MECHANISMS.join(", ")
+                ),
+            ));
+        }
+        if !listener.mechanisms.contains(&m) {
+            listener.mechanisms.push(m);
+        }
+    }
+    if listener.mechanisms.is_empty() {
+        return Err(invalid(
+            "sasl.enabled.mechanisms",
+            format!("no mechanism for SASL listener {}", listener.name),
+        ));
+    }
+    if listener.mechanism_enabled("PLAIN") {
+        let key = format!(
+            "listener.name.{}.plain.sasl.jaas.config",
+            listener.name.to_ascii_lowercase()
+        );
+        let jaas = map.get(&key).ok_or_else(|| {
+            invalid(
+                &key,
+                format!(
+                    "missing: PLAIN is enabled on listener {} and needs its users",
+                    listener.name
+                ),
+            )
+        })?;
+        listener.plain_users = jaas_users(jaas).map_err(|e| invalid(&key, e))?;
+    }
+    // SCRAM users live in the metadata log; nothing to read here.
+    debug_assert!(ScramMechanism::ALL.len() == 2);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn listeners(pairs: &[(&str, &str)]) -> Result<Vec<Listener>, ConfigError> {
+        let map: BTreeMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let get = |k: &str| {
+            map.get(k).cloned().unwrap_or_else(|| match k {
+                "listener.security.protocol.map" => DEFAULT_PROTOCOL_MAP.into(),
+                "sasl.enabled.mechanisms" => "GSSAPI".into(),
+                _ => String::new(),
+            })
+        };
+        parse_listeners(&map, get)
+    }
+
+    #[test]
+    fn default_and_kafka_forms() {
+        let l = listeners(&[("listeners", "PLAINTEXT://127.0.0.1:9092")]).unwrap();
+        assert_eq!(l.len(), 1);
+        assert_eq!(l[0].protocol, SecurityProtocol::Plaintext);
+        assert_eq!(
+            (l[0].advertised_host.as_str(), l[0].advertised_port),
+            ("127.0.0.1", 9092)
+        );
+        let l = listeners(&[
+            (
+                "listeners",
+                "PLAINTEXT://127.0.0.1:9092,CLIENT://0.0.0.0:9095",
+            ),
+            (
+                "listener.security.protocol.map",
+                "PLAINTEXT:PLAINTEXT,CLIENT:SASL_PLAINTEXT",
+            ),
+            ("advertised.listeners", "CLIENT://kafka.example:19095"),
+            ("sasl.enabled.mechanisms", "SCRAM-SHA-512,scram-sha-256"),
+        ])
+        .unwrap();
+        assert_eq!(l[1].name, "CLIENT");
+        assert_eq!(l[1].protocol, SecurityProtocol::SaslPlaintext);
+        assert_eq!(l[1].advertised_host, "kafka.example");
+        assert_eq!(l[1].advertised_port, 19095);
+        assert_eq!(l[1].mechanisms, vec!["SCRAM-SHA-512", "SCRAM-SHA-256"]);
+        assert_eq!(l[0].advertised_port, 9092);
+    }
+
+    #[test]
+    fn sasl_listener_settings() {
+        let l = listeners(&[
+            ("listeners", "SASL_PLAINTEXT://127.0.0.1:9095"),
+            ("listener.name.sasl_plaintext.sasl.enabled.mechanisms", "PLAIN"),
+            (
+                "listener.name.sasl_plaintext.plain.sasl.jaas.config",
+                "org.apache.kafka.common.security.plain.PlainLoginModule required user_alice=\"pw\";",
+            ),
+        ])
+        .unwrap();
+        assert_eq!(l[0].mechanisms, vec!["PLAIN"]);
+        assert_eq!(l[0].plain_users["alice"], "pw");
+        // Kafka's default mechanism (GSSAPI) is not served here.
+        assert!(listeners(&[("listeners", "SASL_PLAINTEXT://127.0.0.1:9095")]).is_err());
+        // PLAIN without users.
+        assert!(listeners(&[
+            ("listeners", "SASL_PLAINTEXT://127.0.0.1:9095"),
+            ("sasl.enabled.mechanisms", "PLAIN"),
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn bad_listeners_are_refused() {
+        assert!(listeners(&[("listeners", "FOO://h:1")]).is_err());
+        assert!(listeners(&[("listeners", "PLAINTEXT://h:1,PLAINTEXT://h:2")]).is_err());
+        assert!(listeners(&[("listeners", "PLAINTEXT://h:1,SSL://h:1")]).is_err());
+        assert!(listeners(&[("listeners", "PLAINTEXT://h")]).is_err());
+        assert!(listeners(&[("listeners", "")]).is_err());
+        assert!(listeners(&[
+            ("listeners", "PLAINTEXT://h:1"),
+            ("advertised.listeners", "SSL://h:2")
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn listener_keys() {
+        assert!(is_listener_key(
+            "listener.name.client.plain.sasl.jaas.config"
+        ));
+        assert!(is_listener_key(
+            "listener.name.client.scram-sha-256.sasl.jaas.config"
+        ));
+        assert!(is_listener_key(
+            "listener.name.client.sasl.enabled.mechanisms"
+        ));
+        assert!(!is_listener_key("listener.name.client.nope"));
+        assert!(!is_listener_key("listener.name.sasl.jaas.config"));
+    }
+}
