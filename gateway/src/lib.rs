@@ -14,6 +14,7 @@ pub mod groups;
 pub mod internal_topics;
 pub mod leader_epochs;
 pub mod metrics;
+pub mod migrate;
 pub mod peer;
 pub mod producer_ids;
 pub mod range_policy;
