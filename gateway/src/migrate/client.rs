@@ -216,7 +216,12 @@ impl Conn {
                 header.correlation_id, self.addr
             )));
         }
-        Resp::decode(&mut frame, body_version).map_err(codec)
+        Resp::decode(&mut frame, body_version).map_err(|e| {
+            MigrateError::Codec(format!(
+                "the answer of {} to api {api_key} v{version} does not decode: {e}",
+                self.addr
+            ))
+        })
     }
 
     /// A Kafka error code this broker answered, as an error.

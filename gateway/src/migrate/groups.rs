@@ -9,6 +9,7 @@ use std::collections::{BTreeSet, HashMap};
 use kafka_protocol::messages::offset_commit_request::{
     OffsetCommitRequestPartition, OffsetCommitRequestTopic,
 };
+use kafka_protocol::messages::offset_fetch_request::OffsetFetchRequestTopic;
 use kafka_protocol::messages::{
     FindCoordinatorRequest, GroupId, ListGroupsRequest, OffsetCommitRequest, OffsetFetchRequest,
     TopicName,
@@ -66,9 +67,20 @@ pub async fn fetch_offsets(
     group: &str,
     topics: &HashMap<String, usize>,
 ) -> Result<GroupOffsets, MigrateError> {
+    let mut names: Vec<&String> = topics.keys().collect();
+    names.sort();
     let request = OffsetFetchRequest::default()
         .with_group_id(GroupId(StrBytes::from_string(group.to_string())))
-        .with_topics(None);
+        .with_topics(Some(
+            names
+                .into_iter()
+                .map(|t| {
+                    OffsetFetchRequestTopic::default()
+                        .with_name(TopicName(StrBytes::from_string(t.clone())))
+                        .with_partition_indexes((0..topics[t] as i32).collect())
+                })
+                .collect(),
+        ));
     let response = coordinator.call(&request).await?;
     if response.error_code != 0 {
         return Err(coordinator.broker_error(

@@ -185,7 +185,7 @@ pub async fn run(args: &MigrateArgs) -> Result<Report, MigrateError> {
     let drawn = Arc::new(AtomicBool::new(false));
     tokio::spawn(progress::draw(progress.clone(), drawn.clone()));
 
-    let group_ids = match &group_re {
+    let mut group_ids = match &group_re {
         Some(re) => groups::list(&source_view, re).await?,
         None => Vec::new(),
     };
@@ -236,6 +236,10 @@ pub async fn run(args: &MigrateArgs) -> Result<Report, MigrateError> {
         let mut copied: HashMap<String, GroupOffsets> = HashMap::new();
         if args.continuous {
             while !progress.cutover.load(Ordering::Relaxed) {
+                // Groups created on the source since the start come along.
+                if let Some(re) = &group_re {
+                    group_ids = groups::list(&source_view, re).await?;
+                }
                 group_offsets += sync_groups(
                     &mut source,
                     &mut target,
@@ -266,6 +270,9 @@ pub async fn run(args: &MigrateArgs) -> Result<Report, MigrateError> {
                 .await
                 .map_err(|e| MigrateError::Argument(format!("copy task: {e}")))??;
             ends.insert((job.topic.clone(), job.partition), end.max(job.next));
+        }
+        if let (true, Some(re)) = (args.continuous, &group_re) {
+            group_ids = groups::list(&source_view, re).await?;
         }
         group_offsets += sync_groups(
             &mut source,
@@ -385,8 +392,10 @@ async fn check_same_data(
             }
             Ok(d)
         };
-        let (s, _) = partition::fetch(source, topic, partition, at, 0).await?;
-        let (t, _) = partition::fetch(target, topic, partition, at, 0).await?;
+        let (s, _) =
+            partition::fetch(source, topic, partition, at, partition::DATA_WAIT_MS).await?;
+        let (t, _) =
+            partition::fetch(target, topic, partition, at, partition::DATA_WAIT_MS).await?;
         let s = first_batch(s).and_then(digest);
         let t = first_batch(t).and_then(digest);
         if s.is_err() || t.is_err() || s != t {
@@ -465,6 +474,7 @@ async fn topic_configs(
 ) -> Result<Vec<(String, String)>, MigrateError> {
     const TOPIC: i8 = 2;
     const DYNAMIC_TOPIC_CONFIG: i8 = 1;
+    const SHORT_CONFIG_LIST: usize = 20;
     let request =
         DescribeConfigsRequest::default().with_resources(vec![DescribeConfigsResource::default()
             .with_resource_type(TOPIC)
@@ -480,8 +490,15 @@ async fn topic_configs(
                 r.error_message.as_ref(),
             ));
         }
+        // Kafka lists every topic key (30+) and marks those set on the topic
+        // DYNAMIC_TOPIC_CONFIG; a broker that lists only the keys set on
+        // the topic (tansu marks them DEFAULT_CONFIG) is taken at its word.
+        let lists_only_set_keys = r.configs.len() < SHORT_CONFIG_LIST
+            && r.configs
+                .iter()
+                .all(|c| c.config_source != DYNAMIC_TOPIC_CONFIG);
         for c in &r.configs {
-            if c.config_source == DYNAMIC_TOPIC_CONFIG && !c.is_sensitive {
+            if (c.config_source == DYNAMIC_TOPIC_CONFIG || lists_only_set_keys) && !c.is_sensitive {
                 if let Some(v) = &c.value {
                     out.push((c.name.to_string(), v.to_string()));
                 }

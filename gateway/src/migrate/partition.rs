@@ -23,6 +23,12 @@ use crate::error::MigrateError;
 /// Kafka's ListOffsets timestamps.
 const LATEST: i64 = -1;
 const EARLIEST: i64 = -2;
+/// A fetch below a known end waits at most this long for data (a broker
+/// holding it answers at once).
+pub const DATA_WAIT_MS: i32 = 500;
+/// Empty answers in a row after which a fetch below a known end concludes
+/// that the rest up to the end is a gap.
+const EMPTY_FETCHES: u32 = 3;
 /// Bytes asked per partition and per fetch.
 const FETCH_BYTES: i32 = 8 << 20;
 
@@ -107,12 +113,16 @@ pub async fn fetch(
     if response.error_code != 0 {
         return Err(conn.broker_error("Fetch", response.error_code, None));
     }
-    let p = response
+    // Some brokers (tansu) answer a fetch that found nothing within
+    // max_wait with no partition at all: nothing fetched.
+    let Some(p) = response
         .responses
         .iter()
         .flat_map(|t| &t.partitions)
         .find(|p| p.partition_index == partition)
-        .ok_or_else(|| MigrateError::Codec("Fetch answered no partition".into()))?;
+    else {
+        return Ok((Bytes::new(), -1));
+    };
     if p.error_code != 0 {
         return Err(conn.broker_error(
             &format!("Fetch {topic}-{partition} at {offset}"),
@@ -181,6 +191,7 @@ pub async fn copy(
             Until::Offset(end) => Some(end),
             Until::Cutover => None,
         };
+        let mut empty = 0;
         loop {
             if end.is_none() && progress.cutover.load(Ordering::Relaxed) {
                 end = Some(list_offset(&mut source, topic, partition, LATEST).await?);
@@ -190,7 +201,7 @@ pub async fn copy(
                     break;
                 }
             }
-            let wait = if end.is_some() { 0 } else { 200 };
+            let wait = if end.is_some() { DATA_WAIT_MS } else { 200 };
             let (records, hw) = fetch(&mut source, topic, partition, at, wait).await?;
             progress.source_end.fetch_max(hw, Ordering::Relaxed);
             let batches = plan::whole_batches(&records)
@@ -201,14 +212,17 @@ pub async fn copy(
                 .filter(|(h, _)| end.is_none_or(|e| h.base_offset < e))
                 .collect();
             let (Some((_, first)), Some((last_h, last))) = (bounded.first(), bounded.last()) else {
-                // Nothing to send: below a fixed end that means every batch
-                // up to it is copied (the rest is a gap); tailing, the long
-                // poll simply found nothing new.
-                if end.is_some() {
+                // Nothing to send: below a fixed end, batches past it (or
+                // repeated empty answers) mean every batch up to it is
+                // copied and the rest is a gap; tailing, the long poll
+                // simply found nothing new.
+                empty += 1;
+                if end.is_some() && (!records.is_empty() || empty >= EMPTY_FETCHES) {
                     break;
                 }
                 continue;
             };
+            empty = 0;
             let records_count = bounded
                 .iter()
                 .map(|(h, _)| h.record_count.max(0) as u64)
@@ -250,13 +264,19 @@ pub async fn digest(
 ) -> Result<Digest, MigrateError> {
     let mut digest = Digest::default();
     let mut at = span.start;
+    let mut empty = 0;
     while at < span.end {
-        let (records, _) = fetch(conn, topic, partition, at, 0).await?;
+        let (records, _) = fetch(conn, topic, partition, at, DATA_WAIT_MS).await?;
         let batches =
             plan::whole_batches(&records).map_err(|e| partition_error(topic, partition, e))?;
         if batches.is_empty() {
-            break;
+            empty += 1;
+            if empty >= EMPTY_FETCHES {
+                break;
+            }
+            continue;
         }
+        empty = 0;
         for (h, r) in batches {
             if h.base_offset >= span.end {
                 at = span.end;
