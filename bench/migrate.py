@@ -104,12 +104,97 @@ def migrate(source: str, target: str) -> tuple[float, str]:
     return elapsed, run.stdout.strip()
 
 
+def continuous_lag(seconds: float, mb_per_s: float) -> str:
+    """Continuous mode under a steady produce load: how far (in time) the
+    target's copy is behind what the source has acknowledged, sampled
+    every 0.25 s."""
+    import bisect
+    import threading
+
+    source = TesseraProc(tessera_bin(), prefix="bench-source-")
+    target = TesseraProc(tessera_bin(), {"migration.append.enable": "true"}, prefix="bench-target-")
+    source.start()
+    target.start()
+    cutover = Path(tempfile.mkdtemp()) / "cutover"
+    try:
+        a = AdminClient({"bootstrap.servers": source.bootstrap})
+        a.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(60)
+        time.sleep(1)
+        migrator = procguard.spawn([str(tessera_bin()), "migrate", "--source", source.bootstrap,
+                                    "--target", target.bootstrap, "--topics", TOPIC, "--groups", "",
+                                    "--continuous", "--cutover-file", str(cutover)],
+                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        acked_t, acked_n = [], []
+        lock = threading.Lock()
+        stop = threading.Event()
+        value = b"x" * 1024
+        rate = mb_per_s * 1e6 / len(value)
+
+        def produce():
+            p = Producer({"bootstrap.servers": source.bootstrap, "linger.ms": 5, "acks": "all"})
+            count = [0]
+
+            def done(err, _msg):
+                if err is None:
+                    with lock:
+                        count[0] += 1
+                        acked_t.append(time.monotonic())
+                        acked_n.append(count[0])
+            start, sent = time.monotonic(), 0
+            while not stop.is_set():
+                due = int((time.monotonic() - start) * rate)
+                while sent < due:
+                    p.produce(TOPIC, value=value, partition=sent % PARTITIONS, on_delivery=done)
+                    sent += 1
+                p.poll(0.005)
+            p.flush(60)
+
+        writer = threading.Thread(target=produce)
+        writer.start()
+        c = Consumer({"bootstrap.servers": target.bootstrap, "group.id": "lag-probe"})
+        lags = []
+        end = time.monotonic() + seconds
+        time.sleep(2)
+        while time.monotonic() < end:
+            now = time.monotonic()
+            total = 0
+            for part in range(PARTITIONS):
+                try:
+                    total += c.get_watermark_offsets(TopicPartition(TOPIC, part), timeout=5)[1]
+                except Exception:
+                    pass
+            with lock:
+                i = bisect.bisect_left(acked_n, total + 1)
+                # The first acknowledgement the target has not got yet.
+                lags.append(max(0.0, now - acked_t[i]) if i < len(acked_t) else 0.0)
+            time.sleep(0.25)
+        stop.set()
+        writer.join(60)
+        c.close()
+        cutover.write_text("cutover")
+        out, _ = migrator.communicate(timeout=300)
+        lags.sort()
+        pct = lambda q: lags[min(len(lags) - 1, int(q * len(lags)))]
+        return (f"continuous, {mb_per_s:.0f} MB/s for {seconds:.0f} s: lag p50 {pct(0.5):.2f} s, "
+                f"p99 {pct(0.99):.2f} s, max {lags[-1]:.2f} s over {len(lags)} samples; "
+                f"cutover: {out.strip().splitlines()[-1] if out.strip() else migrator.returncode}")
+    finally:
+        source.stop()
+        target.stop()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=100)
     ap.add_argument("--sources", default="tansu,tessera")
+    ap.add_argument("--continuous-lag", type=float, default=0,
+                    help="instead: seconds of continuous mode under --mb-per-s of load")
+    ap.add_argument("--mb-per-s", type=float, default=10)
     args = ap.parse_args()
+    if args.continuous_lag:
+        print(continuous_lag(args.continuous_lag, args.mb_per_s))
+        return
     for kind in args.sources.split(","):
         target = TesseraProc(tessera_bin(), {"migration.append.enable": "true"}, prefix="bench-target-")
         target.start()
