@@ -333,6 +333,16 @@ async fn migrates_every_record_at_its_offset_then_a_second_run_copies_nothing() 
         Some("86400000")
     );
 
+    // The source's producer ids (up to 109) are never handed out here.
+    assert!(target.broker.image().next_producer_id > 109);
+    let fresh = target
+        .broker
+        .producer_ids
+        .next_id(&target.broker.controller, 1)
+        .await
+        .unwrap();
+    assert!(fresh > 109, "{fresh}");
+
     // New data on the source; the second run copies only that.
     assert_eq!(produce(&mut s, "orders", 1, "late").await, 24);
     let again = migrate::run(&args(&source, &target, "orders|payments"))

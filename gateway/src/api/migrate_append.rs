@@ -65,6 +65,32 @@ pub async fn start(broker: &Arc<Broker>, version: i16, mut frame: Bytes) -> InFl
         Err(e) => return ready(Reply::Close(format!("malformed request body: {e}"))),
     };
     let id = header.correlation_id;
+    // Source producer ids must never be handed to a producer of this
+    // cluster (its sequence would clash with the migrated state).
+    let max_producer_id = request
+        .topic_data
+        .iter()
+        .flat_map(|t| &t.partition_data)
+        .filter_map(|p| p.records.as_deref())
+        .flat_map(|r| {
+            batch::split_batches(r)
+                .unwrap_or_default()
+                .into_iter()
+                .map(move |b| &r[b])
+        })
+        .filter_map(|b| batch::parse_header(b).ok())
+        .map(|h| h.producer_id)
+        .max()
+        .unwrap_or(-1);
+    if broker.config.migration_append_enable && max_producer_id >= broker.image().next_producer_id {
+        if let Err(e) = broker
+            .producer_ids
+            .reserve_through(&broker.controller, broker.config.node_id, max_producer_id)
+            .await
+        {
+            tracing::warn!(error = %e, "reserving migrated producer ids failed");
+        }
+    }
     let mut waits = DurabilityWaits::for_acks(-1);
     let mut outcomes = Vec::new();
     let enabled = broker.config.migration_append_enable;
