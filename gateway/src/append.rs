@@ -40,6 +40,22 @@ impl Broker {
         Ok(outcome)
     }
 
+    /// Migration only (`api/migrate_append.rs`): appends one validated
+    /// batch copied from another cluster at its own base offset, through
+    /// the same roll recording and durability waits as any append.
+    pub fn append_batch_at_source_offset(
+        &self,
+        route: &PartitionRoute,
+        partition: u32,
+        bytes: &mut [u8],
+    ) -> Result<AppendOutcome, ApiError> {
+        let outcome = route.log.append_at_source_offset(partition, bytes)?;
+        if let Some(sealed) = &outcome.rolled {
+            self.notify_roll(route.range_id, sealed.clone());
+        }
+        Ok(outcome)
+    }
+
     /// Appends one batch broker-side (coordinator records, markers) and
     /// waits until it is durable. Returns its base offset.
     pub async fn append_durably(

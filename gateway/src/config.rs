@@ -59,6 +59,10 @@ pub struct BrokerConfig {
     pub default_replication_factor: i16,
     /// `auto.create.topics.enable`
     pub auto_create_topics: bool,
+    /// `migration.append.enable` (tessera only): whether this broker takes
+    /// MigrateAppend requests, which write copied batches at their source
+    /// offsets (`tessera migrate`). Off by default.
+    pub migration_append_enable: bool,
     /// `socket.request.max.bytes`
     pub socket_request_max_bytes: usize,
     /// `message.max.bytes`: default for the topic's max.message.bytes.
@@ -196,6 +200,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("num.partitions", "1"),
     ("default.replication.factor", "1"),
     ("auto.create.topics.enable", "true"),
+    ("migration.append.enable", "false"),
     ("socket.request.max.bytes", "104857600"),
     ("message.max.bytes", "1048588"),
     ("log.segment.bytes", "1073741824"),
@@ -447,7 +452,7 @@ impl BrokerConfig {
                 })
             }
             ["broker"] => Some(match get("metadata.listener").trim() {
-                "" => format!("{host}:0"),
+                "" => format!("{}:0", inter_broker.host),
                 given => {
                     let (h, p) = parse_listener("metadata.listener", given)?;
                     format!("{h}:{p}")
@@ -487,6 +492,7 @@ impl BrokerConfig {
             num_partitions: parse(map, "num.partitions")?,
             default_replication_factor: parse(map, "default.replication.factor")?,
             auto_create_topics: parse(map, "auto.create.topics.enable")?,
+            migration_append_enable: parse(map, "migration.append.enable")?,
             socket_request_max_bytes: parse(map, "socket.request.max.bytes")?,
             message_max_bytes: parse(map, "message.max.bytes")?,
             log_segment_bytes: parse(map, "log.segment.bytes")?,

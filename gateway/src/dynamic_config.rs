@@ -247,6 +247,11 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "Whether Metadata and Produce create unknown topics.",
     ),
     (
+        "migration.append.enable",
+        1,
+        "Tessera only: whether this broker takes MigrateAppend requests (tessera migrate writing copied batches at their source offsets). Enable it on the target only while migrating.",
+    ),
+    (
         "socket.request.max.bytes",
         3,
         "The largest request frame accepted; a larger one closes the connection.",

@@ -16,6 +16,39 @@ pub enum ConfigError {
     Io(String),
 }
 
+/// Why `tessera migrate` stops (its exit status is non-zero).
+#[derive(Debug, Error)]
+pub enum MigrateError {
+    #[error("invalid argument: {0}")]
+    Argument(String),
+    #[error("{0}: {1}")]
+    Connect(String, String),
+    #[error("{broker} does not serve {api}")]
+    Unsupported { broker: String, api: String },
+    #[error("protocol: {0}")]
+    Codec(String),
+    #[error("{broker} answered {what} with error {code}: {message}")]
+    Broker {
+        broker: String,
+        what: String,
+        code: i16,
+        message: String,
+    },
+    #[error("no leader for {0}-{1}")]
+    NoLeader(String, i32),
+    /// The target cannot take this topic: nothing was written.
+    #[error("target topic {topic}: {reason}")]
+    TargetConflict { topic: String, reason: String },
+    #[error("{topic}-{partition}: {reason}")]
+    Partition {
+        topic: String,
+        partition: i32,
+        reason: String,
+    },
+    #[error("verification failed for {0} partition(s); see above")]
+    VerificationFailed(usize),
+}
+
 /// An error a request handler reports to the client as a Kafka error code.
 #[derive(Debug, Error, Clone)]
 pub enum ApiError {
@@ -233,6 +266,7 @@ impl From<tessera_log::LogError> for ApiError {
         use tessera_log::LogError as L;
         match e {
             L::OffsetOutOfRange { .. } => ApiError::OffsetOutOfRange,
+            e @ L::OffsetBelowLogEnd { .. } => ApiError::InvalidRecord(e.to_string()),
             // A range that moved or closed under the request: the client refreshes metadata.
             L::PartitionNotInRange(_) | L::Closed | L::SegmentSealed => {
                 ApiError::NotLeaderOrFollower

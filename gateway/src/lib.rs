@@ -15,6 +15,7 @@ pub mod internal_topics;
 pub mod leader_epochs;
 pub mod listeners;
 pub mod metrics;
+pub mod migrate;
 pub mod peer;
 pub mod producer_ids;
 pub mod range_policy;

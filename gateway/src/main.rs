@@ -74,6 +74,15 @@ enum Command {
         #[command(subcommand)]
         action: UsersAction,
     },
+    /// Copy topics (every record at its offset) and consumer groups'
+    /// committed offsets from a Kafka cluster into tessera, then verify.
+    /// See docs/MIGRATION.md. `tessera migrate cutover` ends a continuous run.
+    Migrate {
+        #[command(flatten)]
+        args: tessera_gateway::migrate::MigrateArgs,
+        #[command(subcommand)]
+        action: Option<MigrateAction>,
+    },
     /// List, split and merge ranges of a running broker (through its admin port).
     Ranges {
         /// The broker's admin listener.
@@ -113,6 +122,51 @@ enum RangesAction {
     },
     /// Merge two adjacent active ranges of one topic.
     Merge { left: u64, right: u64 },
+}
+
+#[derive(clap::Subcommand, Debug)]
+enum MigrateAction {
+    /// Ask a continuous `tessera migrate` to cut over: it copies up to the
+    /// source's end at that moment, copies the group offsets a last time,
+    /// verifies and exits (0 when every partition matches).
+    Cutover {
+        /// The cutover file the running migrator watches.
+        #[arg(long, default_value = "tessera-migrate.cutover")]
+        cutover_file: PathBuf,
+    },
+}
+
+/// `tessera migrate`: exits 0 once the copy is verified.
+fn migrate_command(
+    args: &tessera_gateway::migrate::MigrateArgs,
+    action: &Option<MigrateAction>,
+) -> ! {
+    if let Some(MigrateAction::Cutover { cutover_file }) = action {
+        match std::fs::write(cutover_file, b"cutover\n") {
+            Ok(()) => {
+                println!(
+                    "cutover asked ({}); the migrator finishes, verifies and exits",
+                    cutover_file.display()
+                );
+                std::process::exit(0)
+            }
+            Err(e) => {
+                eprintln!("error: writing {}: {e}", cutover_file.display());
+                std::process::exit(1)
+            }
+        }
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("a tokio runtime");
+    match runtime.block_on(tessera_gateway::migrate::run(args)) {
+        Ok(report) => std::process::exit(tessera_gateway::migrate::print_report(&report)),
+        Err(e) => {
+            eprintln!("error: {e}");
+            std::process::exit(1)
+        }
+    }
 }
 
 /// One request to the admin port; returns the status line and the body.
@@ -318,6 +372,9 @@ fn main() -> anyhow::Result<()> {
             controller: *controller_base_port,
         };
         return run_cluster(*nodes, ports, dir, racks, &cli.overrides);
+    }
+    if let Some(Command::Migrate { args, action }) = &cli.command {
+        migrate_command(args, action);
     }
     if let Some(Command::Ranges { admin, action }) = &cli.command {
         if let Err(e) = ranges_command(admin, action) {

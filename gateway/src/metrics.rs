@@ -9,6 +9,9 @@ pub struct Metrics {
     request_errors: Vec<AtomicU64>,
     pub produced_batches: AtomicU64,
     pub produced_bytes: AtomicU64,
+    /// Batches and bytes written at their source offsets (MigrateAppend).
+    pub migrated_batches: AtomicU64,
+    pub migrated_bytes: AtomicU64,
     pub fetched_bytes: AtomicU64,
     /// Of those, served by this broker as a follower (KIP-392).
     pub follower_fetched_bytes: AtomicU64,
@@ -36,6 +39,8 @@ impl Default for Metrics {
             request_errors: (0..API_SLOTS).map(|_| AtomicU64::new(0)).collect(),
             produced_batches: AtomicU64::new(0),
             produced_bytes: AtomicU64::new(0),
+            migrated_batches: AtomicU64::new(0),
+            migrated_bytes: AtomicU64::new(0),
             fetched_bytes: AtomicU64::new(0),
             follower_fetched_bytes: AtomicU64::new(0),
             remote_read_bytes: AtomicU64::new(0),
@@ -114,6 +119,16 @@ impl Metrics {
                 "tessera_produced_bytes_total",
                 "Record batch bytes appended.",
                 &self.produced_bytes,
+            ),
+            (
+                "tessera_migrated_batches_total",
+                "Record batches written at their source offsets by tessera migrate (MigrateAppend).",
+                &self.migrated_batches,
+            ),
+            (
+                "tessera_migrated_bytes_total",
+                "Record batch bytes written at their source offsets by tessera migrate.",
+                &self.migrated_bytes,
             ),
             (
                 "tessera_fetched_bytes_total",

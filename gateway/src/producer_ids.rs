@@ -41,4 +41,38 @@ impl ProducerIdManager {
         block.0 += 1;
         Ok(id)
     }
+
+    /// Makes sure no id up to `id` is ever handed out (migrated batches
+    /// carry the source cluster's producer ids; a new producer here must
+    /// not be mistaken for one of them): the cluster's next block starts
+    /// above it (blocks `[next, id]` are recorded as used by this broker)
+    /// and this broker's own block skips past it.
+    pub async fn reserve_through(
+        &self,
+        controller: &Controller,
+        broker_id: i32,
+        id: i64,
+    ) -> Result<(), ApiError> {
+        let mut block = self.block.lock().await;
+        if block.0 <= id {
+            // Past the block's end: the next id takes a new block.
+            block.0 = id + 1;
+        }
+        for _ in 0..64 {
+            let image = controller.image();
+            let next = image.next_producer_id;
+            if next > id {
+                return Ok(());
+            }
+            let count = (id + 1 - next).min(i32::MAX as i64) as i32;
+            controller
+                .write_detailed(vec![tessera_planner::allocate_producer_ids(
+                    &image, broker_id, count,
+                )])
+                .await?;
+        }
+        Err(ApiError::Metadata(
+            "could not reserve the migrated producer ids".into(),
+        ))
+    }
 }

@@ -26,6 +26,8 @@ pub enum LogError {
         log_start: i64,
         log_end: i64,
     },
+    #[error("a migrated batch at offset {offset} is below the partition's log end {log_end}")]
+    OffsetBelowLogEnd { offset: i64, log_end: i64 },
     #[error("the log's storage failed earlier and refuses further writes")]
     StorageFailed,
     #[error("the range log is closed")]

@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use tokio::sync::{watch, Notify};
 
 use crate::batch;
-use crate::error::LogError;
+use crate::error::{BatchError, LogError};
 use crate::producer_snapshot_file;
 use crate::producer_state::{increment_sequence, BatchMetadata, ProducerStates, Verdict};
 use crate::segment::{self, IndexEntry, Segment};
@@ -437,6 +437,34 @@ impl RangeLog {
         batch_bytes: &mut [u8],
         log_append_time: Option<i64>,
     ) -> Result<AppendOutcome, LogError> {
+        self.append_inner(partition, batch_bytes, log_append_time, false)
+    }
+
+    /// Migration only: appends one validated batch copied from another
+    /// cluster at **its own** base offset instead of assigning one. The
+    /// offset must be at or above the partition's log end (offsets are
+    /// never reused); the partition's next offset jumps over the gap, as
+    /// a source log that was compacted or holds transaction markers has
+    /// gaps. The batch is stored byte for byte (only partitionLeaderEpoch
+    /// is rewritten); the idempotence check is skipped (the source
+    /// accepted these batches) but producer and transaction state are
+    /// recorded as for any append, so read_committed and duplicates of
+    /// later producers work as if the batch had been produced here.
+    pub fn append_at_source_offset(
+        &self,
+        partition: u32,
+        batch_bytes: &mut [u8],
+    ) -> Result<AppendOutcome, LogError> {
+        self.append_inner(partition, batch_bytes, None, true)
+    }
+
+    fn append_inner(
+        &self,
+        partition: u32,
+        batch_bytes: &mut [u8],
+        log_append_time: Option<i64>,
+        at_source_offset: bool,
+    ) -> Result<AppendOutcome, LogError> {
         let pi = self.index_of(partition)?;
         let header = batch::parse_header(batch_bytes)?;
         // Control batches (transaction markers) are written by the broker
@@ -454,7 +482,16 @@ impl RangeLog {
         if inner.state != WriteState::Open {
             return Err(LogError::Closed);
         }
-        if idempotent {
+        if at_source_offset && header.base_offset.checked_add(i64::MAX / 2).is_none() {
+            return Err(BatchError::Corrupt("base offset out of range").into());
+        }
+        if at_source_offset && header.base_offset < inner.partitions[pi].next_offset {
+            return Err(LogError::OffsetBelowLogEnd {
+                offset: header.base_offset,
+                log_end: inner.partitions[pi].next_offset,
+            });
+        }
+        if idempotent && !at_source_offset {
             let verdict = inner.producers[pi].check(
                 header.producer_id,
                 header.producer_epoch,
@@ -473,7 +510,11 @@ impl RangeLog {
             }
         }
         let rolled = self.maybe_roll(&mut inner)?;
-        let base_offset = inner.partitions[pi].next_offset;
+        let base_offset = if at_source_offset {
+            header.base_offset
+        } else {
+            inner.partitions[pi].next_offset
+        };
         let last_offset = base_offset + header.last_offset_delta as i64;
         batch::set_base_offset(batch_bytes, base_offset);
         batch::set_partition_leader_epoch(batch_bytes, self.options.leader_epoch);
@@ -1377,6 +1418,65 @@ mod tests {
         assert_eq!(log.segment_count(), 3);
         log.wait_durable(last.end_position).await.unwrap();
         assert_eq!(read_offsets(&log), (0..12).collect::<Vec<_>>());
+    }
+
+    fn at(mut batch: Vec<u8>, base_offset: i64) -> Vec<u8> {
+        batch::set_base_offset(&mut batch, base_offset);
+        batch
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn source_offset_appends_keep_offsets_gaps_and_bytes() {
+        use crate::batch::testing::{make_control_batch, make_transactional_batch};
+        let dir = tempfile::tempdir().unwrap();
+        let log = open(dir.path());
+        let first = at(make_batch(2, 1), 3);
+        let mut stored = first.clone();
+        log.append_at_source_offset(0, &mut stored).unwrap();
+        // A transaction at 10..12 aborted by the marker at 12; a gap at 5..10.
+        log.append_at_source_offset(0, &mut at(make_transactional_batch(2, 1, 7, 0, 0), 10))
+            .unwrap();
+        log.append_at_source_offset(0, &mut at(make_control_batch(7, 0, false), 12))
+            .unwrap();
+        // Below the log end: refused, nothing written.
+        let err = log
+            .append_at_source_offset(0, &mut at(make_batch(1, 1), 12))
+            .unwrap_err();
+        assert!(matches!(
+            err,
+            LogError::OffsetBelowLogEnd {
+                offset: 12,
+                log_end: 13
+            }
+        ));
+        let last = log
+            .append_at_source_offset(0, &mut at(make_batch(1, 1), 20))
+            .unwrap();
+        log.wait_durable(last.end_position).await.unwrap();
+        assert_eq!(read_offsets(&log), vec![3, 4, 10, 11, 12, 20]);
+        // Reads from inside a gap start at the next batch.
+        assert_eq!(read_from(&log, 6).unwrap(), vec![10, 11, 12, 20]);
+        let read = log.read(0, 0, usize::MAX).unwrap();
+        assert_eq!(read.offsets.log_end, 21);
+        // Stored byte for byte apart from the leader epoch (outside the CRC).
+        let mut expected = first.clone();
+        batch::set_partition_leader_epoch(&mut expected, 0);
+        assert_eq!(&read.records[..first.len()], &expected[..]);
+        let aborted = log.aborted_transactions(0, 0, 21).unwrap();
+        assert_eq!(aborted.len(), 1);
+        assert_eq!((aborted[0].first_offset, aborted[0].last_offset), (10, 12));
+        // Normal produce continues after the copied offsets; a reopen keeps them.
+        assert_eq!(
+            log.append(0, &mut make_batch(1, 1), None)
+                .unwrap()
+                .base_offset,
+            21
+        );
+        log.close();
+        drop(log);
+        let log = open(dir.path());
+        assert_eq!(log.offsets(0).unwrap().log_end, 22);
+        assert_eq!(read_offsets(&log), vec![3, 4, 10, 11, 12, 20, 21]);
     }
 
     /// Offsets of partition 0 readable from `from`.

@@ -35,6 +35,7 @@ pub mod list_offsets;
 pub mod list_partition_reassignments;
 pub mod list_transactions;
 pub mod metadata;
+pub mod migrate_append;
 pub mod offset_commit;
 pub mod offset_delete;
 pub mod offset_fetch;
@@ -225,6 +226,9 @@ pub async fn start_frame(broker: &Arc<Broker>, mut frame: Bytes) -> InFlight {
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
     broker.metrics.count_request(api_key);
+    if api_key == migrate_append::API_KEY {
+        return migrate_append::start(broker, version, frame).await;
+    }
     let Ok(api) = ApiKey::try_from(api_key) else {
         broker.metrics.count_error(api_key);
         return ready(Reply::Close(format!("unknown API key {api_key}")));
