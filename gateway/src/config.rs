@@ -58,6 +58,15 @@ pub struct BrokerConfig {
     /// `log.retention.check.interval.ms`: how often the primary of each
     /// range checks whether sealed segments are past retention.
     pub log_retention_check_interval_ms: u64,
+    /// `log.cleaner.enable`: run the log cleaner (compaction) on this broker.
+    pub log_cleaner_enable: bool,
+    /// `log.cleaner.threads`: ranges cleaned at once.
+    pub log_cleaner_threads: usize,
+    /// `log.cleaner.io.max.bytes.per.second`: the cleaner's read + write
+    /// rate, over all its threads.
+    pub log_cleaner_io_max_bytes_per_second: f64,
+    /// `log.cleaner.backoff.ms`: the pause between cleaning passes.
+    pub log_cleaner_backoff_ms: u64,
     /// `min.insync.replicas`
     pub min_insync_replicas: i64,
     /// `replica.lag.time.max.ms`: a follower not caught up for this long
@@ -171,6 +180,13 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("log.retention.ms", "604800000"),
     ("log.retention.bytes", "-1"),
     ("log.retention.check.interval.ms", "300000"),
+    ("log.cleaner.enable", "true"),
+    ("log.cleaner.threads", "1"),
+    (
+        "log.cleaner.io.max.bytes.per.second",
+        "1.7976931348623157E308",
+    ),
+    ("log.cleaner.backoff.ms", "15000"),
     ("min.insync.replicas", "1"),
     ("replica.lag.time.max.ms", "30000"),
     ("replica.heal.delay.ms", "300000"),
@@ -416,6 +432,10 @@ impl BrokerConfig {
             log_retention_ms: parse(map, "log.retention.ms")?,
             log_retention_bytes: parse(map, "log.retention.bytes")?,
             log_retention_check_interval_ms: parse(map, "log.retention.check.interval.ms")?,
+            log_cleaner_enable: parse(map, "log.cleaner.enable")?,
+            log_cleaner_threads: parse::<usize>(map, "log.cleaner.threads")?.max(1),
+            log_cleaner_io_max_bytes_per_second: parse(map, "log.cleaner.io.max.bytes.per.second")?,
+            log_cleaner_backoff_ms: parse::<u64>(map, "log.cleaner.backoff.ms")?.max(1),
             min_insync_replicas: parse(map, "min.insync.replicas")?,
             replica_lag_time_max_ms: parse(map, "replica.lag.time.max.ms")?,
             replica_heal_delay_ms: parse(map, "replica.heal.delay.ms")?,

@@ -17,6 +17,12 @@ pub struct Metrics {
     pub rejected_frames: AtomicU64,
     pub range_splits: AtomicU64,
     pub range_merges: AtomicU64,
+    /// Log cleaner: segment bytes read and written by cleaning passes, and
+    /// the bytes the rewritten segments held before and after.
+    pub cleaner_bytes_read: AtomicU64,
+    pub cleaner_bytes_before: AtomicU64,
+    pub cleaner_bytes_after: AtomicU64,
+    pub cleaner_passes: AtomicU64,
 }
 
 const API_SLOTS: usize = 128;
@@ -35,6 +41,10 @@ impl Default for Metrics {
             rejected_frames: AtomicU64::new(0),
             range_splits: AtomicU64::new(0),
             range_merges: AtomicU64::new(0),
+            cleaner_bytes_read: AtomicU64::new(0),
+            cleaner_bytes_before: AtomicU64::new(0),
+            cleaner_bytes_after: AtomicU64::new(0),
+            cleaner_passes: AtomicU64::new(0),
         }
     }
 }
@@ -137,6 +147,26 @@ impl Metrics {
                 "tessera_range_merges_total",
                 "Range pairs merged by the automatic policy.",
                 &self.range_merges,
+            ),
+            (
+                "tessera_cleaner_passes_total",
+                "Log cleaner passes that rewrote at least one segment.",
+                &self.cleaner_passes,
+            ),
+            (
+                "tessera_cleaner_read_bytes_total",
+                "Segment bytes the log cleaner read.",
+                &self.cleaner_bytes_read,
+            ),
+            (
+                "tessera_cleaner_cleaned_bytes_total",
+                "Bytes of the segments the log cleaner rewrote, before cleaning.",
+                &self.cleaner_bytes_before,
+            ),
+            (
+                "tessera_cleaner_kept_bytes_total",
+                "Bytes of the segments the log cleaner rewrote, after cleaning.",
+                &self.cleaner_bytes_after,
             ),
         ];
         for (name, help, c) in counters {

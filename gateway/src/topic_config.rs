@@ -611,6 +611,56 @@ impl EffectiveTopicConfig {
     }
 }
 
+/// The cleaning configs of a topic, resolved as [`EffectiveTopicConfig`]
+/// is (the topic's value, else its dynamic broker synonym, else the default).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompactionConfig {
+    /// `cleanup.policy` includes `compact`.
+    pub compact: bool,
+    pub delete_retention_ms: i64,
+    pub min_compaction_lag_ms: i64,
+    pub min_cleanable_dirty_ratio: f64,
+}
+
+impl CompactionConfig {
+    pub fn resolve(topic: &BTreeMap<String, String>, broker: &BrokerView<'_>) -> CompactionConfig {
+        let value = |key: &str, broker_key: &str| -> String {
+            topic
+                .get(key)
+                .map(String::as_str)
+                .or_else(|| broker.dynamic(broker_key))
+                .or_else(|| topic_key(key).map(|k| k.default))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        let policy = topic
+            .get("cleanup.policy")
+            .map(String::as_str)
+            .or_else(|| broker.dynamic("log.cleanup.policy"))
+            .unwrap_or(&broker.config.log_cleanup_policy)
+            .to_string();
+        CompactionConfig {
+            compact: policy.split(',').any(|p| p.trim() == "compact"),
+            delete_retention_ms: value("delete.retention.ms", "log.cleaner.delete.retention.ms")
+                .parse()
+                .unwrap_or(86_400_000),
+            min_compaction_lag_ms: value(
+                "min.compaction.lag.ms",
+                "log.cleaner.min.compaction.lag.ms",
+            )
+            .parse()
+            .unwrap_or(0),
+            min_cleanable_dirty_ratio: value(
+                "min.cleanable.dirty.ratio",
+                "log.cleaner.min.cleanable.ratio",
+            )
+            .parse()
+            .unwrap_or(0.5),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -668,6 +718,40 @@ mod tests {
 
     fn find<'a>(d: &'a [DescribedConfig], name: &str) -> &'a DescribedConfig {
         d.iter().find(|c| c.name == name).unwrap()
+    }
+
+    #[test]
+    fn compaction_configs_resolve_topic_then_broker_then_default() {
+        let broker = BrokerConfig::default();
+        let image = image_with(&[
+            (None, "log.cleaner.delete.retention.ms", "99"),
+            (
+                Some(broker.node_id),
+                "log.cleaner.min.compaction.lag.ms",
+                "7",
+            ),
+        ]);
+        let view = BrokerView::new(&broker, &image);
+        let none = CompactionConfig::resolve(&BTreeMap::new(), &view);
+        assert_eq!(
+            none,
+            CompactionConfig {
+                compact: false,
+                delete_retention_ms: 99,
+                min_compaction_lag_ms: 7,
+                min_cleanable_dirty_ratio: 0.5,
+            }
+        );
+        let mut t = BTreeMap::new();
+        t.insert("cleanup.policy".to_string(), "delete, compact".to_string());
+        t.insert("min.cleanable.dirty.ratio".to_string(), "0.25".to_string());
+        t.insert("delete.retention.ms".to_string(), "5".to_string());
+        let c = CompactionConfig::resolve(&t, &view);
+        assert!(c.compact);
+        assert_eq!(
+            (c.delete_retention_ms, c.min_cleanable_dirty_ratio),
+            (5, 0.25)
+        );
     }
 
     #[test]

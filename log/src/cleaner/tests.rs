@@ -113,7 +113,12 @@ fn a_rewritten_batch_keeps_base_and_last_offset_producer_fields_and_checks_out()
         5,
         false,
     );
-    let out = clean(std::slice::from_ref(&b), PARAMS, &HashMap::new(), &HashMap::new());
+    let out = clean(
+        std::slice::from_ref(&b),
+        PARAMS,
+        &HashMap::new(),
+        &HashMap::new(),
+    );
     assert_eq!(out.len(), 1);
     let h = batch::validate(&out[0]).unwrap();
     let orig = batch::parse_header(&b).unwrap();
@@ -170,7 +175,12 @@ fn compressed_batches_are_cleaned_and_recompressed_with_their_codec() {
 #[test]
 fn an_untouched_batch_stays_byte_for_byte() {
     let b = batch_of(0, &[("a", Some("1")), ("b", Some("2"))], -1, false);
-    let out = clean(std::slice::from_ref(&b), PARAMS, &HashMap::new(), &HashMap::new());
+    let out = clean(
+        std::slice::from_ref(&b),
+        PARAMS,
+        &HashMap::new(),
+        &HashMap::new(),
+    );
     assert_eq!(out, vec![b]);
 }
 
