@@ -94,6 +94,11 @@ pub struct BrokerConfig {
     /// `offsets.topic.replication.factor` (capped at the live brokers, so a
     /// single node works with Kafka's default of 3)
     pub offsets_topic_replication_factor: i16,
+    /// `offsets.topic.segment.bytes` / `transaction.state.log.segment.bytes`:
+    /// the segment size the internal topics are created with (small
+    /// segments let the log cleaner compact them sooner).
+    pub offsets_topic_segment_bytes: u64,
+    pub transaction_state_log_segment_bytes: u64,
     /// `transaction.state.log.replication.factor` (capped likewise)
     pub transaction_state_log_replication_factor: i16,
     /// `log.cleanup.policy`
@@ -196,6 +201,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("controlled.shutdown.max.retries", "3"),
     ("controlled.shutdown.retry.backoff.ms", "5000"),
     ("offsets.topic.replication.factor", "3"),
+    ("offsets.topic.segment.bytes", "104857600"),
+    ("transaction.state.log.segment.bytes", "104857600"),
     ("transaction.state.log.replication.factor", "3"),
     ("log.cleanup.policy", "delete"),
     ("log.message.timestamp.type", "CreateTime"),
@@ -448,6 +455,12 @@ impl BrokerConfig {
                 "controlled.shutdown.retry.backoff.ms",
             )?,
             offsets_topic_replication_factor: parse(map, "offsets.topic.replication.factor")?,
+            offsets_topic_segment_bytes: parse::<u64>(map, "offsets.topic.segment.bytes")?.max(14),
+            transaction_state_log_segment_bytes: parse::<u64>(
+                map,
+                "transaction.state.log.segment.bytes",
+            )?
+            .max(14),
             transaction_state_log_replication_factor: parse(
                 map,
                 "transaction.state.log.replication.factor",

@@ -116,6 +116,16 @@ pub fn broker_default(key: &str) -> Option<&'static str> {
 /// reads at startup.
 const STATIC_KEYS: &[(&str, i8, &str)] = &[
     (
+        "offsets.topic.segment.bytes",
+        3,
+        "The segment size of __consumer_offsets, set when it is created.",
+    ),
+    (
+        "transaction.state.log.segment.bytes",
+        3,
+        "The segment size of __transaction_state, set when it is created.",
+    ),
+    (
         "log.cleaner.enable",
         1,
         "Run the log cleaner, which compacts topics whose cleanup.policy includes compact.",

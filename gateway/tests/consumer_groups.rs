@@ -644,3 +644,43 @@ async fn a_two_member_group_survives_restarts() {
         (NONE, 12)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_offsets_survive_compaction_of_consumer_offsets() {
+    // Small __consumer_offsets segments and a fast cleaner: hundreds of
+    // commits of the same keys get compacted, and a restart replays the
+    // compacted log to the last committed offsets.
+    let extra = [
+        ("offsets.topic.segment.bytes", "1024"),
+        ("log.cleaner.backoff.ms", "100"),
+    ];
+    let mut f = Fixture::new(&extra).await;
+    let mut c = f.client().await;
+    for round in 0..100i64 {
+        for p in 0..PARTITIONS {
+            assert_eq!(
+                commit(&mut c, "compacted-group", "", -1, p, round * 10 + p as i64).await,
+                NONE
+            );
+        }
+    }
+    let broker = f.running.as_ref().unwrap().broker.clone();
+    common::eventually("the cleaner compacted __consumer_offsets", || {
+        broker
+            .metrics
+            .cleaner_passes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    })
+    .await;
+    drop(broker);
+    drop(c);
+    f.restart(&extra).await;
+    let mut c = f.client().await;
+    for p in 0..PARTITIONS {
+        assert_eq!(
+            fetch_committed(&mut c, "compacted-group", None, p).await,
+            (NONE, 990 + p as i64)
+        );
+    }
+}

@@ -11,7 +11,10 @@
 //! recorded yet may still be re-recorded from the local file's spans).
 //! Ranges whose segments have more than one replica are not cleaned yet:
 //! see "Log compaction" in docs/ARCHITECTURE.md for how replicas will stay
-//! identical. Internal topics are not cleaned yet either.
+//! identical. The internal topics (`__consumer_offsets`,
+//! `__transaction_state`, created with `cleanup.policy=compact`) are
+//! cleaned like any other: their coordinators replay the last record of
+//! each key, which compaction keeps.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -77,7 +80,6 @@ impl Broker {
             if !range.active
                 || log.is_sealed()
                 || image.active_segment(range_id).and_then(|s| s.primary()) != Some(me)
-                || crate::internal_topics::is_internal(&topic.name)
                 || segments.iter().any(|s| s.replicas.len() > 1)
             {
                 continue;
