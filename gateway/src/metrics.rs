@@ -17,9 +17,9 @@ pub struct Metrics {
     pub rejected_frames: AtomicU64,
     pub range_splits: AtomicU64,
     pub range_merges: AtomicU64,
-    /// Log cleaner: segment bytes read and written by cleaning passes, and
-    /// the bytes the rewritten segments held before and after.
-    pub cleaner_bytes_read: AtomicU64,
+    /// Log cleaner: segment bytes read and written by cleaning passes (as
+    /// they go), and the bytes the rewritten segments held before and after.
+    pub cleaner_io_bytes: AtomicU64,
     pub cleaner_bytes_before: AtomicU64,
     pub cleaner_bytes_after: AtomicU64,
     pub cleaner_passes: AtomicU64,
@@ -41,7 +41,7 @@ impl Default for Metrics {
             rejected_frames: AtomicU64::new(0),
             range_splits: AtomicU64::new(0),
             range_merges: AtomicU64::new(0),
-            cleaner_bytes_read: AtomicU64::new(0),
+            cleaner_io_bytes: AtomicU64::new(0),
             cleaner_bytes_before: AtomicU64::new(0),
             cleaner_bytes_after: AtomicU64::new(0),
             cleaner_passes: AtomicU64::new(0),
@@ -154,9 +154,9 @@ impl Metrics {
                 &self.cleaner_passes,
             ),
             (
-                "tessera_cleaner_read_bytes_total",
-                "Segment bytes the log cleaner read.",
-                &self.cleaner_bytes_read,
+                "tessera_cleaner_io_bytes_total",
+                "Segment bytes the log cleaner read and wrote (what log.cleaner.io.max.bytes.per.second paces).",
+                &self.cleaner_io_bytes,
             ),
             (
                 "tessera_cleaner_cleaned_bytes_total",

@@ -422,7 +422,11 @@ pub(crate) fn check_value(key: &str, kind: Kind, value: &str) -> Result<(), ApiE
             }
         }
         Kind::Double => {
-            v.parse::<f64>().map_err(|_| bad("expected a double"))?;
+            // The one double key, min.cleanable.dirty.ratio, is Kafka's between(0, 1).
+            let x = v.parse::<f64>().map_err(|_| bad("expected a double"))?;
+            if !(0.0..=1.0).contains(&x) {
+                return Err(bad("value must be between 0 and 1"));
+            }
         }
         Kind::OneOf(allowed) => {
             if !allowed.contains(&v) {
@@ -564,6 +568,8 @@ pub struct EffectiveTopicConfig {
     pub retention_bytes: i64,
     /// `min.insync.replicas`: acks=-1 appends need this many in-sync replicas.
     pub min_insync_replicas: usize,
+    /// `cleanup.policy` includes `compact`: every record needs a key.
+    pub compacted: bool,
 }
 
 impl EffectiveTopicConfig {
@@ -607,6 +613,13 @@ impl EffectiveTopicConfig {
                 c.min_insync_replicas,
             )
             .max(1) as usize,
+            compacted: topic
+                .get("cleanup.policy")
+                .map(String::as_str)
+                .or_else(|| broker.dynamic("log.cleanup.policy"))
+                .unwrap_or(&c.log_cleanup_policy)
+                .split(',')
+                .any(|p| p.trim() == "compact"),
         }
     }
 }
@@ -718,6 +731,16 @@ mod tests {
 
     fn find<'a>(d: &'a [DescribedConfig], name: &str) -> &'a DescribedConfig {
         d.iter().find(|c| c.name == name).unwrap()
+    }
+
+    #[test]
+    fn the_dirty_ratio_is_between_0_and_1() {
+        assert!(one("min.cleanable.dirty.ratio", "0").is_ok());
+        assert!(one("min.cleanable.dirty.ratio", "1").is_ok());
+        assert!(one("min.cleanable.dirty.ratio", "0.25").is_ok());
+        assert!(one("min.cleanable.dirty.ratio", "1.5").is_err());
+        assert!(one("min.cleanable.dirty.ratio", "-0.1").is_err());
+        assert!(one("min.cleanable.dirty.ratio", "NaN").is_err());
     }
 
     #[test]

@@ -318,6 +318,30 @@ async fn compacted_topics_keep_the_last_record_of_every_key() {
     assert!(gone, "tombstones past delete.retention.ms are removed");
     check_compacted(&mut client, "both", &both).await;
 
+    // Bad input: a record without a key is refused with INVALID_RECORD
+    // (Kafka's "Compacted topic cannot accept message without key"), and the
+    // broker goes on serving.
+    let keyless = ProduceRequest::default()
+        .with_acks(-1)
+        .with_timeout_ms(30_000)
+        .with_topic_data(vec![TopicProduceData::default()
+            .with_name(name("compacted"))
+            .with_partition_data(vec![PartitionProduceData::default()
+                .with_index(0)
+                .with_records(Some(Bytes::from(batch::testing::make_batch(2, 0))))])]);
+    let response = client.call(9, &keyless).await;
+    let p = &response.responses[0].partition_responses[0];
+    assert_eq!(p.error_code, 87, "INVALID_RECORD");
+    assert!(p.error_message.as_ref().unwrap().contains("without key"));
+    produce(
+        &mut client,
+        "compacted",
+        0,
+        &[("key-1".into(), Some("still serving".into()))],
+    )
+    .await;
+    truth.insert((0, "key-1".into()), Some("still serving".into()));
+
     // A restart serves the cleaned segments, and appends continue at the end.
     drop(client);
     running.shutdown().await;

@@ -144,14 +144,17 @@ impl Broker {
                 };
                 let started = Instant::now();
                 let log = job.log.clone();
+                let metrics = broker.clone();
                 let done = tokio::task::spawn_blocking(move || {
-                    log.clean(job.up_to, job.params, &mut |n| pace.take(n))
+                    log.clean(job.up_to, job.params, &mut |n| {
+                        Metrics::add(&metrics.metrics.cleaner_io_bytes, n);
+                        pace.take(n)
+                    })
                 })
                 .await;
                 match done {
                     Ok(Ok(stats)) => {
                         let m = &broker.metrics;
-                        Metrics::add(&m.cleaner_bytes_read, stats.bytes_read);
                         if !stats.rewritten.is_empty() {
                             Metrics::add(&m.cleaner_passes, 1);
                             Metrics::add(&m.cleaner_bytes_before, stats.bytes_before);
