@@ -55,7 +55,8 @@ def produce(broker, topic: str, records, delivered: dict | None = None) -> None:
     assert p.flush(TIMEOUT * 5) == 0
 
 
-def consume_all(broker, topic: str) -> list[tuple[int, int, bytes, bytes | None]]:
+def consume_all(broker, topic: str, isolation: str = "read_committed"
+                ) -> list[tuple[int, int, bytes, bytes | None]]:
     """Every record of every partition, from the beginning to the end:
     `(partition, offset, key, value)`."""
     c = Consumer({
@@ -64,6 +65,7 @@ def consume_all(broker, topic: str) -> list[tuple[int, int, bytes, bytes | None]
         "enable.auto.commit": False,
         "enable.partition.eof": True,
         "fetch.max.bytes": 8 << 20,
+        "isolation.level": isolation,
     })
     try:
         c.assign([TopicPartition(topic, p, OFFSET_BEGINNING) for p in range(PARTITIONS)])
@@ -214,3 +216,43 @@ def test_kill_9_in_the_middle_of_cleaning_loses_and_duplicates_nothing(broker):
     check_consistent(records, delivered)
     assert latest_per_key(records) == want
     assert len(records) == keys + 1
+
+
+@pytest.mark.broker_overrides({"log.cleaner.backoff.ms": "200"})
+def test_aborted_transactions_are_cleaned_away_and_committed_ones_kept(broker):
+    topic = unique_topic("compact-txn")
+    create_topic(broker, topic, partitions=PARTITIONS, config=COMPACT)
+    p = Producer({"bootstrap.servers": broker.bootstrap, "transactional.id": unique_topic("txn")})
+    p.init_transactions(TIMEOUT)
+
+    def txn(values, commit: bool):
+        p.begin_transaction()
+        for k, v in values:
+            p.produce(topic, key=k, value=v)
+        if commit:
+            p.commit_transaction(TIMEOUT)
+        else:
+            p.abort_transaction(TIMEOUT)
+
+    txn([(f"key-{i}".encode(), f"c1-{i}".encode()) for i in range(50)], True)
+    txn([(f"key-{i}".encode(), f"aborted-{i}".encode()) for i in range(50)], False)
+    txn([(f"key-{i}".encode(), f"c3-{i}".encode()) for i in range(25)], True)
+    time.sleep(1.5)
+    produce(broker, topic, [(b"roll", b"last")])
+    want = {f"key-{i}".encode(): (f"c3-{i}" if i < 25 else f"c1-{i}").encode() for i in range(50)}
+    want[b"roll"] = b"last"
+    # read_uncommitted sees what is stored: the aborted records are gone
+    # once cleaned, and each key once.
+    deadline = time.monotonic() + 120
+    stored = []
+    while time.monotonic() < deadline:
+        stored = consume_all(broker, topic, "read_uncommitted")
+        if len(stored) == len(want):
+            break
+        time.sleep(1)
+    assert not [r for r in stored if r[3].startswith(b"aborted")], "aborted data removed"
+    assert latest_per_key(stored) == want
+    assert len(stored) == len(want)
+    committed = consume_all(broker, topic, "read_committed")
+    assert latest_per_key(committed) == want
+    assert len(committed) == len(want)
