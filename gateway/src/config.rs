@@ -125,6 +125,11 @@ pub struct BrokerConfig {
     /// `group.consumer.assignors`: server-side assignor names (`uniform`,
     /// `range`; Kafka's class names are accepted), the first the default.
     pub group_consumer_assignors: Vec<String>,
+    /// `offsets.retention.minutes`: how long committed offsets of an empty
+    /// group (or of topics a group no longer subscribes to) are kept.
+    pub offsets_retention_minutes: i64,
+    /// `offsets.retention.check.interval.ms`: how often they are checked.
+    pub offsets_retention_check_interval_ms: u64,
     /// `offset.metadata.max.bytes`
     pub offset_metadata_max_bytes: usize,
     /// `transaction.max.timeout.ms`: the largest `transaction.timeout.ms` a
@@ -216,6 +221,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("group.consumer.max.size", "2147483647"),
     ("group.consumer.assignors", "uniform,range"),
     ("offset.metadata.max.bytes", "4096"),
+    ("offsets.retention.minutes", "10080"),
+    ("offsets.retention.check.interval.ms", "600000"),
     ("transaction.max.timeout.ms", "900000"),
     (
         "transaction.abort.timed.out.transaction.cleanup.interval.ms",
@@ -479,6 +486,12 @@ impl BrokerConfig {
             )?,
             group_consumer_max_size: parse(map, "group.consumer.max.size")?,
             group_consumer_assignors: parse_assignors(&get("group.consumer.assignors"))?,
+            offsets_retention_minutes: parse::<i64>(map, "offsets.retention.minutes")?.max(1),
+            offsets_retention_check_interval_ms: parse::<u64>(
+                map,
+                "offsets.retention.check.interval.ms",
+            )?
+            .max(1),
             offset_metadata_max_bytes: parse(map, "offset.metadata.max.bytes")?,
             transaction_max_timeout_ms: parse(map, "transaction.max.timeout.ms")?,
             transaction_abort_timed_out_interval_ms: parse::<u64>(

@@ -116,6 +116,16 @@ pub fn broker_default(key: &str) -> Option<&'static str> {
 /// reads at startup.
 const STATIC_KEYS: &[(&str, i8, &str)] = &[
     (
+        "offsets.retention.minutes",
+        3,
+        "How long committed offsets of an empty group (or of topics it no longer subscribes to) are kept.",
+    ),
+    (
+        "offsets.retention.check.interval.ms",
+        5,
+        "How often committed offsets are checked for expiry.",
+    ),
+    (
         "offsets.topic.segment.bytes",
         3,
         "The segment size of __consumer_offsets, set when it is created.",
