@@ -6,6 +6,7 @@
 //! makes the open logs and the coordinators follow every image the
 //! controller publishes.
 
+mod cleaner;
 mod configs;
 mod follower_fetch;
 mod liveness;
@@ -185,6 +186,7 @@ impl Broker {
         tokio::spawn(reconcile::record_rolls(broker.clone(), roll_rx));
         liveness::start(&broker);
         tokio::spawn(retention::enforce(Arc::downgrade(&broker)));
+        tokio::spawn(cleaner::run(Arc::downgrade(&broker)));
         GroupCoordinator::start_timers(&broker);
         // Transactions left mid-way complete from the timer (their pending
         // offsets are loaded with the groups).

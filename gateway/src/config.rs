@@ -78,6 +78,15 @@ pub struct BrokerConfig {
     /// `log.retention.check.interval.ms`: how often the primary of each
     /// range checks whether sealed segments are past retention.
     pub log_retention_check_interval_ms: u64,
+    /// `log.cleaner.enable`: run the log cleaner (compaction) on this broker.
+    pub log_cleaner_enable: bool,
+    /// `log.cleaner.threads`: ranges cleaned at once.
+    pub log_cleaner_threads: usize,
+    /// `log.cleaner.io.max.bytes.per.second`: the cleaner's read + write
+    /// rate, over all its threads.
+    pub log_cleaner_io_max_bytes_per_second: f64,
+    /// `log.cleaner.backoff.ms`: the pause between cleaning passes.
+    pub log_cleaner_backoff_ms: u64,
     /// `min.insync.replicas`
     pub min_insync_replicas: i64,
     /// `replica.lag.time.max.ms`: a follower not caught up for this long
@@ -105,6 +114,11 @@ pub struct BrokerConfig {
     /// `offsets.topic.replication.factor` (capped at the live brokers, so a
     /// single node works with Kafka's default of 3)
     pub offsets_topic_replication_factor: i16,
+    /// `offsets.topic.segment.bytes` / `transaction.state.log.segment.bytes`:
+    /// the segment size the internal topics are created with (small
+    /// segments let the log cleaner compact them sooner).
+    pub offsets_topic_segment_bytes: u64,
+    pub transaction_state_log_segment_bytes: u64,
     /// `transaction.state.log.replication.factor` (capped likewise)
     pub transaction_state_log_replication_factor: i16,
     /// `log.cleanup.policy`
@@ -131,6 +145,11 @@ pub struct BrokerConfig {
     /// `group.consumer.assignors`: server-side assignor names (`uniform`,
     /// `range`; Kafka's class names are accepted), the first the default.
     pub group_consumer_assignors: Vec<String>,
+    /// `offsets.retention.minutes`: how long committed offsets of an empty
+    /// group (or of topics a group no longer subscribes to) are kept.
+    pub offsets_retention_minutes: i64,
+    /// `offsets.retention.check.interval.ms`: how often they are checked.
+    pub offsets_retention_check_interval_ms: u64,
     /// `offset.metadata.max.bytes`
     pub offset_metadata_max_bytes: usize,
     /// `transaction.max.timeout.ms`: the largest `transaction.timeout.ms` a
@@ -208,6 +227,13 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("log.retention.ms", "604800000"),
     ("log.retention.bytes", "-1"),
     ("log.retention.check.interval.ms", "300000"),
+    ("log.cleaner.enable", "true"),
+    ("log.cleaner.threads", "1"),
+    (
+        "log.cleaner.io.max.bytes.per.second",
+        "1.7976931348623157E308",
+    ),
+    ("log.cleaner.backoff.ms", "15000"),
     ("min.insync.replicas", "1"),
     ("replica.lag.time.max.ms", "30000"),
     ("replica.heal.delay.ms", "300000"),
@@ -217,6 +243,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("controlled.shutdown.max.retries", "3"),
     ("controlled.shutdown.retry.backoff.ms", "5000"),
     ("offsets.topic.replication.factor", "3"),
+    ("offsets.topic.segment.bytes", "104857600"),
+    ("transaction.state.log.segment.bytes", "104857600"),
     ("transaction.state.log.replication.factor", "3"),
     ("log.cleanup.policy", "delete"),
     ("log.message.timestamp.type", "CreateTime"),
@@ -230,6 +258,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("group.consumer.max.size", "2147483647"),
     ("group.consumer.assignors", "uniform,range"),
     ("offset.metadata.max.bytes", "4096"),
+    ("offsets.retention.minutes", "10080"),
+    ("offsets.retention.check.interval.ms", "600000"),
     ("transaction.max.timeout.ms", "900000"),
     (
         "transaction.abort.timed.out.transaction.cleanup.interval.ms",
@@ -500,6 +530,10 @@ impl BrokerConfig {
             log_retention_ms: parse(map, "log.retention.ms")?,
             log_retention_bytes: parse(map, "log.retention.bytes")?,
             log_retention_check_interval_ms: parse(map, "log.retention.check.interval.ms")?,
+            log_cleaner_enable: parse(map, "log.cleaner.enable")?,
+            log_cleaner_threads: parse::<usize>(map, "log.cleaner.threads")?.max(1),
+            log_cleaner_io_max_bytes_per_second: parse(map, "log.cleaner.io.max.bytes.per.second")?,
+            log_cleaner_backoff_ms: parse::<u64>(map, "log.cleaner.backoff.ms")?.max(1),
             min_insync_replicas: parse(map, "min.insync.replicas")?,
             replica_lag_time_max_ms: parse(map, "replica.lag.time.max.ms")?,
             replica_heal_delay_ms: parse(map, "replica.heal.delay.ms")?,
@@ -512,6 +546,12 @@ impl BrokerConfig {
                 "controlled.shutdown.retry.backoff.ms",
             )?,
             offsets_topic_replication_factor: parse(map, "offsets.topic.replication.factor")?,
+            offsets_topic_segment_bytes: parse::<u64>(map, "offsets.topic.segment.bytes")?.max(14),
+            transaction_state_log_segment_bytes: parse::<u64>(
+                map,
+                "transaction.state.log.segment.bytes",
+            )?
+            .max(14),
             transaction_state_log_replication_factor: parse(
                 map,
                 "transaction.state.log.replication.factor",
@@ -530,6 +570,12 @@ impl BrokerConfig {
             )?,
             group_consumer_max_size: parse(map, "group.consumer.max.size")?,
             group_consumer_assignors: parse_assignors(&get("group.consumer.assignors"))?,
+            offsets_retention_minutes: parse::<i64>(map, "offsets.retention.minutes")?.max(1),
+            offsets_retention_check_interval_ms: parse::<u64>(
+                map,
+                "offsets.retention.check.interval.ms",
+            )?
+            .max(1),
             offset_metadata_max_bytes: parse(map, "offset.metadata.max.bytes")?,
             transaction_max_timeout_ms: parse(map, "transaction.max.timeout.ms")?,
             transaction_abort_timed_out_interval_ms: parse::<u64>(

@@ -116,6 +116,46 @@ pub fn broker_default(key: &str) -> Option<&'static str> {
 /// reads at startup.
 const STATIC_KEYS: &[(&str, i8, &str)] = &[
     (
+        "offsets.retention.minutes",
+        3,
+        "How long committed offsets of an empty group (or of topics it no longer subscribes to) are kept.",
+    ),
+    (
+        "offsets.retention.check.interval.ms",
+        5,
+        "How often committed offsets are checked for expiry.",
+    ),
+    (
+        "offsets.topic.segment.bytes",
+        3,
+        "The segment size of __consumer_offsets, set when it is created.",
+    ),
+    (
+        "transaction.state.log.segment.bytes",
+        3,
+        "The segment size of __transaction_state, set when it is created.",
+    ),
+    (
+        "log.cleaner.enable",
+        1,
+        "Run the log cleaner, which compacts topics whose cleanup.policy includes compact.",
+    ),
+    (
+        "log.cleaner.threads",
+        3,
+        "How many ranges the log cleaner compacts at once.",
+    ),
+    (
+        "log.cleaner.io.max.bytes.per.second",
+        6,
+        "The log cleaner's read plus write rate, over all its threads.",
+    ),
+    (
+        "log.cleaner.backoff.ms",
+        5,
+        "The pause between two passes of the log cleaner.",
+    ),
+    (
         "log.retention.check.interval.ms",
         5,
         "How often each range's primary deletes sealed segments past retention.",

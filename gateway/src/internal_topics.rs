@@ -20,8 +20,6 @@ use crate::error::ApiError;
 pub const CONSUMER_OFFSETS: &str = "__consumer_offsets";
 /// `offsets.topic.num.partitions`
 pub const OFFSETS_TOPIC_PARTITIONS: u32 = 50;
-/// `offsets.topic.segment.bytes`
-pub const OFFSETS_TOPIC_SEGMENT_BYTES: u64 = 104_857_600;
 
 /// Kafka's internal topics (Metadata's `is_internal`).
 pub fn is_internal(name: &str) -> bool {
@@ -51,10 +49,12 @@ impl Broker {
         }
         let mut configs = BTreeMap::new();
         configs.insert("cleanup.policy".to_string(), "compact".to_string());
-        configs.insert(
-            "segment.bytes".to_string(),
-            OFFSETS_TOPIC_SEGMENT_BYTES.to_string(),
-        );
+        let segment_bytes = if name == crate::txn::TRANSACTION_STATE {
+            self.config.transaction_state_log_segment_bytes
+        } else {
+            self.config.offsets_topic_segment_bytes
+        };
+        configs.insert("segment.bytes".to_string(), segment_bytes.to_string());
         // Kafka's keys and default (3), capped at the live brokers so that a
         // single node or a small cluster still gets its coordinators.
         let wanted = if name == crate::txn::TRANSACTION_STATE {
@@ -139,11 +139,22 @@ impl Broker {
             if read.records.is_empty() {
                 return Ok(out);
             }
+            // The next read starts past the last batch's last offset, not its
+            // last record's: a compacted batch keeps its lastOffsetDelta
+            // while records at its end are gone, and a retained empty batch
+            // has none.
+            let mut next = offset;
+            for range in tessera_log::batch::split_batches(&read.records)
+                .map_err(|e| ApiError::CorruptMessage(format!("stored batch: {e}")))?
+            {
+                let header = tessera_log::batch::parse_header(&read.records[range])
+                    .map_err(|e| ApiError::CorruptMessage(format!("stored batch: {e}")))?;
+                next = next.max(header.last_offset() + 1);
+            }
             let mut buf: Bytes = read.records;
             let sets = RecordBatchDecoder::decode_all(&mut buf).map_err(|e| {
                 ApiError::CorruptMessage(format!("stored batch does not decode: {e}"))
             })?;
-            let mut next = offset;
             for set in sets {
                 for r in set.records {
                     next = next.max(r.offset + 1);

@@ -28,6 +28,12 @@ pub struct Metrics {
     /// TLS handshakes that failed or timed out (plaintext on a TLS port,
     /// a refused client certificate).
     pub tls_handshake_failures: AtomicU64,
+    /// Log cleaner: segment bytes read and written by cleaning passes (as
+    /// they go), and the bytes the rewritten segments held before and after.
+    pub cleaner_io_bytes: AtomicU64,
+    pub cleaner_bytes_before: AtomicU64,
+    pub cleaner_bytes_after: AtomicU64,
+    pub cleaner_passes: AtomicU64,
 }
 
 const API_SLOTS: usize = 128;
@@ -52,6 +58,10 @@ impl Default for Metrics {
             authentications_succeeded: AtomicU64::new(0),
             authentications_failed: AtomicU64::new(0),
             tls_handshake_failures: AtomicU64::new(0),
+            cleaner_io_bytes: AtomicU64::new(0),
+            cleaner_bytes_before: AtomicU64::new(0),
+            cleaner_bytes_after: AtomicU64::new(0),
+            cleaner_passes: AtomicU64::new(0),
         }
     }
 }
@@ -184,6 +194,26 @@ impl Metrics {
                 "tessera_range_merges_total",
                 "Range pairs merged by the automatic policy.",
                 &self.range_merges,
+            ),
+            (
+                "tessera_cleaner_passes_total",
+                "Log cleaner passes that rewrote at least one segment.",
+                &self.cleaner_passes,
+            ),
+            (
+                "tessera_cleaner_io_bytes_total",
+                "Segment bytes the log cleaner read and wrote (what log.cleaner.io.max.bytes.per.second paces).",
+                &self.cleaner_io_bytes,
+            ),
+            (
+                "tessera_cleaner_cleaned_bytes_total",
+                "Bytes of the segments the log cleaner rewrote, before cleaning.",
+                &self.cleaner_bytes_before,
+            ),
+            (
+                "tessera_cleaner_kept_bytes_total",
+                "Bytes of the segments the log cleaner rewrote, after cleaning.",
+                &self.cleaner_bytes_after,
             ),
         ];
         for (name, help, c) in counters {

@@ -422,7 +422,11 @@ pub(crate) fn check_value(key: &str, kind: Kind, value: &str) -> Result<(), ApiE
             }
         }
         Kind::Double => {
-            v.parse::<f64>().map_err(|_| bad("expected a double"))?;
+            // The one double key, min.cleanable.dirty.ratio, is Kafka's between(0, 1).
+            let x = v.parse::<f64>().map_err(|_| bad("expected a double"))?;
+            if !(0.0..=1.0).contains(&x) {
+                return Err(bad("value must be between 0 and 1"));
+            }
         }
         Kind::OneOf(allowed) => {
             if !allowed.contains(&v) {
@@ -564,6 +568,8 @@ pub struct EffectiveTopicConfig {
     pub retention_bytes: i64,
     /// `min.insync.replicas`: acks=-1 appends need this many in-sync replicas.
     pub min_insync_replicas: usize,
+    /// `cleanup.policy` includes `compact`: every record needs a key.
+    pub compacted: bool,
 }
 
 impl EffectiveTopicConfig {
@@ -607,6 +613,63 @@ impl EffectiveTopicConfig {
                 c.min_insync_replicas,
             )
             .max(1) as usize,
+            compacted: topic
+                .get("cleanup.policy")
+                .map(String::as_str)
+                .or_else(|| broker.dynamic("log.cleanup.policy"))
+                .unwrap_or(&c.log_cleanup_policy)
+                .split(',')
+                .any(|p| p.trim() == "compact"),
+        }
+    }
+}
+
+/// The cleaning configs of a topic, resolved as [`EffectiveTopicConfig`]
+/// is (the topic's value, else its dynamic broker synonym, else the default).
+#[derive(Clone, Debug, PartialEq)]
+pub struct CompactionConfig {
+    /// `cleanup.policy` includes `compact`.
+    pub compact: bool,
+    pub delete_retention_ms: i64,
+    pub min_compaction_lag_ms: i64,
+    pub min_cleanable_dirty_ratio: f64,
+}
+
+impl CompactionConfig {
+    pub fn resolve(topic: &BTreeMap<String, String>, broker: &BrokerView<'_>) -> CompactionConfig {
+        let value = |key: &str, broker_key: &str| -> String {
+            topic
+                .get(key)
+                .map(String::as_str)
+                .or_else(|| broker.dynamic(broker_key))
+                .or_else(|| topic_key(key).map(|k| k.default))
+                .unwrap_or_default()
+                .trim()
+                .to_string()
+        };
+        let policy = topic
+            .get("cleanup.policy")
+            .map(String::as_str)
+            .or_else(|| broker.dynamic("log.cleanup.policy"))
+            .unwrap_or(&broker.config.log_cleanup_policy)
+            .to_string();
+        CompactionConfig {
+            compact: policy.split(',').any(|p| p.trim() == "compact"),
+            delete_retention_ms: value("delete.retention.ms", "log.cleaner.delete.retention.ms")
+                .parse()
+                .unwrap_or(86_400_000),
+            min_compaction_lag_ms: value(
+                "min.compaction.lag.ms",
+                "log.cleaner.min.compaction.lag.ms",
+            )
+            .parse()
+            .unwrap_or(0),
+            min_cleanable_dirty_ratio: value(
+                "min.cleanable.dirty.ratio",
+                "log.cleaner.min.cleanable.ratio",
+            )
+            .parse()
+            .unwrap_or(0.5),
         }
     }
 }
@@ -668,6 +731,50 @@ mod tests {
 
     fn find<'a>(d: &'a [DescribedConfig], name: &str) -> &'a DescribedConfig {
         d.iter().find(|c| c.name == name).unwrap()
+    }
+
+    #[test]
+    fn the_dirty_ratio_is_between_0_and_1() {
+        assert!(one("min.cleanable.dirty.ratio", "0").is_ok());
+        assert!(one("min.cleanable.dirty.ratio", "1").is_ok());
+        assert!(one("min.cleanable.dirty.ratio", "0.25").is_ok());
+        assert!(one("min.cleanable.dirty.ratio", "1.5").is_err());
+        assert!(one("min.cleanable.dirty.ratio", "-0.1").is_err());
+        assert!(one("min.cleanable.dirty.ratio", "NaN").is_err());
+    }
+
+    #[test]
+    fn compaction_configs_resolve_topic_then_broker_then_default() {
+        let broker = BrokerConfig::default();
+        let image = image_with(&[
+            (None, "log.cleaner.delete.retention.ms", "99"),
+            (
+                Some(broker.node_id),
+                "log.cleaner.min.compaction.lag.ms",
+                "7",
+            ),
+        ]);
+        let view = BrokerView::new(&broker, &image);
+        let none = CompactionConfig::resolve(&BTreeMap::new(), &view);
+        assert_eq!(
+            none,
+            CompactionConfig {
+                compact: false,
+                delete_retention_ms: 99,
+                min_compaction_lag_ms: 7,
+                min_cleanable_dirty_ratio: 0.5,
+            }
+        );
+        let mut t = BTreeMap::new();
+        t.insert("cleanup.policy".to_string(), "delete, compact".to_string());
+        t.insert("min.cleanable.dirty.ratio".to_string(), "0.25".to_string());
+        t.insert("delete.retention.ms".to_string(), "5".to_string());
+        let c = CompactionConfig::resolve(&t, &view);
+        assert!(c.compact);
+        assert_eq!(
+            (c.delete_retention_ms, c.min_cleanable_dirty_ratio),
+            (5, 0.25)
+        );
     }
 
     #[test]

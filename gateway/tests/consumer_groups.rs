@@ -644,3 +644,112 @@ async fn a_two_member_group_survives_restarts() {
         (NONE, 12)
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn committed_offsets_survive_compaction_of_consumer_offsets() {
+    // Small __consumer_offsets segments and a fast cleaner: hundreds of
+    // commits of the same keys get compacted, and a restart replays the
+    // compacted log to the last committed offsets.
+    let extra = [
+        ("offsets.topic.segment.bytes", "1024"),
+        ("log.cleaner.backoff.ms", "100"),
+    ];
+    let mut f = Fixture::new(&extra).await;
+    let mut c = f.client().await;
+    for round in 0..100i64 {
+        for p in 0..PARTITIONS {
+            assert_eq!(
+                commit(&mut c, "compacted-group", "", -1, p, round * 10 + p as i64).await,
+                NONE
+            );
+        }
+    }
+    let broker = f.running.as_ref().unwrap().broker.clone();
+    common::eventually("the cleaner compacted __consumer_offsets", || {
+        broker
+            .metrics
+            .cleaner_passes
+            .load(std::sync::atomic::Ordering::Relaxed)
+            > 0
+    })
+    .await;
+    drop(broker);
+    drop(c);
+    f.restart(&extra).await;
+    let mut c = f.client().await;
+    for p in 0..PARTITIONS {
+        assert_eq!(
+            fetch_committed(&mut c, "compacted-group", None, p).await,
+            (NONE, 990 + p as i64)
+        );
+    }
+}
+
+async fn commit_to(c: &mut Client, group: &str, topic: &str, partition: i32, offset: i64) -> i16 {
+    let r = c
+        .call(
+            9,
+            &OffsetCommitRequest::default()
+                .with_group_id(GroupId(StrBytes::from_string(group.into())))
+                .with_generation_id_or_member_epoch(-1)
+                .with_member_id(StrBytes::from_static_str(""))
+                .with_topics(vec![OffsetCommitRequestTopic::default()
+                    .with_name(TopicName(StrBytes::from_string(topic.into())))
+                    .with_partitions(vec![OffsetCommitRequestPartition::default()
+                        .with_partition_index(partition)
+                        .with_committed_offset(offset)])]),
+        )
+        .await;
+    r.topics[0].partitions[0].error_code
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn offsets_of_deleted_topics_are_removed() {
+    let extra = [("offsets.retention.check.interval.ms", "100")];
+    let mut f = Fixture::new(&extra).await;
+    let broker = f.running.as_ref().unwrap().broker.clone();
+    broker
+        .create_topic(
+            tessera_gateway::broker::NewTopic {
+                name: "doomed".into(),
+                partitions: 2,
+                replication_factor: 1,
+                configs: Default::default(),
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    let mut c = f.client().await;
+    // "mixed" commits to both topics; "solo" only to the one deleted.
+    for p in 0..2 {
+        assert_eq!(commit_to(&mut c, "mixed", "doomed", p, 7).await, NONE);
+        assert_eq!(commit_to(&mut c, "solo", "doomed", p, 8).await, NONE);
+    }
+    assert_eq!(commit_to(&mut c, "mixed", TOPIC, 0, 9).await, NONE);
+    let id = broker.image().topic_by_name("doomed").unwrap().id;
+    broker.delete_topic(id).await.unwrap();
+    let mut gone = false;
+    for _ in 0..300 {
+        let mixed = broker.groups.committed("mixed").await.unwrap();
+        if mixed.len() == 1 && broker.groups.committed("solo").await.is_none() {
+            gone = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    assert!(
+        gone,
+        "the deleted topic's offsets are removed, and the group left with none"
+    );
+    assert_eq!(fetch_committed(&mut c, "mixed", None, 0).await, (NONE, 9));
+    // The tombstones are durable: a restart replays them.
+    drop(broker);
+    drop(c);
+    f.restart(&extra).await;
+    let broker = f.running.as_ref().unwrap().broker.clone();
+    let mixed = broker.groups.committed("mixed").await.unwrap();
+    assert_eq!(mixed.len(), 1);
+    assert!(mixed.get(TOPIC, 0).is_some());
+    assert!(broker.groups.committed("solo").await.is_none());
+}

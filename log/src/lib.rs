@@ -2,6 +2,7 @@
 //! and time indexes, crash recovery and group commit.
 
 pub mod batch;
+pub mod cleaner;
 pub mod error;
 pub mod producer_snapshot;
 pub mod producer_snapshot_file;

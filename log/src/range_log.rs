@@ -23,6 +23,9 @@ use crate::producer_state::{increment_sequence, BatchMetadata, ProducerStates, V
 use crate::segment::{self, IndexEntry, Segment};
 use crate::txn_state::{AbortedTxn, TxnState};
 
+mod cleaning;
+pub use cleaning::{cleaned_path, CleanStats, CleaningView};
+
 /// How a range log is opened.
 #[derive(Clone, Debug)]
 pub struct RangeLogOptions {
@@ -224,6 +227,8 @@ pub struct RangeLog {
     bytes_appended: AtomicU64,
     /// Bumped whenever a high watermark moves, to wake long-polling fetches.
     hw_listener: watch::Sender<u64>,
+    /// Serializes the cleaner's segment swaps with retention's deletions.
+    files: Mutex<()>,
     #[cfg(test)]
     hooks: TestHooks,
 }
@@ -303,6 +308,7 @@ impl RangeLog {
         hw_listener: watch::Sender<u64>,
     ) -> Result<Arc<RangeLog>, LogError> {
         std::fs::create_dir_all(&options.dir)?;
+        cleaning::remove_stray_copies(&options.dir)?;
         let now = now_ms();
         let seqs = list_segments(&options.dir)?;
         let mut segments = Vec::with_capacity(seqs.len().max(1));
@@ -399,6 +405,7 @@ impl RangeLog {
             failed: AtomicBool::new(false),
             bytes_appended: AtomicU64::new(0),
             hw_listener,
+            files: Mutex::new(()),
             #[cfg(test)]
             hooks: TestHooks::default(),
         });
@@ -833,6 +840,7 @@ impl RangeLog {
     /// even before the metadata's log start arrives. Returns the sequences
     /// removed.
     pub fn delete_segments_below(&self, seq: u32) -> Result<Vec<u32>, LogError> {
+        let _files = self.files.lock();
         let removed: Vec<Segment> = {
             let mut inner = self.inner.lock();
             let last = inner.segments.len() - 1;
@@ -900,6 +908,13 @@ impl RangeLog {
             })
             .collect();
         (sealed, inner.segments.last().map_or(0, |s| s.size))
+    }
+
+    /// True when segment `seq` is one of this log's local segments (sealed
+    /// or active), whatever its size (a cleaned segment is smaller than
+    /// its seal recorded).
+    pub fn holds_segment(&self, seq: u32) -> bool {
+        self.inner.lock().segments.iter().any(|s| s.seq == seq)
     }
 
     /// Bytes of stored batches of `partition` in this range's local

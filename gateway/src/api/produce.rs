@@ -195,6 +195,17 @@ fn append_partition(
                 "a client may not produce control batches".into(),
             ));
         }
+        if route.config.compacted {
+            // Kafka's LogValidator: a compacted topic takes keyed records only.
+            let keyless = tessera_log::cleaner::decode_records(&records[r.clone()])?
+                .iter()
+                .any(|rec| rec.key.is_none());
+            if keyless {
+                return Err(ApiError::InvalidRecord(format!(
+                    "Compacted topic cannot accept message without key in topic partition {topic}-{partition}."
+                )));
+            }
+        }
         if header.is_transactional() {
             // Kafka 3.x: only partitions added to the ongoing transaction.
             broker.txns.check_produce(

@@ -174,7 +174,15 @@ impl Broker {
     ) -> Option<Vec<i32>> {
         let segment = sealed_segment_holding(image, topic, partition, offset)?;
         let me = self.config.node_id;
-        if segment.replicas.contains(&me) && self.has_complete_copy(image, &segment) {
+        // Held here: a segment of one of this broker's open range logs
+        // (compaction may have made it smaller than its seal says), or a
+        // complete follower copy.
+        let local = segment.replicas.contains(&me)
+            && (self
+                .log_of(segment.id.range)
+                .is_some_and(|log| log.holds_segment(segment.id.seq))
+                || self.has_complete_copy(image, &segment));
+        if local {
             return None;
         }
         Some(

@@ -276,6 +276,13 @@ impl Broker {
                 }
                 continue;
             }
+            if seg.replicas == [me] {
+                // The only copy is this broker's own log segment: no peer
+                // to repair it from or cut it to, and its size may differ
+                // from the seal's once the log cleaner compacted it.
+                self.replicas.sealed_copies.lock().insert(seg.id);
+                continue;
+            }
             if !tessera_log::segment::log_path(&dir, seg.id.seq).exists()
                 && self.replicas.store.get(key(seg.id)).is_none()
                 && seg.primary() == Some(me)

@@ -26,6 +26,7 @@ pub mod assignors;
 pub mod classic;
 pub mod consumer_groups;
 pub mod consumer_protocol;
+pub mod expiry;
 pub mod offsets;
 pub mod records;
 pub mod txn_offsets;
@@ -917,6 +918,7 @@ impl GroupCoordinator {
     pub fn start_timers(broker: &Arc<Broker>) {
         let weak = Arc::downgrade(broker);
         tokio::spawn(run_timers(weak));
+        tokio::spawn(expiry::run(Arc::downgrade(broker)));
     }
 
     /// Makes sure `__consumer_offsets` exists (FindCoordinator does this).

@@ -1,0 +1,639 @@
+//! Log compaction decisions, as Kafka's `LogCleaner` makes them: pure
+//! functions from stored batches (and the pass's inputs) to the batches a
+//! cleaned segment holds. No I/O here; `RangeLog::clean` reads and writes
+//! the files.
+//!
+//! A pass over a range's cleanable sealed segments:
+//! 1. [`OffsetMap::build`]: per partition, the offset of the last record of
+//!    every key (records of aborted transactions and control batches left
+//!    out), read in offset order over every batch being cleaned.
+//! 2. [`Pass::clean_batch`] on each batch, in the same order: a record stays
+//!    if it is the last of its key, and a tombstone (null value) only until
+//!    its batch's delete horizon (KIP-534: a batch holding tombstones or a
+//!    marker of an emptied transaction is stamped with `now +
+//!    delete.retention.ms` the first time it is cleaned; a later pass past
+//!    that time drops them). Aborted transactional data goes; a transaction
+//!    marker stays until no data of its transaction is left, then until its
+//!    horizon. A batch whose records all go is dropped, except the last batch
+//!    of an active producer, kept empty (its sequence and epoch are producer
+//!    state). A batch that keeps every record and needs no horizon stays byte
+//!    for byte; otherwise it is re-encoded with its base offset, last offset
+//!    delta, producer id/epoch, base sequence and leader epoch kept and a new
+//!    CRC-32C.
+//!
+//! Every decision depends only on the batches and [`CleanParams`], so two
+//! replicas holding the same bytes and given the same parameters produce the
+//! same cleaned bytes.
+
+use std::collections::{HashMap, HashSet};
+
+use bytes::{Bytes, BytesMut};
+
+use crate::batch::{self, BatchHeader, BATCH_HEADER_LEN, LOG_OVERHEAD};
+use crate::error::BatchError;
+use crate::txn_state::AbortedTxn;
+
+/// Attribute bit of a batch whose baseTimestamp holds its delete horizon (KIP-534).
+pub const DELETE_HORIZON_BIT: i16 = 0x40;
+const COMPRESSION_MASK: i16 = 0x07;
+const TIMESTAMP_TYPE_BIT: i16 = 0x08;
+
+/// The inputs of one cleaning pass besides the batches.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CleanParams {
+    /// The pass's clock: tombstones and markers whose horizon is at or
+    /// before it go; new horizons are `now_ms + delete_retention_ms`.
+    pub now_ms: i64,
+    /// `delete.retention.ms`.
+    pub delete_retention_ms: i64,
+}
+
+/// One record of a batch, decoded.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Record {
+    pub attributes: i8,
+    pub timestamp: i64,
+    pub offset: i64,
+    pub key: Option<Bytes>,
+    pub value: Option<Bytes>,
+    /// The headers as stored (count and entries), copied through.
+    pub headers: Bytes,
+}
+
+fn corrupt(what: &'static str) -> BatchError {
+    BatchError::Corrupt(what)
+}
+
+fn read_varlong(buf: &[u8], at: &mut usize) -> Result<i64, BatchError> {
+    let mut value: u64 = 0;
+    for shift in (0..70).step_by(7) {
+        let byte = *buf.get(*at).ok_or(corrupt("truncated varint"))?;
+        *at += 1;
+        value |= ((byte & 0x7f) as u64) << shift;
+        if byte & 0x80 == 0 {
+            return Ok(((value >> 1) as i64) ^ -((value & 1) as i64));
+        }
+    }
+    Err(corrupt("varint too long"))
+}
+
+fn write_varlong(out: &mut Vec<u8>, v: i64) {
+    let mut z = ((v << 1) ^ (v >> 63)) as u64;
+    while z >= 0x80 {
+        out.push((z as u8) | 0x80);
+        z >>= 7;
+    }
+    out.push(z as u8);
+}
+
+fn read_bytes(buf: &Bytes, at: &mut usize) -> Result<Option<Bytes>, BatchError> {
+    let len = read_varlong(buf, at)?;
+    if len < 0 {
+        return Ok(None);
+    }
+    let end = at
+        .checked_add(len as usize)
+        .filter(|e| *e <= buf.len())
+        .ok_or(corrupt("record field past its end"))?;
+    let b = buf.slice(*at..end);
+    *at = end;
+    Ok(Some(b))
+}
+
+/// The records section of a batch, decompressed.
+fn records_section(header: &BatchHeader, batch: &[u8]) -> Result<Bytes, BatchError> {
+    let raw = Bytes::copy_from_slice(&batch[BATCH_HEADER_LEN..]);
+    use kafka_protocol::compression::Decompressor;
+    let out: anyhow::Result<Bytes> = match header.compression_codec() {
+        0 => Ok(raw),
+        1 => kafka_protocol::compression::Gzip::decompress(&mut raw.clone(), |b: &mut Bytes| {
+            Ok(b.clone())
+        }),
+        2 => kafka_protocol::compression::Snappy::decompress(&mut raw.clone(), |b: &mut Bytes| {
+            Ok(b.clone())
+        }),
+        3 => kafka_protocol::compression::Lz4::decompress(&mut raw.clone(), |b: &mut Bytes| {
+            Ok(b.clone())
+        }),
+        4 => kafka_protocol::compression::Zstd::decompress(&mut raw.clone(), |b: &mut Bytes| {
+            Ok(b.clone())
+        }),
+        _ => return Err(corrupt("unknown compression codec")),
+    };
+    out.map_err(|_| corrupt("records do not decompress"))
+}
+
+fn compress(codec: i16, plain: Vec<u8>) -> Result<Vec<u8>, BatchError> {
+    use kafka_protocol::compression::Compressor;
+    let mut out = BytesMut::new();
+    let fill = |b: &mut BytesMut| -> anyhow::Result<()> {
+        b.extend_from_slice(&plain);
+        Ok(())
+    };
+    let done = match codec {
+        0 => return Ok(plain),
+        1 => kafka_protocol::compression::Gzip::compress(&mut out, fill),
+        2 => kafka_protocol::compression::Snappy::compress(&mut out, fill),
+        3 => kafka_protocol::compression::Lz4::compress(&mut out, fill),
+        4 => kafka_protocol::compression::Zstd::compress(&mut out, fill),
+        _ => return Err(corrupt("unknown compression codec")),
+    };
+    done.map_err(|_| corrupt("records do not compress"))?;
+    Ok(out.to_vec())
+}
+
+/// Decodes every record of a stored (valid) batch, decompressing it.
+pub fn decode_records(batch: &[u8]) -> Result<Vec<Record>, BatchError> {
+    let header = batch::parse_header(batch)?;
+    if header.total_len() != batch.len() {
+        return Err(corrupt("batchLength does not match the batch size"));
+    }
+    let section = records_section(&header, batch)?;
+    let mut at = 0usize;
+    let count = header.record_count.max(0) as usize;
+    let mut out = Vec::with_capacity(count.min(section.len()));
+    for _ in 0..count {
+        let len = read_varlong(&section, &mut at)?;
+        let end = at
+            .checked_add(usize::try_from(len).map_err(|_| corrupt("negative record length"))?)
+            .filter(|e| *e <= section.len())
+            .ok_or(corrupt("record past the batch end"))?;
+        let body = section.slice(at..end);
+        let mut i = 0usize;
+        let attributes = *body.first().ok_or(corrupt("empty record"))? as i8;
+        i += 1;
+        let ts_delta = read_varlong(&body, &mut i)?;
+        let offset_delta = read_varlong(&body, &mut i)?;
+        let key = read_bytes(&body, &mut i)?;
+        let value = read_bytes(&body, &mut i)?;
+        let headers = body.slice(i..);
+        out.push(Record {
+            attributes,
+            timestamp: header.base_timestamp.wrapping_add(ts_delta),
+            offset: header.base_offset.wrapping_add(offset_delta),
+            key,
+            value,
+            headers,
+        });
+        at = end;
+    }
+    Ok(out)
+}
+
+fn encode_record(out: &mut Vec<u8>, r: &Record, base_offset: i64, base_timestamp: i64) {
+    let mut body = Vec::with_capacity(
+        16 + r.key.as_ref().map_or(0, |k| k.len())
+            + r.value.as_ref().map_or(0, |v| v.len())
+            + r.headers.len(),
+    );
+    body.push(r.attributes as u8);
+    write_varlong(&mut body, r.timestamp.wrapping_sub(base_timestamp));
+    write_varlong(&mut body, r.offset.wrapping_sub(base_offset));
+    for field in [&r.key, &r.value] {
+        match field {
+            Some(b) => {
+                write_varlong(&mut body, b.len() as i64);
+                body.extend_from_slice(b);
+            }
+            None => write_varlong(&mut body, -1),
+        }
+    }
+    body.extend_from_slice(&r.headers);
+    write_varlong(out, body.len() as i64);
+    out.extend_from_slice(&body);
+}
+
+/// Re-encodes a batch holding `records` (a subset of `original`'s, in
+/// order): base offset, last offset delta, leader epoch, producer fields,
+/// compression and flags kept as in `original` (Kafka's
+/// `buildRetainedRecordsInto` with `overrideLastOffset`), the delete horizon
+/// stamped when given, maxTimestamp recomputed (kept for LogAppendTime),
+/// CRC-32C recomputed. With no records this is Kafka's retained empty batch
+/// (`writeEmptyHeader`): uncompressed, base and max timestamp = the
+/// original's max timestamp.
+pub fn encode_batch(
+    original: &BatchHeader,
+    records: &[Record],
+    delete_horizon: Option<i64>,
+) -> Result<Vec<u8>, BatchError> {
+    let log_append = original.is_log_append_time();
+    let mut attributes = original.attributes;
+    let (base_timestamp, max_timestamp, section) = if records.is_empty() {
+        attributes &= !COMPRESSION_MASK;
+        let ts = original.max_timestamp;
+        (ts, ts, Vec::new())
+    } else {
+        let base_timestamp = match delete_horizon.or_else(|| {
+            (original.attributes & DELETE_HORIZON_BIT != 0).then_some(original.base_timestamp)
+        }) {
+            Some(h) => h,
+            None => records[0].timestamp,
+        };
+        let max_timestamp = if log_append {
+            original.max_timestamp
+        } else {
+            records.iter().map(|r| r.timestamp).max().unwrap_or(-1)
+        };
+        let mut plain = Vec::new();
+        for r in records {
+            encode_record(&mut plain, r, original.base_offset, base_timestamp);
+        }
+        let section = compress(original.compression_codec(), plain)?;
+        (base_timestamp, max_timestamp, section)
+    };
+    if delete_horizon.is_some() && !records.is_empty() {
+        attributes |= DELETE_HORIZON_BIT;
+    }
+    let _ = TIMESTAMP_TYPE_BIT;
+    let mut b = Vec::with_capacity(BATCH_HEADER_LEN + section.len());
+    b.extend_from_slice(&original.base_offset.to_be_bytes());
+    b.extend_from_slice(&0i32.to_be_bytes()); // batchLength, below
+    b.extend_from_slice(&original.partition_leader_epoch.to_be_bytes());
+    b.push(2);
+    b.extend_from_slice(&0u32.to_be_bytes()); // crc, below
+    b.extend_from_slice(&attributes.to_be_bytes());
+    b.extend_from_slice(&original.last_offset_delta.to_be_bytes());
+    b.extend_from_slice(&base_timestamp.to_be_bytes());
+    b.extend_from_slice(&max_timestamp.to_be_bytes());
+    b.extend_from_slice(&original.producer_id.to_be_bytes());
+    b.extend_from_slice(&original.producer_epoch.to_be_bytes());
+    b.extend_from_slice(&original.base_sequence.to_be_bytes());
+    b.extend_from_slice(&(records.len() as i32).to_be_bytes());
+    b.extend_from_slice(&section);
+    let len = (b.len() - LOG_OVERHEAD) as i32;
+    b[8..12].copy_from_slice(&len.to_be_bytes());
+    let crc = batch::compute_crc(&b);
+    b[17..21].copy_from_slice(&crc.to_be_bytes());
+    Ok(b)
+}
+
+/// The batch's delete horizon, if a previous pass stamped one.
+pub fn delete_horizon(header: &BatchHeader) -> Option<i64> {
+    (header.attributes & DELETE_HORIZON_BIT != 0).then_some(header.base_timestamp)
+}
+
+/// Kafka's `CleanedTransactionMetadata`: which transactional batches of a
+/// partition belong to aborted transactions, and whether a marker's
+/// transaction still has batches in the pass. Fed in offset order.
+#[derive(Default, Debug, Clone)]
+struct TxnTracker {
+    /// Aborted transactions not reached yet, by first offset (reversed: pop from the end).
+    pending_aborted: Vec<AbortedTxn>,
+    /// Producer -> an aborted transaction in progress, and whether one of its batches was seen.
+    ongoing_aborted: HashMap<i64, bool>,
+    ongoing_committed: HashSet<i64>,
+}
+
+impl TxnTracker {
+    fn new(mut aborted: Vec<AbortedTxn>) -> TxnTracker {
+        aborted.sort_by_key(|a| std::cmp::Reverse(a.first_offset));
+        TxnTracker {
+            pending_aborted: aborted,
+            ..TxnTracker::default()
+        }
+    }
+
+    fn consume_aborted_up_to(&mut self, offset: i64) {
+        while self
+            .pending_aborted
+            .last()
+            .is_some_and(|a| a.first_offset <= offset)
+        {
+            let a = self.pending_aborted.pop().unwrap();
+            self.ongoing_aborted.insert(a.producer_id, false);
+        }
+    }
+
+    /// A data batch: true when it belongs to an aborted transaction.
+    fn on_batch(&mut self, h: &BatchHeader) -> bool {
+        self.consume_aborted_up_to(h.last_offset());
+        if !h.is_transactional() {
+            return false;
+        }
+        match self.ongoing_aborted.get_mut(&h.producer_id) {
+            Some(seen) => {
+                *seen = true;
+                true
+            }
+            None => {
+                self.ongoing_committed.insert(h.producer_id);
+                false
+            }
+        }
+    }
+
+    /// A control batch: true when no batch of its transaction is left in
+    /// the pass (the marker may go once past its horizon).
+    fn on_control(&mut self, h: &BatchHeader, commit: bool) -> bool {
+        self.consume_aborted_up_to(h.last_offset());
+        if commit {
+            !self.ongoing_committed.remove(&h.producer_id)
+        } else {
+            !matches!(self.ongoing_aborted.remove(&h.producer_id), Some(true))
+        }
+    }
+}
+
+/// Per partition, the offset of the last record of each key among the
+/// batches of a pass.
+#[derive(Default, Debug, Clone)]
+pub struct OffsetMap {
+    latest: HashMap<u32, HashMap<Bytes, i64>>,
+}
+
+impl OffsetMap {
+    /// Reads `batches` (`(partition, batch bytes)`, each partition's in
+    /// offset order) with each partition's aborted transactions.
+    pub fn build<'a>(
+        batches: impl IntoIterator<Item = (u32, &'a [u8])>,
+        aborted: &HashMap<u32, Vec<AbortedTxn>>,
+    ) -> Result<OffsetMap, BatchError> {
+        let mut builder = OffsetMapBuilder::new(aborted);
+        for (p, bytes) in batches {
+            builder.add(p, bytes)?;
+        }
+        Ok(builder.finish())
+    }
+
+    /// The offset of the last record of `key` in `partition`.
+    pub fn get(&self, partition: u32, key: &[u8]) -> Option<i64> {
+        self.latest.get(&partition)?.get(key).copied()
+    }
+
+    /// Number of distinct keys over all partitions.
+    pub fn len(&self) -> usize {
+        self.latest.values().map(HashMap::len).sum()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Builds an [`OffsetMap`] one batch at a time (so a pass never holds the
+/// segments in memory).
+pub struct OffsetMapBuilder<'a> {
+    map: OffsetMap,
+    txns: HashMap<u32, TxnTracker>,
+    aborted: &'a HashMap<u32, Vec<AbortedTxn>>,
+}
+
+impl<'a> OffsetMapBuilder<'a> {
+    pub fn new(aborted: &'a HashMap<u32, Vec<AbortedTxn>>) -> OffsetMapBuilder<'a> {
+        OffsetMapBuilder {
+            map: OffsetMap::default(),
+            txns: HashMap::new(),
+            aborted,
+        }
+    }
+
+    /// The next batch of `partition` (in offset order).
+    pub fn add(&mut self, p: u32, bytes: &[u8]) -> Result<(), BatchError> {
+        let h = batch::parse_header(bytes)?;
+        let aborted = self.aborted;
+        let tracker = self
+            .txns
+            .entry(p)
+            .or_insert_with(|| TxnTracker::new(aborted.get(&p).cloned().unwrap_or_default()));
+        if h.is_control() {
+            tracker.on_control(&h, batch::control_marker_is_commit(bytes) == Some(true));
+            return Ok(());
+        }
+        if tracker.on_batch(&h) {
+            return Ok(());
+        }
+        let keys = self.map.latest.entry(p).or_default();
+        for r in decode_records(bytes)? {
+            if let Some(k) = r.key {
+                keys.insert(k, r.offset);
+            }
+        }
+        Ok(())
+    }
+
+    pub fn finish(self) -> OffsetMap {
+        self.map
+    }
+}
+
+/// What becomes of one stored batch.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Cleaned {
+    /// Written as it was.
+    Keep,
+    /// Removed.
+    Drop,
+    /// Replaced by these bytes (some records removed, or a horizon stamped).
+    Rewrite(Vec<u8>),
+}
+
+/// The second half of a pass: the decision for each batch, in offset order.
+pub struct Pass<'m> {
+    map: &'m OffsetMap,
+    params: CleanParams,
+    /// `(partition, producer id)` -> last offset of the producer's last
+    /// batch in the partition (its producer state): that batch is kept,
+    /// empty if need be.
+    last_batches: &'m HashMap<(u32, i64), i64>,
+    txns: HashMap<u32, TxnTracker>,
+    aborted: &'m HashMap<u32, Vec<AbortedTxn>>,
+}
+
+impl<'m> Pass<'m> {
+    pub fn new(
+        map: &'m OffsetMap,
+        params: CleanParams,
+        last_batches: &'m HashMap<(u32, i64), i64>,
+        aborted: &'m HashMap<u32, Vec<AbortedTxn>>,
+    ) -> Pass<'m> {
+        Pass {
+            map,
+            params,
+            last_batches,
+            txns: HashMap::new(),
+            aborted,
+        }
+    }
+
+    /// Decides one batch (Kafka's `LogCleaner` filter and `MemoryRecords.filterTo`).
+    pub fn clean_batch(&mut self, partition: u32, bytes: &[u8]) -> Result<Cleaned, BatchError> {
+        let h = batch::parse_header(bytes)?;
+        let aborted = self.aborted;
+        let tracker = self.txns.entry(partition).or_insert_with(|| {
+            TxnTracker::new(aborted.get(&partition).cloned().unwrap_or_default())
+        });
+        let horizon = delete_horizon(&h);
+        let past_horizon = horizon.is_some_and(|t| t <= self.params.now_ms);
+        let new_horizon = self
+            .params
+            .now_ms
+            .saturating_add(self.params.delete_retention_ms);
+        let last_of_producer = h.producer_id >= 0
+            && self.last_batches.get(&(partition, h.producer_id)) == Some(&h.last_offset());
+        if h.is_control() {
+            let commit = batch::control_marker_is_commit(bytes) == Some(true);
+            let txn_empty = tracker.on_control(&h, commit);
+            if txn_empty && past_horizon && !last_of_producer {
+                return Ok(Cleaned::Drop);
+            }
+            if txn_empty && horizon.is_none() {
+                // The marker of an emptied transaction: stamp its horizon.
+                let records = decode_records(bytes)?;
+                return Ok(Cleaned::Rewrite(encode_batch(
+                    &h,
+                    &records,
+                    Some(new_horizon),
+                )?));
+            }
+            return Ok(Cleaned::Keep);
+        }
+        let aborted_batch = tracker.on_batch(&h);
+        let records = decode_records(bytes)?;
+        let total = records.len();
+        let kept: Vec<Record> = if aborted_batch {
+            Vec::new()
+        } else {
+            records
+                .into_iter()
+                .filter(|r| {
+                    let Some(key) = &r.key else { return false };
+                    let latest = self
+                        .map
+                        .get(partition, key)
+                        .is_none_or(|found| r.offset >= found);
+                    latest && (r.value.is_some() || !past_horizon)
+                })
+                .collect()
+        };
+        if kept.is_empty() {
+            if last_of_producer {
+                if total == 0 && h.record_count == 0 {
+                    return Ok(Cleaned::Keep);
+                }
+                return Ok(Cleaned::Rewrite(encode_batch(&h, &[], None)?));
+            }
+            return Ok(Cleaned::Drop);
+        }
+        let has_tombstones = kept.iter().any(|r| r.value.is_none());
+        let stamp = has_tombstones && horizon.is_none();
+        if kept.len() == total && !stamp {
+            return Ok(Cleaned::Keep);
+        }
+        Ok(Cleaned::Rewrite(encode_batch(
+            &h,
+            &kept,
+            stamp.then_some(new_horizon),
+        )?))
+    }
+}
+
+/// What the planner of a pass knows about one sealed segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentStat {
+    pub seq: u32,
+    pub size: u64,
+    /// Largest timestamp of its batches (-1 when it holds none).
+    pub max_timestamp: i64,
+    /// Every batch in it is below its partition's last stable offset (no
+    /// open transaction reaches into it).
+    pub stable: bool,
+}
+
+/// The topic's cleaning configs, and the clock.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct CleanPolicy {
+    pub now_ms: i64,
+    /// `min.compaction.lag.ms`: a segment with a record younger than this is not cleaned yet.
+    pub min_compaction_lag_ms: i64,
+    /// `min.cleanable.dirty.ratio`.
+    pub min_cleanable_dirty_ratio: f64,
+}
+
+/// Which sealed segments a pass cleans (Kafka's `LogCleanerManager`
+/// choice, per range): the oldest-first run of sealed segments that are
+/// stable and older than `min.compaction.lag.ms`; cleaned only when the
+/// bytes at or above `first_dirty_seq` (not cleaned since they were
+/// written) are at least `min.cleanable.dirty.ratio` of that run's bytes.
+/// Returns the sequence of the last segment to clean.
+pub fn plan_pass(
+    segments: &[SegmentStat],
+    first_dirty_seq: u32,
+    policy: &CleanPolicy,
+) -> Option<u32> {
+    let horizon = policy
+        .now_ms
+        .saturating_sub(policy.min_compaction_lag_ms.max(0));
+    let cleanable: Vec<&SegmentStat> = segments
+        .iter()
+        .take_while(|s| s.stable && s.max_timestamp <= horizon)
+        .collect();
+    let last = cleanable.last()?;
+    let total: u64 = cleanable.iter().map(|s| s.size).sum();
+    let dirty: u64 = cleanable
+        .iter()
+        .filter(|s| s.seq >= first_dirty_seq)
+        .map(|s| s.size)
+        .sum();
+    if dirty == 0 || total == 0 {
+        return None;
+    }
+    let ratio = dirty as f64 / total as f64;
+    (ratio >= policy.min_cleanable_dirty_ratio).then_some(last.seq)
+}
+
+/// How long to wait after `bytes` were read or written in `elapsed` to stay
+/// under `rate` bytes per second (`log.cleaner.io.max.bytes.per.second`).
+pub fn throttle_delay(bytes: u64, elapsed: std::time::Duration, rate: f64) -> std::time::Duration {
+    if !(rate.is_finite() && rate > 0.0) {
+        return std::time::Duration::ZERO;
+    }
+    let due = bytes as f64 / rate;
+    let left = due - elapsed.as_secs_f64();
+    if left > 0.0 {
+        std::time::Duration::from_secs_f64(left.min(3600.0))
+    } else {
+        std::time::Duration::ZERO
+    }
+}
+
+#[cfg(test)]
+mod tests;
+
+/// Builders for tests in this and other crates.
+#[doc(hidden)]
+pub mod testing {
+    use super::*;
+
+    /// An uncompressed batch of `(key, value)` records (value `None`: a
+    /// tombstone) at base offset 0 with `timestamp`, no producer id.
+    pub fn keyed_batch(records: &[(&[u8], Option<&[u8]>)], timestamp: i64) -> Vec<u8> {
+        let header = BatchHeader {
+            base_offset: 0,
+            batch_length: 0,
+            partition_leader_epoch: -1,
+            magic: 2,
+            crc: 0,
+            attributes: 0,
+            last_offset_delta: records.len() as i32 - 1,
+            base_timestamp: timestamp,
+            max_timestamp: timestamp,
+            producer_id: -1,
+            producer_epoch: -1,
+            base_sequence: -1,
+            record_count: records.len() as i32,
+        };
+        let records: Vec<Record> = records
+            .iter()
+            .enumerate()
+            .map(|(i, (k, v))| Record {
+                attributes: 0,
+                timestamp,
+                offset: i as i64,
+                key: Some(Bytes::copy_from_slice(k)),
+                value: v.map(Bytes::copy_from_slice),
+                headers: Bytes::from_static(&[0]),
+            })
+            .collect();
+        encode_batch(&header, &records, None).expect("uncompressed encoding")
+    }
+}
