@@ -1215,6 +1215,9 @@ impl RangeLog {
     /// shutdown: the active segment is fsynced and the producer state
     /// snapshotted at the log end, so the next open replays nothing.
     pub fn close(&self) {
+        // A cleaner's segment swap in progress finishes first; later ones
+        // see the log closed and stop (the directory may be reopened).
+        let _files = self.files.lock();
         let mut inner = self.inner.lock();
         let was = std::mem::replace(&mut inner.state, WriteState::Closed);
         if was == WriteState::Open && !self.options.sealed && !self.failed.load(Ordering::Relaxed) {
@@ -1265,6 +1268,7 @@ impl RangeLog {
 
     /// Closes the log and removes its files.
     pub fn delete(&self) -> Result<(), LogError> {
+        let _files = self.files.lock();
         self.inner.lock().state = WriteState::Closed;
         self.flush_wanted.notify_one();
         match std::fs::remove_dir_all(&self.options.dir) {

@@ -16,7 +16,7 @@ use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use super::{now_ms, RangeLog};
+use super::{now_ms, RangeLog, WriteState};
 use crate::cleaner::{CleanParams, Cleaned, OffsetMapBuilder, Pass, SegmentStat};
 use crate::error::LogError;
 use crate::segment::{self, IndexEntry, Segment, FRAME_HEADER_LEN};
@@ -238,13 +238,20 @@ impl RangeLog {
     /// removed it meanwhile. Serialized with retention by `files`.
     fn swap_in(&self, s: &Snapshot, copy: &Path) -> Result<bool, LogError> {
         let _files = self.files.lock();
+        let dir = &self.options.dir;
+        if self.inner.lock().state == WriteState::Closed {
+            // Closed (shutdown, or the range deleted) while this pass ran:
+            // the directory is not this log's any more. The copy may be
+            // gone already (a reopen removes stray copies).
+            let _ = std::fs::remove_file(copy);
+            return Err(LogError::Closed);
+        }
         let still_there = self
             .inner
             .lock()
             .segments
             .iter()
             .any(|seg| seg.seq == s.seq && Arc::ptr_eq(&seg.file, &s.file));
-        let dir = &self.options.dir;
         if !still_there {
             std::fs::remove_file(copy)?;
             return Ok(false);
