@@ -15,10 +15,12 @@ import urllib.request
 from pathlib import Path
 
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import ConfigResource
 
 import procguard
 from conftest import Broker, free_port, tessera_bin
 from helpers import admin, create_topic
+from tls_setup import needs_openssl, sasl_ssl_conf, start_tls_broker
 
 MIGRATION = {"migration.append.enable": "true"}
 
@@ -298,3 +300,123 @@ def test_continuous_until_cutover_then_consumers_switch(broker_factory):
     c.close()
     values = [v for _, _, v in seen]
     assert len(values) == len(set(values)) == len(produced), (len(values), len(set(values)), len(produced))
+
+
+def watermarks(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, int]]:
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": "watermarks"})
+    try:
+        return [c.get_watermark_offsets(TopicPartition(topic, p), timeout=10, cached=False)
+                for p in range(partitions)]
+    finally:
+        c.close()
+
+
+def stable_records(bootstrap: str, topic: str, partitions: int, below: int,
+                   timeout: float = 240) -> list[tuple]:
+    """Reads the topic until the cleaner has left fewer than `below` records
+    and two reads in a row agree (no pass is running); returns them."""
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        records = consume_all(bootstrap, topic, partitions, idle=2)
+        if len(records) < below and records == last:
+            return records
+        last = records
+        time.sleep(1)
+    raise AssertionError(f"{topic} not compacted below {below}: {len(last or [])} records")
+
+
+def test_compacted_source_keeps_its_offset_gaps(broker_factory):
+    """A compacted source (gaps between offsets, tombstones, transaction
+    markers) arrives with every record at its offset and nothing else."""
+    source = broker_factory(overrides={"log.cleaner.backoff.ms": "100"})
+    # The target's cleaner stays off until the copy is verified (a pass in
+    # between would make the target hold less than the source).
+    target = broker_factory(overrides={**MIGRATION, "log.cleaner.enable": "false"})
+    topic, partitions, keys = "compacted", 2, 200
+    create_topic(source, topic, partitions, config={
+        "cleanup.policy": "compact", "segment.bytes": str(16 * 1024),
+        "segment.ms": "500", "min.cleanable.dirty.ratio": "0.01",
+    })
+    p = Producer({"bootstrap.servers": source.bootstrap, "linger.ms": 5,
+                  "enable.idempotence": True})
+    for i in range(20_000):
+        p.produce(topic, key=f"k{i % keys}".encode(), value=f"v{i}".encode())
+        if i % 5_000 == 0:
+            p.flush(30)
+    for i in range(0, keys, 10):
+        p.produce(topic, key=f"k{i}".encode(), value=None)
+    p.flush(30)
+    t = Producer({"bootstrap.servers": source.bootstrap, "transactional.id": "tx-compacted"})
+    t.init_transactions(30)
+    t.begin_transaction()
+    t.produce(topic, key=b"aborted", value=b"x")
+    t.flush(30)
+    t.abort_transaction(30)
+    t.begin_transaction()
+    t.produce(topic, key=b"committed", value=b"y")
+    t.commit_transaction(30)
+    # Rolls happen on appends: a trickle after segment.ms seals the tail.
+    time.sleep(0.6)
+    for i in range(partitions * 4):
+        p.produce(topic, key=b"trickle", value=str(i).encode(), partition=i % partitions)
+    p.flush(30)
+
+    before = stable_records(source.bootstrap, topic, partitions, below=5_000)
+    offsets = [o for (_, o, _, _) in before]
+    assert len(set(offsets)) < max(offsets), "no gap left by compaction"
+    done = migrate("--source", source.bootstrap, "--target", target.bootstrap,
+                   "--topics", topic, "--groups", "")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "counts and checksums match" in done.stdout
+
+    assert consume_all(target.bootstrap, topic, partitions) == before
+    assert watermarks(target.bootstrap, topic, partitions) == watermarks(
+        source.bootstrap, topic, partitions)
+    target_admin = admin(target)
+    policy = target_admin.describe_configs([ConfigResource(ConfigResource.Type.TOPIC, topic)])
+    entries = list(policy.values())[0].result(timeout=30)
+    assert entries["cleanup.policy"].value == "compact"
+
+
+@needs_openssl
+def test_source_over_sasl_ssl_with_scram(broker_factory, tmp_path):
+    """The migrator reaches a source over SASL_SSL (SCRAM-SHA-512, the CA
+    from ssl.ca.location); a wrong password fails cleanly, writing nothing."""
+    source = start_tls_broker(broker_factory, tmp_path)
+    target = broker_factory(overrides=MIGRATION)
+    topic = "secured"
+    create_topic(source, topic, 2)
+    conf = sasl_ssl_conf(source)
+    p = Producer({**conf, "acks": "all"})
+    for i in range(500):
+        p.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode())
+    assert p.flush(30) == 0
+    c = Consumer({**conf, "group.id": "g-secured"})
+    c.commit(offsets=[TopicPartition(topic, 0, 7, "meta")], asynchronous=False)
+    c.close()
+    security = ["--source-config", "security.protocol=SASL_SSL",
+                "--source-config", "sasl.mechanism=SCRAM-SHA-512",
+                "--source-config", "sasl.username=bob",
+                "--source-config", f"ssl.ca.location={source.certs / 'ca.pem'}"]
+    sasl_ssl = f"{source.host}:{source.sasl_ssl_port}"
+
+    wrong = migrate("--source", sasl_ssl, "--target", target.bootstrap, "--topics", topic,
+                    *security, "--source-config", "sasl.password=wrong")
+    assert wrong.returncode != 0
+    assert "SaslAuthenticate" in wrong.stderr, wrong.stderr
+    md = admin(target).list_topics(timeout=10)
+    assert topic not in md.topics
+
+    done = migrate("--source", sasl_ssl, "--target", target.bootstrap, "--topics", topic,
+                   "--groups", "g-secured", *security,
+                   "--source-config", "sasl.password=bob-secret")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "counts and checksums match" in done.stdout
+    got = consume_all(target.bootstrap, topic, 2)
+    assert sorted((k, v) for (_, _, k, v) in got) == sorted(
+        (f"k{i}".encode(), f"v{i}".encode()) for i in range(500))
+    g = Consumer({"bootstrap.servers": target.bootstrap, "group.id": "g-secured"})
+    [committed] = g.committed([TopicPartition(topic, 0)], timeout=10)
+    assert (committed.offset, committed.metadata) == (7, "meta")
+    g.close()

@@ -10,19 +10,27 @@
 //! and tessera's private MigrateAppend.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader,
+    ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, SaslAuthenticateRequest,
+    SaslHandshakeRequest,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use super::security::{ClientSecurity, Mechanism};
 use crate::api::migrate_append;
 use crate::error::MigrateError;
+use crate::sasl::scram;
+
+/// A TCP or TLS stream.
+trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
+impl<T: AsyncRead + AsyncWrite + Unpin + Send> Stream for T {}
 
 /// Largest response accepted.
 const MAX_RESPONSE_BYTES: usize = 256 << 20;
@@ -46,6 +54,8 @@ fn our_versions(key: ApiKey) -> (i16, i16) {
         // v8+ batches groups.
         ApiKey::OffsetFetch => (2, 7),
         ApiKey::OffsetCommit => (2, 8),
+        ApiKey::SaslHandshake => (1, 1),
+        ApiKey::SaslAuthenticate => (0, 2),
         _ => (0, 0),
     }
 }
@@ -53,25 +63,57 @@ fn our_versions(key: ApiKey) -> (i16, i16) {
 /// One connection to one broker.
 pub struct Conn {
     addr: String,
-    stream: TcpStream,
+    stream: Box<dyn Stream>,
     versions: HashMap<i16, (i16, i16)>,
     correlation: i32,
+    security: Arc<ClientSecurity>,
 }
 
 impl Conn {
-    /// Connects to `addr` (`host:port`) and asks which versions it serves.
+    /// Connects to `addr` (`host:port`) over PLAINTEXT and asks which
+    /// versions it serves.
     pub async fn connect(addr: &str) -> Result<Conn, MigrateError> {
-        let io = |e: std::io::Error| MigrateError::Connect(addr.to_string(), e.to_string());
-        let stream = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(addr))
+        Conn::connect_with(addr, Arc::default()).await
+    }
+
+    /// Another connection, to `addr` in the same cluster, secured as this one.
+    pub async fn open(&self, addr: &str) -> Result<Conn, MigrateError> {
+        Conn::connect_with(addr, self.security.clone()).await
+    }
+
+    /// Connects to `addr` with TLS and SASL as `security` asks, and asks
+    /// which versions it serves.
+    pub async fn connect_with(
+        addr: &str,
+        security: Arc<ClientSecurity>,
+    ) -> Result<Conn, MigrateError> {
+        let fail = |e: String| MigrateError::Connect(addr.to_string(), e);
+        let tcp = tokio::time::timeout(REQUEST_TIMEOUT, TcpStream::connect(addr))
             .await
-            .map_err(|_| MigrateError::Connect(addr.to_string(), "timed out".into()))?
-            .map_err(io)?;
-        let _ = stream.set_nodelay(true);
+            .map_err(|_| fail("timed out".into()))?
+            .map_err(|e| fail(e.to_string()))?;
+        let _ = tcp.set_nodelay(true);
+        let stream: Box<dyn Stream> = match &security.tls {
+            Some(config) => {
+                let host = addr.rsplit_once(':').map_or(addr, |(h, _)| h);
+                let host = host.trim_start_matches('[').trim_end_matches(']');
+                let name = tokio_rustls::rustls::pki_types::ServerName::try_from(host.to_string())
+                    .map_err(|e| fail(format!("server name {host:?}: {e}")))?;
+                let tls = tokio_rustls::TlsConnector::from(config.clone());
+                let stream = tokio::time::timeout(REQUEST_TIMEOUT, tls.connect(name, tcp))
+                    .await
+                    .map_err(|_| fail("TLS handshake timed out".into()))?
+                    .map_err(|e| fail(format!("TLS handshake: {e}")))?;
+                Box::new(stream)
+            }
+            None => Box::new(tcp),
+        };
         let mut conn = Conn {
             addr: addr.to_string(),
             stream,
             versions: HashMap::new(),
             correlation: 0,
+            security,
         };
         // v0 is understood by every broker (KIP-511).
         let response: ApiVersionsResponse = conn
@@ -92,7 +134,72 @@ impl Conn {
             .iter()
             .map(|k| (k.api_key, (k.min_version, k.max_version)))
             .collect();
+        if let Some((mechanism, user, password)) = conn.security.sasl.clone() {
+            conn.authenticate(mechanism, &user, &password).await?;
+        }
         Ok(conn)
+    }
+
+    /// SaslHandshake v1, then SaslAuthenticate (KIP-152).
+    async fn authenticate(
+        &mut self,
+        mechanism: Mechanism,
+        user: &str,
+        password: &str,
+    ) -> Result<(), MigrateError> {
+        let handshake = self
+            .call(
+                &SaslHandshakeRequest::default()
+                    .with_mechanism(StrBytes::from_static_str(mechanism.name())),
+            )
+            .await?;
+        if handshake.error_code != 0 {
+            let enabled: Vec<String> = handshake.mechanisms.iter().map(|m| m.to_string()).collect();
+            return Err(self.broker_error(
+                &format!("SaslHandshake {} (it enables {enabled:?})", mechanism.name()),
+                handshake.error_code,
+                None,
+            ));
+        }
+        match mechanism {
+            Mechanism::Plain => {
+                self.sasl_step(format!("\0{user}\0{password}").into_bytes())
+                    .await?;
+            }
+            Mechanism::Scram(m) => {
+                let saslname = user.replace('=', "=3D").replace(',', "=2C");
+                let bare = format!("n={saslname},r={}", scram::fresh_nonce());
+                let first = self.sasl_step(format!("n,,{bare}").into_bytes()).await?;
+                let first = String::from_utf8(first)
+                    .map_err(|_| self.sasl_error("a server-first message that is not UTF-8"))?;
+                let (last, expected) = scram::client_final_message(m, password, &bare, &first)
+                    .map_err(|e| self.sasl_error(&e.to_string()))?;
+                let fin = self.sasl_step(last.into_bytes()).await?;
+                if fin != expected {
+                    return Err(self.sasl_error("the server's signature does not verify"));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// One SaslAuthenticate round: the server's answer bytes.
+    async fn sasl_step(&mut self, token: Vec<u8>) -> Result<Vec<u8>, MigrateError> {
+        let response = self
+            .call(&SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token)))
+            .await?;
+        if response.error_code != 0 {
+            return Err(self.broker_error(
+                "SaslAuthenticate",
+                response.error_code,
+                response.error_message.as_ref(),
+            ));
+        }
+        Ok(response.auth_bytes.to_vec())
+    }
+
+    fn sasl_error(&self, what: &str) -> MigrateError {
+        MigrateError::Connect(self.addr.clone(), format!("SASL: {what}"))
     }
 
     pub fn addr(&self) -> &str {
@@ -246,6 +353,8 @@ pub struct ClusterView {
     pub brokers: HashMap<i32, String>,
     /// `topic -> partition -> leader`, internal topics left out.
     pub topics: HashMap<String, Vec<i32>>,
+    /// How connections to this cluster are secured.
+    pub security: Arc<ClientSecurity>,
 }
 
 impl ClusterView {
@@ -262,13 +371,26 @@ impl ClusterView {
             .cloned()
             .ok_or_else(|| MigrateError::NoLeader(topic.to_string(), partition))
     }
+
+    /// A connection to `addr` in this cluster.
+    pub async fn connect(&self, addr: &str) -> Result<Conn, MigrateError> {
+        Conn::connect_with(addr, self.security.clone()).await
+    }
+
+    /// A connection to the leader of `topic`/`partition`.
+    pub async fn connect_leader(&self, topic: &str, partition: i32) -> Result<Conn, MigrateError> {
+        self.connect(&self.leader(topic, partition)?).await
+    }
 }
 
 /// A connection to any bootstrap server that answers.
-pub async fn bootstrap(servers: &str) -> Result<Conn, MigrateError> {
+pub async fn bootstrap(
+    servers: &str,
+    security: Arc<ClientSecurity>,
+) -> Result<Conn, MigrateError> {
     let mut last = MigrateError::Connect(servers.to_string(), "no bootstrap server".into());
     for server in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-        match Conn::connect(server).await {
+        match Conn::connect_with(server, security.clone()).await {
             Ok(c) => return Ok(c),
             Err(e) => last = e,
         }
@@ -294,7 +416,10 @@ pub async fn cluster_view(
         }))
         .with_allow_auto_topic_creation(false);
     let response: MetadataResponse = conn.call(&request).await?;
-    let mut view = ClusterView::default();
+    let mut view = ClusterView {
+        security: conn.security.clone(),
+        ..ClusterView::default()
+    };
     for b in &response.brokers {
         view.brokers
             .insert(b.node_id.0, format!("{}:{}", b.host, b.port));

@@ -25,7 +25,7 @@ use crate::error::MigrateError;
 pub async fn list(view: &ClusterView, pattern: &Regex) -> Result<Vec<String>, MigrateError> {
     let mut ids = BTreeSet::new();
     for addr in view.brokers.values() {
-        let mut conn = Conn::connect(addr).await?;
+        let mut conn = view.connect(addr).await?;
         let response = conn.call(&ListGroupsRequest::default()).await?;
         if response.error_code != 0 {
             return Err(conn.broker_error("ListGroups", response.error_code, None));
@@ -49,7 +49,9 @@ pub async fn coordinator(bootstrap: &mut Conn, group: &str) -> Result<Conn, Migr
             .with_key_type(0);
         let response = bootstrap.call(&request).await?;
         if response.error_code == 0 {
-            return Conn::connect(&format!("{}:{}", response.host, response.port)).await;
+            return bootstrap
+                .open(&format!("{}:{}", response.host, response.port))
+                .await;
         }
         last = Some(bootstrap.broker_error(
             &format!("FindCoordinator {group}"),

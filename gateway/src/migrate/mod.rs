@@ -18,6 +18,7 @@ pub mod groups;
 pub mod partition;
 pub mod plan;
 pub mod progress;
+pub mod security;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -35,6 +36,7 @@ use self::client::{ClusterView, Conn};
 use self::partition::Until;
 use self::plan::{GroupOffsets, Span, Verdict};
 use self::progress::Progress;
+use self::security::ClientSecurity;
 use crate::error::MigrateError;
 
 /// `tessera migrate` options.
@@ -47,6 +49,17 @@ pub struct MigrateArgs {
     /// `migration.append.enable=true`).
     #[arg(long, default_value = "127.0.0.1:9092")]
     pub target: String,
+    /// How to reach the source, in librdkafka's client keys, repeatable:
+    /// `security.protocol` (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL),
+    /// `sasl.mechanism` (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512),
+    /// `sasl.username`, `sasl.password`, `ssl.ca.location`,
+    /// `ssl.certificate.location`, `ssl.key.location`,
+    /// `ssl.endpoint.identification.algorithm` (https or none).
+    #[arg(long = "source-config", value_name = "KEY=VALUE")]
+    pub source_config: Vec<String>,
+    /// How to reach the target (keys as `--source-config`).
+    #[arg(long = "target-config", value_name = "KEY=VALUE")]
+    pub target_config: Vec<String>,
     /// Topics to copy: a regular expression matching whole names
     /// (internal topics are never copied).
     #[arg(long, default_value = ".*")]
@@ -115,10 +128,12 @@ pub async fn run(args: &MigrateArgs) -> Result<Report, MigrateError> {
         .transpose()
         .map_err(|e| MigrateError::Argument(format!("--groups: {e}")))?;
 
-    let mut source = client::bootstrap(source_servers).await?;
+    let source_security = Arc::new(ClientSecurity::parse("--source-config", &args.source_config)?);
+    let target_security = Arc::new(ClientSecurity::parse("--target-config", &args.target_config)?);
+    let mut source = client::bootstrap(source_servers, source_security).await?;
     let source_view = client::cluster_view(&mut source, None).await?;
     let topics = plan::select_topics(source_view.topics.keys(), &topic_re);
-    let mut target = client::bootstrap(&args.target).await?;
+    let mut target = client::bootstrap(&args.target, target_security).await?;
     let target_view = client::cluster_view(&mut target, Some(&topics)).await?;
 
     // Every check before any write.
@@ -143,10 +158,10 @@ pub async fn run(args: &MigrateArgs) -> Result<Report, MigrateError> {
             None => to_create.push(topic.clone()),
         }
         for partition in 0..count as i32 {
-            let mut s = Conn::connect(&source_view.leader(topic, partition)?).await?;
+            let mut s = source_view.connect_leader(topic, partition).await?;
             let span = partition::span(&mut s, topic, partition).await?;
             let next = if target_view.topics.contains_key(topic) {
-                let mut t = Conn::connect(&target_view.leader(topic, partition)?).await?;
+                let mut t = target_view.connect_leader(topic, partition).await?;
                 let target_span = partition::span(&mut t, topic, partition).await?;
                 let next = plan::resume_point(span, target_span.end).map_err(|reason| {
                     MigrateError::TargetConflict {
@@ -224,11 +239,13 @@ pub async fn run(args: &MigrateArgs) -> Result<Report, MigrateError> {
             let handle = handle.clone();
             let source_addr = source_view.leader(&job.topic, job.partition)?;
             let target_addr = target_view.leader(&job.topic, job.partition)?;
+            let (source_security, target_security) =
+                (source_view.security.clone(), target_view.security.clone());
             let (topic, partition, next) = (job.topic.clone(), job.partition, job.next);
             tasks.push(tokio::spawn(async move {
                 let _permit = permits.acquire_owned().await;
-                let s = Conn::connect(&source_addr).await?;
-                let t = Conn::connect(&target_addr).await?;
+                let s = Conn::connect_with(&source_addr, source_security).await?;
+                let t = Conn::connect_with(&target_addr, target_security).await?;
                 partition::copy(s, t, &topic, partition, next, until, handle).await
             }));
         }
@@ -292,8 +309,8 @@ pub async fn run(args: &MigrateArgs) -> Result<Report, MigrateError> {
     let target_view = refreshed(&mut target, &topics).await?;
     let mut verdicts = Vec::new();
     for job in &jobs {
-        let mut s = Conn::connect(&source_view.leader(&job.topic, job.partition)?).await?;
-        let mut t = Conn::connect(&target_view.leader(&job.topic, job.partition)?).await?;
+        let mut s = source_view.connect_leader(&job.topic, job.partition).await?;
+        let mut t = target_view.connect_leader(&job.topic, job.partition).await?;
         let source_span = partition::span(&mut s, &job.topic, job.partition).await?;
         let target_span = partition::span(&mut t, &job.topic, job.partition).await?;
         let end = if args.verify_only {

@@ -568,7 +568,7 @@ mod tests {
         };
         let first = String::from_utf8(first[4..].to_vec()).unwrap();
         let (last, expected) =
-            scram::client_final_message(ScramMechanism::Sha256, "s3cret", bare, &first);
+            scram::client_final_message(ScramMechanism::Sha256, "s3cret", bare, &first).unwrap();
         let (Action::Reply(fin), Some(Event::Succeeded { .. })) =
             a.on_frame(&Bytes::from(last), &l, &img)
         else {

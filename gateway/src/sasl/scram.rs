@@ -393,18 +393,38 @@ pub fn fresh_salt() -> Vec<u8> {
     bytes
 }
 
-/// The client side (tests and tools): RFC 5802's client-final-message for
-/// `server_first`, and the server-final-message the client must then get.
+/// The client side (the migrator, tests): RFC 5802's client-final-message
+/// for `server_first`, and the server-final-message the client must then
+/// get. A server-first that does not extend the client's nonce, or asks
+/// for too few or too many iterations, is refused.
 pub fn client_final_message(
     mechanism: ScramMechanism,
     password: &str,
     client_first_bare: &str,
     server_first: &str,
-) -> (String, Vec<u8>) {
-    let fields: Vec<&str> = server_first.split(',').collect();
-    let nonce = fields[0].strip_prefix("r=").unwrap();
-    let salt = B64.decode(fields[1].strip_prefix("s=").unwrap()).unwrap();
-    let iterations: u32 = fields[2].strip_prefix("i=").unwrap().parse().unwrap();
+) -> Result<(String, Vec<u8>), ScramError> {
+    let mut fields = server_first.split(',');
+    let nonce = attribute(fields.next(), 'r')?;
+    let salt = B64
+        .decode(attribute(fields.next(), 's')?)
+        .map_err(|e| ScramError::Malformed(format!("salt: {e}")))?;
+    let iterations: u32 = attribute(fields.next(), 'i')?
+        .parse()
+        .map_err(|e| ScramError::Malformed(format!("iterations: {e}")))?;
+    let client_nonce = client_first_bare
+        .split(',')
+        .find_map(|f| f.strip_prefix("r="))
+        .unwrap_or_default();
+    if !nonce.starts_with(client_nonce) || nonce.len() == client_nonce.len() {
+        return Err(ScramError::Malformed(
+            "the server nonce does not extend the client's".into(),
+        ));
+    }
+    if !(MIN_SCRAM_ITERATIONS..=MAX_SCRAM_ITERATIONS).contains(&iterations) {
+        return Err(ScramError::Malformed(format!(
+            "{iterations} iterations requested"
+        )));
+    }
     let salted = mechanism.salted_password(password.as_bytes(), &salt, iterations);
     let client_key = mechanism.hmac(&salted, b"Client Key");
     let stored_key = mechanism.hash(&client_key);
@@ -421,10 +441,10 @@ pub fn client_final_message(
         "v={}",
         B64.encode(mechanism.hmac(&server_key, auth.as_bytes()))
     );
-    (
+    Ok((
         format!("{without_proof},p={}", B64.encode(proof)),
         expected.into_bytes(),
-    )
+    ))
 }
 
 #[cfg(test)]
@@ -486,7 +506,8 @@ mod tests {
             panic!("expected a challenge")
         };
         let first = String::from_utf8(first).unwrap();
-        let (last, expected) = client_final_message(mechanism, given_password, &bare, &first);
+        let (last, expected) =
+            client_final_message(mechanism, given_password, &bare, &first).unwrap();
         let step = server.step(last.as_bytes(), |_| None)?;
         if let ScramStep::Success { response, .. } = &step {
             assert_eq!(response, &expected);
