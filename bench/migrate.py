@@ -1,6 +1,7 @@
 """Migration throughput: `tessera migrate` copying a 12-partition topic of
 1,000,000 records (some in committed and some in aborted transactions) and
-three groups' offsets from tansu, and from another tessera, into a fresh
+three groups' offsets from tansu, from another tessera, and from a tessera
+that compacted the topic (gaps between offsets), into a fresh
 tessera. Not a test; prints one line per source with MB/s as the migrator
 reports it (record batch bytes written / wall time of the whole run,
 verification included) and the migrator's own copy figure.
@@ -51,9 +52,15 @@ def start_tansu() -> tuple[subprocess.Popen, str]:
     return proc, f"127.0.0.1:{port}"
 
 
-def fill(bootstrap: str, records: int, value_size: int):
+# A compacted source: sealed segments of 1 MiB cleaned as soon as they are
+# dirty (the keys repeat every 50,000 records, so about 95% go).
+COMPACT = {"cleanup.policy": "compact", "segment.bytes": str(1 << 20),
+           "min.cleanable.dirty.ratio": "0.01"}
+
+
+def fill(bootstrap: str, records: int, value_size: int, config: dict | None = None):
     a = AdminClient({"bootstrap.servers": bootstrap})
-    a.create_topics([NewTopic(TOPIC, PARTITIONS, 1)])[TOPIC].result(60)
+    a.create_topics([NewTopic(TOPIC, PARTITIONS, 1, config=config or {})])[TOPIC].result(60)
     time.sleep(1)
     p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 20, "batch.num.messages": 1000,
                   "enable.idempotence": True, "queue.buffering.max.messages": 500000})
@@ -91,6 +98,25 @@ def fill(bootstrap: str, records: int, value_size: int):
             offsets.append(TopicPartition(TOPIC, part, int(high * fraction)))
         c.commit(offsets=offsets, asynchronous=False)
         c.close()
+
+
+def wait_cleaned(source: TesseraProc, quiet_s: float = 5, timeout: float = 600):
+    """Until the source's cleaner has done nothing for `quiet_s`."""
+    def cleaned() -> float:
+        _, text = source.request("GET", "/metrics")
+        return sum(float(line.split()[-1]) for line in text.splitlines()
+                   if line.startswith("tessera_cleaner_cleaned_bytes_total"))
+
+    deadline = time.monotonic() + timeout
+    last, since = -1.0, time.monotonic()
+    while time.monotonic() < deadline:
+        now = cleaned()
+        if now != last:
+            last, since = now, time.monotonic()
+        elif now > 0 and time.monotonic() - since > quiet_s:
+            return
+        time.sleep(0.5)
+    raise RuntimeError("the source's cleaner did not settle")
 
 
 def migrate(source: str, target: str) -> tuple[float, str]:
@@ -187,7 +213,7 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--records", type=int, default=1_000_000)
     ap.add_argument("--value-size", type=int, default=100)
-    ap.add_argument("--sources", default="tansu,tessera")
+    ap.add_argument("--sources", default="tansu,tessera,tessera-compacted")
     ap.add_argument("--continuous-lag", type=float, default=0,
                     help="instead: seconds of continuous mode under --mb-per-s of load")
     ap.add_argument("--mb-per-s", type=float, default=10)
@@ -196,22 +222,30 @@ def main():
         print(continuous_lag(args.continuous_lag, args.mb_per_s))
         return
     for kind in args.sources.split(","):
-        target = TesseraProc(tessera_bin(), {"migration.append.enable": "true"}, prefix="bench-target-")
+        compacted = kind == "tessera-compacted"
+        # The target's cleaner waits for the verification (docs/MIGRATION.md).
+        target = TesseraProc(tessera_bin(), {"migration.append.enable": "true",
+                                             "log.cleaner.enable": "false"},
+                             prefix="bench-target-")
         target.start()
         source_proc = None
         try:
             if kind == "tansu":
                 source_proc, bootstrap = start_tansu()
             else:
-                source_proc = TesseraProc(tessera_bin(), prefix="bench-source-")
+                source_proc = TesseraProc(tessera_bin(), {"log.cleaner.backoff.ms": "500"},
+                                          prefix="bench-source-")
                 source_proc.start()
                 bootstrap = source_proc.bootstrap
             t0 = time.monotonic()
-            fill(bootstrap, args.records, args.value_size)
+            fill(bootstrap, args.records, args.value_size, COMPACT if compacted else None)
+            if compacted:
+                wait_cleaned(source_proc)
             print(f"[{kind}] filled in {time.monotonic() - t0:.1f} s", file=sys.stderr)
             elapsed, report = migrate(bootstrap, target.bootstrap)
             m = re.search(r"copied (\d+) records, ([\d.]+) MB in ([\d.]+) s \(([\d.]+) MB/s\)", report)
-            print(f"| {kind} | {args.records:,} + 10 txns x 1,000 | {m.group(2)} MB | "
+            stored = f"{int(m.group(1)):,} stored" if compacted else "all"
+            print(f"| {kind} | {args.records:,} + 10 txns x 1,000 ({stored}) | {m.group(2)} MB | "
                   f"{elapsed:.1f} s | {float(m.group(2)) / elapsed:.1f} MB/s |")
             print(report, file=sys.stderr)
         finally:

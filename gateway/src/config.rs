@@ -247,6 +247,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("transaction.state.log.segment.bytes", "104857600"),
     ("transaction.state.log.replication.factor", "3"),
     ("log.cleanup.policy", "delete"),
+    ("compression.type", "producer"),
     ("log.message.timestamp.type", "CreateTime"),
     ("metadata.snapshot.interval.entries", "1000"),
     ("group.initial.rebalance.delay.ms", "3000"),

@@ -382,6 +382,11 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "The timestamp type of topics that set none.",
     ),
     (
+        "compression.type",
+        2,
+        "The codec batches of topics that set none are stored with (uncompressed, gzip, snappy, lz4, zstd; producer keeps the producer's).",
+    ),
+    (
         "metadata.snapshot.interval.entries",
         5,
         "Metadata log entries between snapshots.",

@@ -570,6 +570,22 @@ pub struct EffectiveTopicConfig {
     pub min_insync_replicas: usize,
     /// `cleanup.policy` includes `compact`: every record needs a key.
     pub compacted: bool,
+    /// `compression.type` as a batch codec id; `None` for `producer` (the
+    /// producer's codec is kept).
+    pub compression_codec: Option<i16>,
+}
+
+/// The codec id of a `compression.type` value (`None`: `producer`).
+pub fn compression_codec(value: &str) -> Option<i16> {
+    use tessera_log::records::codec;
+    match value.trim().to_ascii_lowercase().as_str() {
+        "uncompressed" | "none" => Some(codec::NONE),
+        "gzip" => Some(codec::GZIP),
+        "snappy" => Some(codec::SNAPPY),
+        "lz4" => Some(codec::LZ4),
+        "zstd" => Some(codec::ZSTD),
+        _ => None,
+    }
 }
 
 impl EffectiveTopicConfig {
@@ -620,6 +636,14 @@ impl EffectiveTopicConfig {
                 .unwrap_or(&c.log_cleanup_policy)
                 .split(',')
                 .any(|p| p.trim() == "compact"),
+            compression_codec: compression_codec(
+                topic
+                    .get("compression.type")
+                    .map(String::as_str)
+                    .or_else(|| broker.dynamic("compression.type"))
+                    .or_else(|| c.explicit.get("compression.type").map(String::as_str))
+                    .unwrap_or("producer"),
+            ),
         }
     }
 }

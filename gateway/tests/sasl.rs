@@ -234,7 +234,8 @@ async fn listeners_plain_scram_and_bad_input() {
     let bare = "n=bob,r=rawnonce";
     c.send_raw(format!("n,,{bare}").as_bytes()).await;
     let first = String::from_utf8(c.receive_raw().await).unwrap();
-    let (last, expected) = client_final_message(ScramMechanism::Sha256, "bob-pw", bare, &first).unwrap();
+    let (last, expected) =
+        client_final_message(ScramMechanism::Sha256, "bob-pw", bare, &first).unwrap();
     c.send_raw(last.as_bytes()).await;
     assert_eq!(c.receive_raw().await, expected);
     assert_eq!(metadata_port(&mut c).await, i32::from(sasl.port()));

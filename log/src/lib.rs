@@ -8,6 +8,7 @@ pub mod producer_snapshot;
 pub mod producer_snapshot_file;
 pub mod producer_state;
 pub mod range_log;
+pub mod records;
 pub mod segment;
 pub mod txn_state;
 

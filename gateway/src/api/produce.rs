@@ -222,7 +222,13 @@ fn append_partition(
     let log_append_time = route.config.log_append_time.then(now_ms);
     let mut first: Option<AppendedBatch> = None;
     for r in ranges {
-        let mut bytes = records[r].to_vec();
+        // A topic whose compression.type names a codec stores its batches in
+        // it (Kafka's LogValidator recompresses; producer fields, offsets and
+        // timestamps are kept, the CRC is new).
+        let mut bytes = match route.config.compression_codec {
+            Some(codec) => tessera_log::records::recompress(&records[r], codec)?,
+            None => records[r].to_vec(),
+        };
         let outcome = broker.append_batch(route, partition, &mut bytes, log_append_time)?;
         waits.add(route, &outcome);
         if !outcome.duplicate {

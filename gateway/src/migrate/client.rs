@@ -156,7 +156,10 @@ impl Conn {
         if handshake.error_code != 0 {
             let enabled: Vec<String> = handshake.mechanisms.iter().map(|m| m.to_string()).collect();
             return Err(self.broker_error(
-                &format!("SaslHandshake {} (it enables {enabled:?})", mechanism.name()),
+                &format!(
+                    "SaslHandshake {} (it enables {enabled:?})",
+                    mechanism.name()
+                ),
                 handshake.error_code,
                 None,
             ));
@@ -384,10 +387,7 @@ impl ClusterView {
 }
 
 /// A connection to any bootstrap server that answers.
-pub async fn bootstrap(
-    servers: &str,
-    security: Arc<ClientSecurity>,
-) -> Result<Conn, MigrateError> {
+pub async fn bootstrap(servers: &str, security: Arc<ClientSecurity>) -> Result<Conn, MigrateError> {
     let mut last = MigrateError::Connect(servers.to_string(), "no bootstrap server".into());
     for server in servers.split(',').map(str::trim).filter(|s| !s.is_empty()) {
         match Conn::connect_with(server, security.clone()).await {

@@ -128,8 +128,14 @@ pub async fn run(args: &MigrateArgs) -> Result<Report, MigrateError> {
         .transpose()
         .map_err(|e| MigrateError::Argument(format!("--groups: {e}")))?;
 
-    let source_security = Arc::new(ClientSecurity::parse("--source-config", &args.source_config)?);
-    let target_security = Arc::new(ClientSecurity::parse("--target-config", &args.target_config)?);
+    let source_security = Arc::new(ClientSecurity::parse(
+        "--source-config",
+        &args.source_config,
+    )?);
+    let target_security = Arc::new(ClientSecurity::parse(
+        "--target-config",
+        &args.target_config,
+    )?);
     let mut source = client::bootstrap(source_servers, source_security).await?;
     let source_view = client::cluster_view(&mut source, None).await?;
     let topics = plan::select_topics(source_view.topics.keys(), &topic_re);
@@ -309,8 +315,12 @@ pub async fn run(args: &MigrateArgs) -> Result<Report, MigrateError> {
     let target_view = refreshed(&mut target, &topics).await?;
     let mut verdicts = Vec::new();
     for job in &jobs {
-        let mut s = source_view.connect_leader(&job.topic, job.partition).await?;
-        let mut t = target_view.connect_leader(&job.topic, job.partition).await?;
+        let mut s = source_view
+            .connect_leader(&job.topic, job.partition)
+            .await?;
+        let mut t = target_view
+            .connect_leader(&job.topic, job.partition)
+            .await?;
         let source_span = partition::span(&mut s, &job.topic, job.partition).await?;
         let target_span = partition::span(&mut t, &job.topic, job.partition).await?;
         let end = if args.verify_only {

@@ -9,7 +9,9 @@ use std::sync::Arc;
 
 use tokio_rustls::rustls;
 
-use tokio_rustls::rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use tokio_rustls::rustls::client::danger::{
+    HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier,
+};
 use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio_rustls::rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 
@@ -130,31 +132,40 @@ impl ClientSecurity {
             };
             let user = value("sasl.username");
             if user.is_empty() {
-                return Err(bad(format!("{} needs sasl.username", protocol_name(protocol))));
+                return Err(bad(format!(
+                    "{} needs sasl.username",
+                    protocol_name(protocol)
+                )));
             }
-            Some((mechanism, user.to_string(), value("sasl.password").to_string()))
+            Some((
+                mechanism,
+                user.to_string(),
+                value("sasl.password").to_string(),
+            ))
         } else {
             None
         };
         let tls = if protocol.uses_tls() {
-            Some(tls_config(
-                value("ssl.ca.location"),
-                value("ssl.certificate.location"),
-                value("ssl.key.location"),
-                match value("ssl.endpoint.identification.algorithm")
-                    .to_ascii_lowercase()
-                    .as_str()
-                {
-                    "" | "https" => true,
-                    "none" => false,
-                    other => {
-                        return Err(bad(format!(
-                            "ssl.endpoint.identification.algorithm {other:?} (https or none)"
-                        )))
-                    }
-                },
+            Some(
+                tls_config(
+                    value("ssl.ca.location"),
+                    value("ssl.certificate.location"),
+                    value("ssl.key.location"),
+                    match value("ssl.endpoint.identification.algorithm")
+                        .to_ascii_lowercase()
+                        .as_str()
+                    {
+                        "" | "https" => true,
+                        "none" => false,
+                        other => {
+                            return Err(bad(format!(
+                                "ssl.endpoint.identification.algorithm {other:?} (https or none)"
+                            )))
+                        }
+                    },
+                )
+                .map_err(bad)?,
             )
-            .map_err(bad)?)
         } else {
             None
         };
@@ -201,10 +212,12 @@ fn tls_config(
         return Err(format!("ssl.ca.location {ca}: no certificate"));
     }
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let verifier =
-        rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider.clone())
-            .build()
-            .map_err(|e| format!("ssl.ca.location {ca}: {e}"))?;
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(
+        Arc::new(roots),
+        provider.clone(),
+    )
+    .build()
+    .map_err(|e| format!("ssl.ca.location {ca}: {e}"))?;
     let builder = rustls::ClientConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(|e| e.to_string())?
@@ -216,21 +229,19 @@ fn tls_config(
     let config = match (cert.is_empty(), key.is_empty()) {
         (true, true) => builder.with_no_client_auth(),
         (false, false) => {
-            let chain = rustls_pemfile::certs(&mut read_pem("ssl.certificate.location", cert)?.as_slice())
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|e| format!("ssl.certificate.location {cert}: {e}"))?;
-            let private = rustls_pemfile::private_key(&mut read_pem("ssl.key.location", key)?.as_slice())
-                .map_err(|e| format!("ssl.key.location {key}: {e}"))?
-                .ok_or_else(|| format!("ssl.key.location {key}: no private key"))?;
+            let chain =
+                rustls_pemfile::certs(&mut read_pem("ssl.certificate.location", cert)?.as_slice())
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| format!("ssl.certificate.location {cert}: {e}"))?;
+            let private =
+                rustls_pemfile::private_key(&mut read_pem("ssl.key.location", key)?.as_slice())
+                    .map_err(|e| format!("ssl.key.location {key}: {e}"))?
+                    .ok_or_else(|| format!("ssl.key.location {key}: no private key"))?;
             builder
                 .with_client_auth_cert(chain, private)
                 .map_err(|e| format!("ssl.certificate.location: {e}"))?
         }
-        _ => {
-            return Err(
-                "ssl.certificate.location and ssl.key.location go together".into(),
-            )
-        }
+        _ => return Err("ssl.certificate.location and ssl.key.location go together".into()),
     };
     Ok(Arc::new(config))
 }
@@ -252,10 +263,13 @@ impl ServerCertVerifier for ChainVerifier {
         ocsp_response: &[u8],
         now: UnixTime,
     ) -> Result<ServerCertVerified, rustls::Error> {
-        match self
-            .inner
-            .verify_server_cert(end_entity, intermediates, server_name, ocsp_response, now)
-        {
+        match self.inner.verify_server_cert(
+            end_entity,
+            intermediates,
+            server_name,
+            ocsp_response,
+            now,
+        ) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) if !self.verify_hostname => Ok(ServerCertVerified::assertion()),
@@ -334,7 +348,9 @@ mod tests {
         ])
         .contains("GSSAPI"));
         assert!(err(&["security.protocol=SSL"]).contains("ssl.ca.location"));
-        assert!(err(&["security.protocol=SSL", "ssl.ca.location=/nonexistent"])
-            .contains("/nonexistent"));
+        assert!(
+            err(&["security.protocol=SSL", "ssl.ca.location=/nonexistent"])
+                .contains("/nonexistent")
+        );
     }
 }

@@ -1,5 +1,6 @@
 use super::*;
 use crate::batch::testing::make_control_batch;
+use crate::batch::LOG_OVERHEAD;
 use proptest::prelude::*;
 
 /// A header for a test batch at `base` holding `count` offsets.
