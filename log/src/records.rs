@@ -248,7 +248,7 @@ pub fn recompress(batch: &[u8], codec: i16) -> Result<Vec<u8>, BatchError> {
         return Ok(batch.to_vec());
     }
     let records = decode_records(batch)?;
-    let mut target = header.clone();
+    let mut target = header;
     target.attributes = (header.attributes & !COMPRESSION_MASK) | (codec & COMPRESSION_MASK);
     let delete_horizon =
         (header.attributes & DELETE_HORIZON_BIT != 0).then_some(header.base_timestamp);
