@@ -196,6 +196,8 @@ fn args(source: &Running, target: &Running, topics: &str) -> MigrateArgs {
     MigrateArgs {
         source: Some(source.kafka_addr.to_string()),
         target: target.kafka_addr.to_string(),
+        source_config: Vec::new(),
+        target_config: Vec::new(),
         topics: topics.into(),
         groups: "g.*".into(),
         continuous: false,
@@ -396,6 +398,23 @@ async fn a_target_holding_other_data_is_refused_and_nothing_is_written() {
         .await
         .unwrap_err();
     assert!(err.to_string().contains("3 partitions"), "{err}");
+    // A source reached with SASL it does not speak, or a key the migrator
+    // does not know: refused before anything is written.
+    let mut sasl = args(&source, &target2, "orders");
+    sasl.source_config = vec![
+        "security.protocol=SASL_PLAINTEXT".into(),
+        "sasl.username=u".into(),
+    ];
+    let err = migrate::run(&sasl).await.unwrap_err();
+    assert!(err.to_string().contains("SaslHandshake"), "{err}");
+    sasl.source_config = vec!["bootstrap.servers=x".into()];
+    let err = migrate::run(&sasl).await.unwrap_err();
+    assert!(matches!(err, MigrateError::Argument(_)), "{err}");
+    assert_eq!(
+        partition::span(&mut t, "payments", 1).await.unwrap().end,
+        1,
+        "nothing written"
+    );
     source.shutdown().await;
     target.shutdown().await;
     target2.shutdown().await;
