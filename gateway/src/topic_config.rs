@@ -606,10 +606,29 @@ impl EffectiveTopicConfig {
             .map(String::as_str)
             .or_else(|| broker.dynamic("log.message.timestamp.type"))
             .unwrap_or(&c.log_message_timestamp_type);
+        let compacted = topic
+            .get("cleanup.policy")
+            .map(String::as_str)
+            .or_else(|| broker.dynamic("log.cleanup.policy"))
+            .unwrap_or(&c.log_cleanup_policy)
+            .split(',')
+            .any(|p| p.trim() == "compact");
+        // Kafka's LogConfig.maxSegmentMs: a compacted topic rolls by
+        // max.compaction.lag.ms too, so the cleaner can reach a late record.
+        let segment_ms = num("segment.ms", "log.roll.ms", c.log_roll_ms).max(1);
+        let max_compaction_lag_ms = num(
+            "max.compaction.lag.ms",
+            "log.cleaner.max.compaction.lag.ms",
+            i64::MAX,
+        );
         EffectiveTopicConfig {
             segment_bytes: num("segment.bytes", "log.segment.bytes", c.log_segment_bytes).max(14)
                 as u64,
-            segment_ms: num("segment.ms", "log.roll.ms", c.log_roll_ms).max(1),
+            segment_ms: if compacted && max_compaction_lag_ms > 0 {
+                segment_ms.min(max_compaction_lag_ms)
+            } else {
+                segment_ms
+            },
             max_message_bytes: num(
                 "max.message.bytes",
                 "message.max.bytes",
@@ -629,13 +648,7 @@ impl EffectiveTopicConfig {
                 c.min_insync_replicas,
             )
             .max(1) as usize,
-            compacted: topic
-                .get("cleanup.policy")
-                .map(String::as_str)
-                .or_else(|| broker.dynamic("log.cleanup.policy"))
-                .unwrap_or(&c.log_cleanup_policy)
-                .split(',')
-                .any(|p| p.trim() == "compact"),
+            compacted,
             compression_codec: compression_codec(
                 topic
                     .get("compression.type")
@@ -657,6 +670,8 @@ pub struct CompactionConfig {
     pub delete_retention_ms: i64,
     pub min_compaction_lag_ms: i64,
     pub min_cleanable_dirty_ratio: f64,
+    /// `max.compaction.lag.ms` (Kafka's default: never forces a pass).
+    pub max_compaction_lag_ms: i64,
 }
 
 impl CompactionConfig {
@@ -694,6 +709,12 @@ impl CompactionConfig {
             )
             .parse()
             .unwrap_or(0.5),
+            max_compaction_lag_ms: value(
+                "max.compaction.lag.ms",
+                "log.cleaner.max.compaction.lag.ms",
+            )
+            .parse()
+            .unwrap_or(i64::MAX),
         }
     }
 }
@@ -787,6 +808,7 @@ mod tests {
                 delete_retention_ms: 99,
                 min_compaction_lag_ms: 7,
                 min_cleanable_dirty_ratio: 0.5,
+                max_compaction_lag_ms: i64::MAX,
             }
         );
         let mut t = BTreeMap::new();
@@ -903,6 +925,42 @@ mod tests {
         assert_eq!(e.segment_bytes, 2048);
         assert_eq!(e.max_message_bytes, 100);
         assert!(!e.log_append_time);
+        assert_eq!(e.compression_codec, None, "producer by default");
+        t.insert("compression.type".into(), "zstd".into());
+        let e = EffectiveTopicConfig::resolve(&t, &view);
+        assert_eq!(e.compression_codec, Some(tessera_log::records::codec::ZSTD));
+    }
+
+    #[test]
+    fn max_compaction_lag_caps_the_roll_of_compacted_topics_only() {
+        let broker = BrokerConfig::default();
+        let empty = MetadataImage::default();
+        let view = BrokerView::new(&broker, &empty);
+        let t: BTreeMap<String, String> = [
+            ("segment.ms".to_string(), "60000".to_string()),
+            ("max.compaction.lag.ms".to_string(), "5000".to_string()),
+        ]
+        .into();
+        assert_eq!(EffectiveTopicConfig::resolve(&t, &view).segment_ms, 60_000);
+        let mut compacted = t.clone();
+        compacted.insert("cleanup.policy".into(), "compact".into());
+        assert_eq!(
+            EffectiveTopicConfig::resolve(&compacted, &view).segment_ms,
+            5_000
+        );
+        assert_eq!(
+            CompactionConfig::resolve(&compacted, &view).max_compaction_lag_ms,
+            5_000
+        );
+        compacted.remove("max.compaction.lag.ms");
+        assert_eq!(
+            EffectiveTopicConfig::resolve(&compacted, &view).segment_ms,
+            60_000
+        );
+        assert_eq!(
+            CompactionConfig::resolve(&compacted, &view).max_compaction_lag_ms,
+            i64::MAX
+        );
     }
 
     #[test]

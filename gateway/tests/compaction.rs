@@ -359,3 +359,82 @@ async fn compacted_topics_keep_the_last_record_of_every_key() {
     assert_eq!(list_offset(&mut client, "compacted", 0, -1).await, end + 1);
     running.shutdown().await;
 }
+
+/// Records held by every partition of `topic`.
+async fn total(client: &mut WireClient, topic: &str) -> usize {
+    let mut n = 0;
+    for p in 0..PARTITIONS {
+        n += read_all(client, topic, p, 0).await.len();
+    }
+    n
+}
+
+/// `max.compaction.lag.ms` (KIP-354): dirty data below
+/// `min.cleanable.dirty.ratio` is cleaned anyway once its first batch is
+/// older than the lag; without the key it waits for the ratio.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_compaction_lag_cleans_below_the_dirty_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = start(dir.path()).await;
+    // 0.99: once a pass has cleaned anything (a cleaned segment keeps the
+    // last value of each key), the ratio is never reached again.
+    let base = [
+        ("cleanup.policy", "compact"),
+        ("segment.bytes", "2048"),
+        ("min.cleanable.dirty.ratio", "0.99"),
+    ];
+    create_topic(&running, "waits", &base).await;
+    let mut lagged = base.to_vec();
+    lagged.push(("max.compaction.lag.ms", "1000"));
+    create_topic(&running, "lagged", &lagged).await;
+    let mut client = WireClient::connect(running.kafka_addr).await;
+    let mut truth = BTreeMap::new();
+    // Phase 1: a first pass (everything dirty: ratio 1.0) on both topics.
+    let written = PARTITIONS as usize * KEYS * 6;
+    for topic in ["waits", "lagged"] {
+        write_rounds(&mut client, topic, 6, &mut truth).await;
+    }
+    for topic in ["waits", "lagged"] {
+        let mut passed = false;
+        for _ in 0..300 {
+            if total(&mut client, topic).await < written {
+                passed = true;
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        assert!(passed, "a first pass on {topic}");
+    }
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    // Phase 2: more rounds leave the dirty share below 0.99 for good.
+    for topic in ["waits", "lagged"] {
+        write_rounds(&mut client, topic, 2, &mut truth).await;
+    }
+    let waits_before = total(&mut client, "waits").await;
+    let lagged_before = total(&mut client, "lagged").await;
+    // Past the lag, records keep coming (each partition's key-0): the
+    // lagged topic rolls (segment.ms is capped at the lag) and its overdue
+    // dirty segments are cleaned whatever the ratio.
+    let mut trickled = 0;
+    let mut cleaned = false;
+    for _ in 0..150 {
+        for topic in ["waits", "lagged"] {
+            for p in 0..PARTITIONS {
+                produce(&mut client, topic, p, &[("key-0".into(), Some("x".into()))]).await;
+            }
+        }
+        trickled += PARTITIONS as usize;
+        if total(&mut client, "lagged").await < lagged_before {
+            cleaned = true;
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(cleaned, "max.compaction.lag.ms forced a pass on \"lagged\"");
+    assert_eq!(
+        total(&mut client, "waits").await,
+        waits_before + trickled,
+        "\"waits\" is below its dirty ratio and has no lag: not cleaned"
+    );
+    running.shutdown().await;
+}

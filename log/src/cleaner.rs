@@ -312,6 +312,10 @@ pub struct SegmentStat {
     pub size: u64,
     /// Largest timestamp of its batches (-1 when it holds none).
     pub max_timestamp: i64,
+    /// The timestamp of its first batch (the earliest of each partition's
+    /// first batch; -1 when it holds none): Kafka's
+    /// `getFirstBatchTimestamp`, which `max.compaction.lag.ms` measures.
+    pub first_batch_timestamp: i64,
     /// Every batch in it is below its partition's last stable offset (no
     /// open transaction reaches into it).
     pub stable: bool,
@@ -325,14 +329,19 @@ pub struct CleanPolicy {
     pub min_compaction_lag_ms: i64,
     /// `min.cleanable.dirty.ratio`.
     pub min_cleanable_dirty_ratio: f64,
+    /// `max.compaction.lag.ms`: a dirty segment whose first batch is older
+    /// than this is cleaned whatever the dirty ratio (KIP-354).
+    pub max_compaction_lag_ms: i64,
 }
 
 /// Which sealed segments a pass cleans (Kafka's `LogCleanerManager`
 /// choice, per range): the oldest-first run of sealed segments that are
 /// stable and older than `min.compaction.lag.ms`; cleaned only when the
 /// bytes at or above `first_dirty_seq` (not cleaned since they were
-/// written) are at least `min.cleanable.dirty.ratio` of that run's bytes.
-/// Returns the sequence of the last segment to clean.
+/// written) are at least `min.cleanable.dirty.ratio` of that run's bytes,
+/// or when a dirty one's first batch is older than `max.compaction.lag.ms`
+/// (Kafka's `needCompactionNow`). Returns the sequence of the last segment
+/// to clean.
 pub fn plan_pass(
     segments: &[SegmentStat],
     first_dirty_seq: u32,
@@ -356,7 +365,15 @@ pub fn plan_pass(
         return None;
     }
     let ratio = dirty as f64 / total as f64;
-    (ratio >= policy.min_cleanable_dirty_ratio).then_some(last.seq)
+    let overdue_before = policy
+        .now_ms
+        .saturating_sub(policy.max_compaction_lag_ms.max(0));
+    let overdue = cleanable.iter().any(|s| {
+        s.seq >= first_dirty_seq
+            && s.first_batch_timestamp > 0
+            && s.first_batch_timestamp < overdue_before
+    });
+    (ratio >= policy.min_cleanable_dirty_ratio || overdue).then_some(last.seq)
 }
 
 /// How long to wait after `bytes` were read or written in `elapsed` to stay

@@ -104,6 +104,7 @@ impl Broker {
                 now_ms,
                 min_compaction_lag_ms: config.min_compaction_lag_ms,
                 min_cleanable_dirty_ratio: config.min_cleanable_dirty_ratio,
+                max_compaction_lag_ms: config.max_compaction_lag_ms,
             };
             let Some(up_to) = cleaner::plan_pass(&sealed, local.first_dirty_seq, &policy) else {
                 continue;

@@ -431,6 +431,7 @@ fn stat(seq: u32, size: u64, ts: i64) -> SegmentStat {
         seq,
         size,
         max_timestamp: ts,
+        first_batch_timestamp: ts,
         stable: true,
     }
 }
@@ -439,6 +440,7 @@ const POLICY: CleanPolicy = CleanPolicy {
     now_ms: 10_000,
     min_compaction_lag_ms: 0,
     min_cleanable_dirty_ratio: 0.5,
+    max_compaction_lag_ms: i64::MAX,
 };
 
 #[test]
@@ -466,6 +468,32 @@ fn a_pass_cleans_the_stable_old_enough_prefix_when_dirty_enough() {
     unstable[1].stable = false;
     assert_eq!(plan_pass(&unstable, 0, &POLICY), Some(0));
     assert_eq!(plan_pass(&[], 0, &POLICY), None);
+}
+
+#[test]
+fn max_compaction_lag_cleans_an_overdue_dirty_segment_below_the_ratio() {
+    // 100 dirty bytes of 300: below 0.5, but the dirty segment's first
+    // batch (9_000) is older than now (10_000) - max lag.
+    let segs = [stat(0, 100, 1), stat(1, 100, 2), stat(2, 100, 9_000)];
+    let lag = |max| CleanPolicy {
+        max_compaction_lag_ms: max,
+        ..POLICY
+    };
+    assert_eq!(plan_pass(&segs, 2, &lag(i64::MAX)), None);
+    assert_eq!(plan_pass(&segs, 2, &lag(2_000)), None, "not overdue yet");
+    assert_eq!(plan_pass(&segs, 2, &lag(500)), Some(2));
+    // Overdue clean segments do not count: nothing dirty, nothing to do.
+    assert_eq!(plan_pass(&segs, 3, &lag(0)), None);
+    // A segment without timestamps is never overdue.
+    let mut untimed = segs;
+    untimed[2].first_batch_timestamp = -1;
+    assert_eq!(plan_pass(&untimed, 2, &lag(0)), None);
+    // Still only the stable, old-enough prefix (min.compaction.lag.ms wins).
+    let both = CleanPolicy {
+        min_compaction_lag_ms: 5_000,
+        ..lag(500)
+    };
+    assert_eq!(plan_pass(&segs, 2, &both), None);
 }
 
 #[test]

@@ -96,6 +96,13 @@ impl RangeLog {
                     seq: s.seq,
                     size: s.size,
                     max_timestamp: entries().map(|e| e.max_timestamp).max().unwrap_or(-1),
+                    first_batch_timestamp: s
+                        .index
+                        .partitions
+                        .values()
+                        .filter_map(|e| e.first().map(|e| e.max_timestamp))
+                        .min()
+                        .unwrap_or(-1),
                     stable: s.index.partitions.iter().all(|(p, entries)| {
                         let Some(pi) = p.checked_sub(lo) else {
                             return false;
