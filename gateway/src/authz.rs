@@ -132,12 +132,22 @@ impl<'b> Authz<'b> {
 
     /// `op` on a topic, or TOPIC_AUTHORIZATION_FAILED.
     pub fn topic(&self, op: Op, name: &str) -> Result<(), ApiError> {
-        self.check(op, Resource::Topic, name, ApiError::TopicAuthorizationFailed)
+        self.check(
+            op,
+            Resource::Topic,
+            name,
+            ApiError::TopicAuthorizationFailed,
+        )
     }
 
     /// `op` on a group, or GROUP_AUTHORIZATION_FAILED.
     pub fn group(&self, op: Op, name: &str) -> Result<(), ApiError> {
-        self.check(op, Resource::Group, name, ApiError::GroupAuthorizationFailed)
+        self.check(
+            op,
+            Resource::Group,
+            name,
+            ApiError::GroupAuthorizationFailed,
+        )
     }
 
     /// `op` on the cluster, or CLUSTER_AUTHORIZATION_FAILED.
@@ -184,8 +194,14 @@ impl<'b> Authz<'b> {
         let Some(s) = &self.subject else {
             return true;
         };
-        let allowed =
-            acl::authorize_any(s.image.acls.values(), s.settings, &s.principal, &s.host, op, rt);
+        let allowed = acl::authorize_any(
+            s.image.acls.values(),
+            s.settings,
+            &s.principal,
+            &s.host,
+            op,
+            rt,
+        );
         if !allowed {
             Metrics::add(&self.broker.metrics.authorization_denied, 1);
             tracing::debug!(principal = %s.principal, operation = %op, resource_type = %rt, "authorization denied (any resource)");

@@ -86,7 +86,10 @@ fn addr(running: &Running, name: &str) -> SocketAddr {
 async fn login(running: &Running, user: &str) -> WireClient {
     let mut c = WireClient::connect(addr(running, "SASL_PLAINTEXT")).await;
     let r = c
-        .call(1, &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")))
+        .call(
+            1,
+            &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")),
+        )
         .await;
     assert_eq!(r.error_code, 0);
     let token = format!("\0{user}\0{user}-pw");
@@ -263,10 +266,7 @@ async fn acls_allow_and_deny_per_api() {
     assert_eq!(create_topic(&mut admin, "b-1").await, 0);
     assert_eq!(create_topic(&mut admin, "a-secret").await, 0);
     assert!(all_topics(&mut alice).await.is_empty());
-    assert_eq!(
-        all_topics(&mut admin).await,
-        ["a-1", "a-secret", "b-1"]
-    );
+    assert_eq!(all_topics(&mut admin).await, ["a-1", "a-secret", "b-1"]);
     // The inter-broker listener is the broker itself.
     let mut internal = WireClient::connect(running.kafka_addr).await;
     assert_eq!(all_topics(&mut internal).await.len(), 3);
@@ -322,9 +322,7 @@ async fn acls_allow_and_deny_per_api() {
     let acl_count: usize = r.resources.iter().map(|r| r.acls.len()).sum();
     assert_eq!(acl_count, 2);
     // An UNKNOWN filter value: INVALID_REQUEST.
-    let r = admin
-        .call(3, &describe_all().with_operation(0))
-        .await;
+    let r = admin.call(3, &describe_all().with_operation(0)).await;
     assert_eq!(r.error_code, ResponseError::InvalidRequest.code());
 
     // Metadata: alice sees her prefix; a named topic she may not describe
@@ -334,9 +332,10 @@ async fn acls_allow_and_deny_per_api() {
     let m = metadata(&mut alice, &["a-1", "b-1", "a-new", "b-new"], true).await;
     assert_eq!(m[0].0, 0);
     // ALL on the topic: every topic operation.
-    assert_eq!(m[0].1, tessera_metadata::acl::all_operations(
-        tessera_metadata::acl::ResourceType::Topic
-    ));
+    assert_eq!(
+        m[0].1,
+        tessera_metadata::acl::all_operations(tessera_metadata::acl::ResourceType::Topic)
+    );
     assert_eq!(m[1].0, TOPIC_DENIED);
     assert_eq!(m[2].0, 0, "alice may create a-new (ALL on a-*)");
     assert_eq!(m[3].0, TOPIC_DENIED);
@@ -349,7 +348,11 @@ async fn acls_allow_and_deny_per_api() {
     assert_eq!(produce(&mut bob, "a-1").await, TOPIC_DENIED);
     assert_eq!(produce(&mut admin, "b-1").await, 0);
     assert_eq!(fetch(&mut alice, "a-1").await, 0);
-    assert_eq!(fetch(&mut alice, "a-secret").await, 0, "only WRITE is denied");
+    assert_eq!(
+        fetch(&mut alice, "a-secret").await,
+        0,
+        "only WRITE is denied"
+    );
     assert_eq!(fetch(&mut alice, "b-1").await, TOPIC_DENIED);
     assert_eq!(fetch(&mut bob, "a-1").await, TOPIC_DENIED);
     assert_eq!(list_offsets(&mut alice, "a-1").await, 0);
@@ -358,7 +361,10 @@ async fn acls_allow_and_deny_per_api() {
     // Groups: READ on g for alice.
     assert_eq!(find_group_coordinator(&mut alice, "g").await, 0);
     assert_eq!(find_group_coordinator(&mut bob, "g").await, GROUP_DENIED);
-    assert_eq!(find_group_coordinator(&mut alice, "other").await, GROUP_DENIED);
+    assert_eq!(
+        find_group_coordinator(&mut alice, "other").await,
+        GROUP_DENIED
+    );
     let join = JoinGroupRequest::default()
         .with_group_id(GroupId(s("g")))
         .with_session_timeout_ms(10_000)
@@ -400,7 +406,10 @@ async fn acls_allow_and_deny_per_api() {
     // topic; transactional ids need WRITE on the id.
     assert_eq!(init_producer_id(&mut alice, None).await, 0);
     assert_eq!(init_producer_id(&mut bob, None).await, CLUSTER_DENIED);
-    assert_eq!(init_producer_id(&mut alice, Some("tx")).await, TXN_ID_DENIED);
+    assert_eq!(
+        init_producer_id(&mut alice, Some("tx")).await,
+        TXN_ID_DENIED
+    );
 
     // DescribeCluster: DESCRIBE on the cluster (carol's ACL is of no use to bob).
     let r = bob.call(0, &DescribeClusterRequest::default()).await;
@@ -439,18 +448,24 @@ async fn acls_allow_and_deny_per_api() {
         .await;
     assert_eq!(r.filter_results[0].error_code, 0);
     assert_eq!(r.filter_results[0].matching_acls.len(), 1);
-    assert_eq!(r.filter_results[0].matching_acls[0].resource_name.as_str(), "a-");
+    assert_eq!(
+        r.filter_results[0].matching_acls[0].resource_name.as_str(),
+        "a-"
+    );
     assert_eq!(
         r.filter_results[1].error_code,
         ResponseError::InvalidRequest.code()
     );
-    let r = bob.call(3, &DeleteAclsRequest::default().with_filters(vec![
-        DeleteAclsFilter::default()
-            .with_resource_type_filter(ANY)
-            .with_pattern_type_filter(ANY)
-            .with_operation(ANY)
-            .with_permission_type(ANY),
-    ])).await;
+    let r = bob
+        .call(
+            3,
+            &DeleteAclsRequest::default().with_filters(vec![DeleteAclsFilter::default()
+                .with_resource_type_filter(ANY)
+                .with_pattern_type_filter(ANY)
+                .with_operation(ANY)
+                .with_permission_type(ANY)]),
+        )
+        .await;
     assert_eq!(r.filter_results[0].error_code, CLUSTER_DENIED);
     assert_eq!(running.broker.image().acls.len(), 3);
     assert_eq!(produce(&mut alice, "a-1").await, TOPIC_DENIED);
@@ -470,14 +485,8 @@ async fn without_an_authorizer_everything_is_allowed_and_acl_apis_are_disabled()
     let r = bob
         .call(
             3,
-            &CreateAclsRequest::default().with_creations(vec![creation(
-                TOPIC,
-                "t",
-                LITERAL,
-                "User:bob",
-                READ,
-                ALLOW,
-            )]),
+            &CreateAclsRequest::default()
+                .with_creations(vec![creation(TOPIC, "t", LITERAL, "User:bob", READ, ALLOW)]),
         )
         .await;
     assert_eq!(
@@ -505,7 +514,10 @@ fn authorizer_config() {
     let with = |class: &str| {
         let mut map = std::collections::BTreeMap::new();
         map.insert("authorizer.class.name".to_string(), class.to_string());
-        map.insert("allow.everyone.if.no.acl.found".to_string(), "true".to_string());
+        map.insert(
+            "allow.everyone.if.no.acl.found".to_string(),
+            "true".to_string(),
+        );
         BrokerConfig::from_map(&map)
     };
     let a = with("kafka.security.authorizer.AclAuthorizer")

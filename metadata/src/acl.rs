@@ -23,6 +23,8 @@ use std::fmt;
 pub const CLUSTER_NAME: &str = "kafka-cluster";
 /// The wildcard resource name of a LITERAL pattern.
 pub const WILDCARD_RESOURCE: &str = "*";
+/// The wildcard principal (Kafka's WILDCARD_KAFKA_PRINCIPAL).
+pub const WILDCARD_PRINCIPAL: &str = "User:*";
 /// The wildcard host.
 pub const WILDCARD_HOST: &str = "*";
 
@@ -292,14 +294,9 @@ impl AclBinding {
 
     /// Whether the ACL applies to `principal` connecting from `host`.
     pub fn applies_to(&self, principal: &str, host: &str) -> bool {
-        let principal_matches = self.principal == principal
-            || match (
-                self.principal.split_once(':'),
-                principal.split_once(':'),
-            ) {
-                (Some((kind, "*")), Some((their_kind, _))) => kind == their_kind,
-                _ => false,
-            };
+        // Kafka matches the session's principal and `User:*` (whatever
+        // the session's principal type).
+        let principal_matches = self.principal == principal || self.principal == WILDCARD_PRINCIPAL;
         principal_matches && (self.host == WILDCARD_HOST || self.host == host)
     }
 }
@@ -413,7 +410,9 @@ pub enum Decision {
     /// ACLs exist for the resource but none allows.
     NoAllow,
     /// No ACL at all for the resource: `allow.everyone.if.no.acl.found`.
-    NoAclFound { allowed: bool },
+    NoAclFound {
+        allowed: bool,
+    },
 }
 
 impl Decision {
@@ -506,9 +505,7 @@ pub fn authorize_any<'a>(
                     allow.pattern_type == PatternType::Literal
                         && d.resource_name == allow.resource_name
                 }
-                PatternType::Prefixed => allow
-                    .resource_name
-                    .starts_with(d.resource_name.as_str()),
+                PatternType::Prefixed => allow.resource_name.starts_with(d.resource_name.as_str()),
                 _ => false,
             })
         });
@@ -649,7 +646,15 @@ mod tests {
         let mut s = settings();
         s.allow_everyone_if_no_acl_found = true;
         let decide = |acls: &[AclBinding]| {
-            authorize(acls, &s, "User:alice", "h", O::Read, ResourceType::Topic, "t")
+            authorize(
+                acls,
+                &s,
+                "User:alice",
+                "h",
+                O::Read,
+                ResourceType::Topic,
+                "t",
+            )
         };
         assert_eq!(decide(&[]), Decision::NoAclFound { allowed: true });
         // An ACL on the resource for someone else: not "no ACL found".
@@ -711,7 +716,10 @@ mod tests {
         let acls = [allow_topic("t", P::Literal, "User:*", O::Read)];
         assert!(check(&acls, "User:alice", O::Read, "t"));
         assert!(check(&acls, "User:ANONYMOUS", O::Read, "t"));
-        assert!(!check(&acls, "Group:x", O::Read, "t"));
+        // Kafka's wildcard is User:* whatever the session's principal type.
+        assert!(check(&acls, "Group:x", O::Read, "t"));
+        let group_star = [allow_topic("t", P::Literal, "Group:*", O::Read)];
+        assert!(!check(&group_star, "Group:x", O::Read, "t"));
         // "User:*" as a principal asking is just a name.
         let alice_only = [allow_topic("t", P::Literal, "User:alice", O::Read)];
         assert!(!check(&alice_only, "User:*", O::Read, "t"));
@@ -774,11 +782,22 @@ mod tests {
     fn implied_operations() {
         for op in [O::Read, O::Write, O::Delete, O::Alter, O::Describe, O::All] {
             let acls = [allow_topic("t", P::Literal, "User:a", op)];
-            assert!(check(&acls, "User:a", O::Describe, "t"), "{op} implies DESCRIBE");
+            assert!(
+                check(&acls, "User:a", O::Describe, "t"),
+                "{op} implies DESCRIBE"
+            );
         }
-        for op in [O::Create, O::AlterConfigs, O::DescribeConfigs, O::ClusterAction] {
+        for op in [
+            O::Create,
+            O::AlterConfigs,
+            O::DescribeConfigs,
+            O::ClusterAction,
+        ] {
             let acls = [allow_topic("t", P::Literal, "User:a", op)];
-            assert!(!check(&acls, "User:a", O::Describe, "t"), "{op} does not imply DESCRIBE");
+            assert!(
+                !check(&acls, "User:a", O::Describe, "t"),
+                "{op} does not imply DESCRIBE"
+            );
         }
         let acls = [allow_topic("t", P::Literal, "User:a", O::AlterConfigs)];
         assert!(check(&acls, "User:a", O::DescribeConfigs, "t"));
@@ -812,14 +831,8 @@ mod tests {
     #[test]
     fn authorized_operations_bits() {
         let acls = [allow_topic("t", P::Literal, "User:a", O::Read)];
-        let bits = authorized_operations(
-            &acls,
-            &settings(),
-            "User:a",
-            "h",
-            ResourceType::Topic,
-            "t",
-        );
+        let bits =
+            authorized_operations(&acls, &settings(), "User:a", "h", ResourceType::Topic, "t");
         assert_eq!(bits, (1 << 3) | (1 << 8));
         let all = authorized_operations(
             &acls,

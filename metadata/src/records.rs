@@ -214,10 +214,15 @@ pub enum MetadataRecord {
     /// A new ACL (Kafka's AccessControlEntryRecord) under a fresh id.
     /// Replay skips it when the id is taken or the same binding exists
     /// (Kafka's CreateAcls of an existing ACL changes nothing).
-    CreateAcl { id: uuid::Uuid, acl: AclBinding },
+    CreateAcl {
+        id: uuid::Uuid,
+        acl: AclBinding,
+    },
     /// Removes the ACL with this id (Kafka's RemoveAccessControlEntryRecord;
     /// replay skips an unknown id).
-    RemoveAcl { id: uuid::Uuid },
+    RemoveAcl {
+        id: uuid::Uuid,
+    },
 }
 
 /// Record type numbers. Never reuse or renumber: they are in the log.
@@ -1783,7 +1788,10 @@ pub(crate) mod tests {
         bad[20] = 9;
         assert!(MetadataRecord::decode(&bad).is_err());
         let remove = MetadataRecord::RemoveAcl { id };
-        assert_eq!(remove.encode(), [&[0u8, 20, 0, 0][..], id.as_bytes()].concat());
+        assert_eq!(
+            remove.encode(),
+            [&[0u8, 20, 0, 0][..], id.as_bytes()].concat()
+        );
         assert_eq!(MetadataRecord::decode(&remove.encode()), Ok(remove));
         rejects(MetadataRecord::RemoveAcl {
             id: uuid::Uuid::nil(),

@@ -9,7 +9,9 @@ use std::sync::Arc;
 use kafka_protocol::messages::create_acls_response::AclCreationResult;
 use kafka_protocol::messages::{CreateAclsRequest, CreateAclsResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
-use tessera_metadata::acl::{AclBinding, AclOperation, AclPermissionType, PatternType, ResourceType};
+use tessera_metadata::acl::{
+    AclBinding, AclOperation, AclPermissionType, PatternType, ResourceType,
+};
 use tessera_metadata::MetadataRecord;
 
 use crate::authz::{Authz, Op};

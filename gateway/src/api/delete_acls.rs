@@ -6,7 +6,9 @@
 use std::collections::BTreeSet;
 use std::sync::Arc;
 
-use kafka_protocol::messages::delete_acls_response::{DeleteAclsFilterResult, DeleteAclsMatchingAcl};
+use kafka_protocol::messages::delete_acls_response::{
+    DeleteAclsFilterResult, DeleteAclsMatchingAcl,
+};
 use kafka_protocol::messages::{DeleteAclsRequest, DeleteAclsResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::acl::AclBinding;

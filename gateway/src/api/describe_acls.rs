@@ -8,7 +8,9 @@ use std::sync::Arc;
 use kafka_protocol::messages::describe_acls_response::{AclDescription, DescribeAclsResource};
 use kafka_protocol::messages::{DescribeAclsRequest, DescribeAclsResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
-use tessera_metadata::acl::{AclFilter, AclOperation, AclPermissionType, PatternType, ResourceType};
+use tessera_metadata::acl::{
+    AclFilter, AclOperation, AclPermissionType, PatternType, ResourceType,
+};
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;

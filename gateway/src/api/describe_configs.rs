@@ -33,8 +33,7 @@ pub async fn handle(
         .iter()
         .map(|resource| {
             let name = resource.resource_name.as_str();
-            let denied =
-                authz.config_resource(Op::DescribeConfigs, resource.resource_type, name);
+            let denied = authz.config_resource(Op::DescribeConfigs, resource.resource_type, name);
             let described: Result<Vec<DescribedConfig>, ApiError> = match resource.resource_type {
                 _ if denied.is_err() => denied.map(|_| Vec::new()),
                 RESOURCE_TOPIC => image

@@ -34,8 +34,7 @@ pub async fn handle(
 ) -> DescribeLogDirsResponse {
     // Kafka: DESCRIBE on the cluster.
     if let Err(e) = Authz::current(broker).cluster(Op::Describe) {
-        return DescribeLogDirsResponse::default()
-            .with_error_code(e.code());
+        return DescribeLogDirsResponse::default().with_error_code(e.code());
     }
     let image = broker.image();
     // `None` asks for every topic; otherwise the listed partitions (unknown

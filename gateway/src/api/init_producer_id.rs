@@ -24,8 +24,11 @@ pub async fn handle(
     let authz = Authz::current(broker);
     let denied = match request.transactional_id.as_ref() {
         Some(id) => authz.transactional_id(Op::Write, id).err(),
-        None => (!authz.may(Op::IdempotentWrite, Resource::Cluster, crate::authz::CLUSTER_NAME)
-            && !authz.allows_any(Op::Write, Resource::Topic))
+        None => (!authz.may(
+            Op::IdempotentWrite,
+            Resource::Cluster,
+            crate::authz::CLUSTER_NAME,
+        ) && !authz.allows_any(Op::Write, Resource::Topic))
         .then_some(ApiError::ClusterAuthorizationFailed),
     };
     let result = match request.transactional_id.as_ref() {

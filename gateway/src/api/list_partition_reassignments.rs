@@ -22,7 +22,10 @@ pub async fn handle(
     if let Err(e) = Authz::current(broker).cluster(Op::Describe) {
         return ListPartitionReassignmentsResponse::default()
             .with_error_code(e.code())
-            .with_error_message(e.message().map(kafka_protocol::protocol::StrBytes::from_string));
+            .with_error_message(
+                e.message()
+                    .map(kafka_protocol::protocol::StrBytes::from_string),
+            );
     }
     ListPartitionReassignmentsResponse::default().with_topics(Vec::new())
 }

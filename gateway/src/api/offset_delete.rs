@@ -66,20 +66,25 @@ pub async fn handle(
         Ok(results) => OffsetDeleteResponse::default().with_topics(
             denied_topics
                 .into_iter()
-                .chain(names.into_iter().zip(results).map(|(name, (_, partitions))| {
-                    OffsetDeleteResponseTopic::default()
-                        .with_name(name)
-                        .with_partitions(
-                            partitions
-                                .into_iter()
-                                .map(|(p, r)| {
-                                    OffsetDeleteResponsePartition::default()
-                                        .with_partition_index(p)
-                                        .with_error_code(r.err().map_or(0, |e| e.code()))
-                                })
-                                .collect(),
-                        )
-                }))
+                .chain(
+                    names
+                        .into_iter()
+                        .zip(results)
+                        .map(|(name, (_, partitions))| {
+                            OffsetDeleteResponseTopic::default()
+                                .with_name(name)
+                                .with_partitions(
+                                    partitions
+                                        .into_iter()
+                                        .map(|(p, r)| {
+                                            OffsetDeleteResponsePartition::default()
+                                                .with_partition_index(p)
+                                                .with_error_code(r.err().map_or(0, |e| e.code()))
+                                        })
+                                        .collect(),
+                                )
+                        }),
+                )
                 .collect(),
         ),
     }

@@ -40,7 +40,10 @@ pub async fn handle(
             })
             .collect();
         let outcomes = match &denied {
-            Some(e) => partitions.into_iter().map(|p| (p, Err(e.clone()))).collect(),
+            Some(e) => partitions
+                .into_iter()
+                .map(|p| (p, Err(e.clone())))
+                .collect(),
             None => broker.write_local_markers(&m, &partitions).await,
         };
         let topics = marker
