@@ -209,10 +209,12 @@ impl<'b> Authz<'b> {
         allowed
     }
 
-    /// Kafka's authorized-operations bitfield of a resource.
+    /// Kafka's authorized-operations bitfield of a resource: 0 without
+    /// DESCRIBE on it (as KafkaApis answers).
     pub fn operations(&self, rt: Resource, name: &str) -> i32 {
         match &self.subject {
             None => acl::all_operations(rt),
+            Some(_) if !self.may(Op::Describe, rt, name) => 0,
             Some(s) => acl::authorized_operations(
                 s.image.acls.values(),
                 s.settings,
