@@ -103,6 +103,18 @@ async fn login(running: &Running, user: &str) -> WireClient {
     c
 }
 
+/// A DeleteAcls filter matching every ACL of `resource_type` and `pattern`.
+fn delete_filter(resource_type: i8, pattern: i8) -> DeleteAclsFilter {
+    DeleteAclsFilter::default()
+        .with_resource_name_filter(None)
+        .with_principal_filter(None)
+        .with_host_filter(None)
+        .with_resource_type_filter(resource_type)
+        .with_pattern_type_filter(pattern)
+        .with_operation(ANY)
+        .with_permission_type(ANY)
+}
+
 fn creation(
     resource_type: i8,
     name: &str,
@@ -123,6 +135,9 @@ fn creation(
 
 fn describe_all() -> DescribeAclsRequest {
     DescribeAclsRequest::default()
+        .with_resource_name_filter(None)
+        .with_principal_filter(None)
+        .with_host_filter(None)
         .with_resource_type_filter(ANY)
         .with_pattern_type_filter(ANY)
         .with_operation(ANY)
@@ -180,7 +195,9 @@ async fn list_offsets(c: &mut WireClient, topic: &str) -> i16 {
 
 /// The visible topics of a Metadata of all topics.
 async fn all_topics(c: &mut WireClient) -> Vec<String> {
-    let r = c.call(12, &MetadataRequest::default()).await;
+    let r = c
+        .call(12, &MetadataRequest::default().with_topics(None))
+        .await;
     let mut names: Vec<String> = r
         .topics
         .iter()
@@ -439,18 +456,8 @@ async fn acls_allow_and_deny_per_api() {
     let r = admin
         .call(
             3,
-            &DeleteAclsRequest::default().with_filters(vec![
-                DeleteAclsFilter::default()
-                    .with_resource_type_filter(TOPIC)
-                    .with_pattern_type_filter(PREFIXED)
-                    .with_operation(ANY)
-                    .with_permission_type(ANY),
-                DeleteAclsFilter::default()
-                    .with_resource_type_filter(0)
-                    .with_pattern_type_filter(ANY)
-                    .with_operation(ANY)
-                    .with_permission_type(ANY),
-            ]),
+            &DeleteAclsRequest::default()
+                .with_filters(vec![delete_filter(TOPIC, PREFIXED), delete_filter(0, ANY)]),
         )
         .await;
     assert_eq!(r.filter_results[0].error_code, 0);
@@ -466,11 +473,7 @@ async fn acls_allow_and_deny_per_api() {
     let r = bob
         .call(
             3,
-            &DeleteAclsRequest::default().with_filters(vec![DeleteAclsFilter::default()
-                .with_resource_type_filter(ANY)
-                .with_pattern_type_filter(ANY)
-                .with_operation(ANY)
-                .with_permission_type(ANY)]),
+            &DeleteAclsRequest::default().with_filters(vec![delete_filter(ANY, ANY)]),
         )
         .await;
     assert_eq!(r.filter_results[0].error_code, CLUSTER_DENIED);

@@ -59,14 +59,11 @@ pub async fn handle(
                 None => image.topics.get(&wanted.topic_id).cloned(),
             };
             // Kafka: DESCRIBE on a named topic (TOPIC_AUTHORIZATION_FAILED),
-            // and to auto-create it CREATE on the cluster or the topic. A
-            // topic id the client may not describe is an unknown id.
+            // and to auto-create it CREATE on the cluster or the topic (by
+            // id too: Kafka deems ids not sensitive).
             let described = |name: &str| authz.allows(Op::Describe, Resource::Topic, name);
             let topic = match (found, &wanted.name) {
-                (Some(t), Some(_)) if !described(&t.name) => {
-                    Err(ApiError::TopicAuthorizationFailed)
-                }
-                (Some(t), None) if !described(&t.name) => Err(ApiError::UnknownTopicId),
+                (Some(t), _) if !described(&t.name) => Err(ApiError::TopicAuthorizationFailed),
                 (Some(t), _) => Ok(t),
                 (None, Some(name)) if !described(name) => Err(ApiError::TopicAuthorizationFailed),
                 (None, Some(name)) => match validate_topic_name(name) {
