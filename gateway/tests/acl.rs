@@ -537,3 +537,327 @@ fn authorizer_config() {
     assert!(a.allow_everyone_if_no_acl_found);
     assert!(with("com.example.MyAuthorizer").is_err());
 }
+
+/// The admin, group and transaction APIs: alice holds ALL on topics `a-*`,
+/// READ on group `g`, WRITE on transactional id `tx`; nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn admin_group_and_transaction_apis() {
+    use kafka_protocol::messages::add_partitions_to_txn_request::AddPartitionsToTxnTopic;
+    use kafka_protocol::messages::create_partitions_request::CreatePartitionsTopic;
+    use kafka_protocol::messages::delete_records_request::{
+        DeleteRecordsPartition, DeleteRecordsTopic,
+    };
+    use kafka_protocol::messages::describe_configs_request::DescribeConfigsResource;
+    use kafka_protocol::messages::incremental_alter_configs_request::{
+        AlterConfigsResource, AlterableConfig,
+    };
+    use kafka_protocol::messages::offset_commit_request::{
+        OffsetCommitRequestPartition, OffsetCommitRequestTopic,
+    };
+    use kafka_protocol::messages::{
+        AddPartitionsToTxnRequest, CreatePartitionsRequest, DeleteGroupsRequest,
+        DeleteRecordsRequest, DeleteTopicsRequest, DescribeConfigsRequest, DescribeLogDirsRequest,
+        EndTxnRequest, IncrementalAlterConfigsRequest, ListGroupsRequest, OffsetCommitRequest,
+        ProducerId,
+    };
+
+    let dir = tempfile::tempdir().unwrap();
+    let running = tessera_gateway::start(config(dir.path(), true))
+        .await
+        .unwrap();
+    let mut admin = login(&running, "admin").await;
+    let mut alice = login(&running, "alice").await;
+    for t in ["a-1", "a-2", "b-1"] {
+        assert_eq!(create_topic(&mut admin, t).await, 0);
+    }
+    let r = admin
+        .call(
+            3,
+            &CreateAclsRequest::default().with_creations(vec![
+                creation(TOPIC, "a-", PREFIXED, "User:alice", ALL, ALLOW),
+                creation(GROUP, "g", LITERAL, "User:alice", READ, ALLOW),
+                creation(5, "tx", LITERAL, "User:alice", WRITE, ALLOW),
+            ]),
+        )
+        .await;
+    assert!(r.results.iter().all(|r| r.error_code == 0));
+
+    // CreatePartitions: ALTER on the topic.
+    let grow = |t: &str| {
+        CreatePartitionsTopic::default()
+            .with_name(topic_name(t))
+            .with_count(2)
+            .with_assignments(None)
+    };
+    let r = alice
+        .call(
+            3,
+            &CreatePartitionsRequest::default()
+                .with_timeout_ms(30_000)
+                .with_validate_only(true)
+                .with_topics(vec![grow("a-1"), grow("b-1")]),
+        )
+        .await;
+    let codes: Vec<i16> = r.results.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, [0, TOPIC_DENIED]);
+
+    // DescribeConfigs: DESCRIBE_CONFIGS on the topic, on the cluster for a broker.
+    let resource = |t: i8, n: &str| {
+        DescribeConfigsResource::default()
+            .with_resource_type(t)
+            .with_resource_name(s(n))
+            .with_configuration_keys(None)
+    };
+    let r = alice
+        .call(
+            4,
+            &DescribeConfigsRequest::default().with_resources(vec![
+                resource(2, "a-1"),
+                resource(2, "b-1"),
+                resource(4, "1"),
+            ]),
+        )
+        .await;
+    let codes: Vec<i16> = r.results.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, [0, TOPIC_DENIED, CLUSTER_DENIED]);
+    assert!(!r.results[0].configs.is_empty());
+
+    // IncrementalAlterConfigs: ALTER_CONFIGS likewise; the allowed one applies.
+    let set = |t: i8, n: &str| {
+        AlterConfigsResource::default()
+            .with_resource_type(t)
+            .with_resource_name(s(n))
+            .with_configs(vec![AlterableConfig::default()
+                .with_name(s("retention.ms"))
+                .with_config_operation(0)
+                .with_value(Some(s("3600000")))])
+    };
+    let r = alice
+        .call(
+            1,
+            &IncrementalAlterConfigsRequest::default()
+                .with_resources(vec![set(2, "b-1"), set(2, "a-1")]),
+        )
+        .await;
+    let codes: Vec<i16> = r.responses.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, [TOPIC_DENIED, 0]);
+    let image = running.broker.image();
+    assert_eq!(
+        image
+            .topic_by_name("a-1")
+            .unwrap()
+            .configs
+            .get("retention.ms"),
+        Some(&"3600000".to_string())
+    );
+    assert!(!image
+        .topic_by_name("b-1")
+        .unwrap()
+        .configs
+        .contains_key("retention.ms"));
+
+    // DeleteRecords: DELETE on the topic.
+    let r = alice
+        .call(
+            2,
+            &DeleteRecordsRequest::default()
+                .with_timeout_ms(30_000)
+                .with_topics(vec![DeleteRecordsTopic::default()
+                    .with_name(topic_name("b-1"))
+                    .with_partitions(vec![DeleteRecordsPartition::default()
+                        .with_partition_index(0)
+                        .with_offset(0)])]),
+        )
+        .await;
+    assert_eq!(r.topics[0].partitions[0].error_code, TOPIC_DENIED);
+
+    // OffsetCommit: READ on the group, then per topic.
+    let commit_topic = |t: &str| {
+        OffsetCommitRequestTopic::default()
+            .with_name(topic_name(t))
+            .with_partitions(vec![OffsetCommitRequestPartition::default()
+                .with_partition_index(0)
+                .with_committed_offset(0)
+                .with_committed_metadata(None)])
+    };
+    let commit = |group: &str| {
+        OffsetCommitRequest::default()
+            .with_group_id(GroupId(s(group)))
+            .with_generation_id_or_member_epoch(-1)
+            .with_member_id(s(""))
+            .with_topics(vec![commit_topic("b-1"), commit_topic("a-1")])
+    };
+    assert_eq!(find_group_coordinator(&mut alice, "g").await, 0);
+    // The coordinator may still be loading `__consumer_offsets`.
+    let mut r = alice.call(8, &commit("g")).await;
+    for _ in 0..100 {
+        let code = r.topics[1].partitions[0].error_code;
+        if code != ResponseError::CoordinatorNotAvailable.code()
+            && code != ResponseError::CoordinatorLoadInProgress.code()
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        r = alice.call(8, &commit("g")).await;
+    }
+    let codes: Vec<(String, i16)> = r
+        .topics
+        .iter()
+        .map(|t| (t.name.to_string(), t.partitions[0].error_code))
+        .collect();
+    assert_eq!(
+        codes,
+        [("b-1".to_string(), TOPIC_DENIED), ("a-1".to_string(), 0)]
+    );
+    let r = alice.call(8, &commit("h")).await;
+    assert!(r
+        .topics
+        .iter()
+        .all(|t| t.partitions[0].error_code == GROUP_DENIED));
+
+    // ListGroups: only the groups alice may describe; DeleteGroups: DELETE.
+    let r = alice.call(4, &ListGroupsRequest::default()).await;
+    assert_eq!(r.error_code, 0);
+    assert!(r.groups.iter().all(|g| g.group_id.as_str() == "g"));
+    let r = admin.call(4, &ListGroupsRequest::default()).await;
+    assert!(r.groups.iter().any(|g| g.group_id.as_str() == "g"));
+    let r = alice
+        .call(
+            2,
+            &DeleteGroupsRequest::default().with_groups_names(vec![GroupId(s("g"))]),
+        )
+        .await;
+    assert_eq!(r.results[0].error_code, GROUP_DENIED);
+
+    // Transactions: WRITE on the transactional id, then on the topics.
+    assert_eq!(find_txn_coordinator(&mut alice, "tx").await, 0);
+    // The coordinator may still be loading `__transaction_state`.
+    let mut code = init_producer_id(&mut alice, Some("tx")).await;
+    for _ in 0..100 {
+        if code != ResponseError::CoordinatorNotAvailable.code()
+            && code != ResponseError::CoordinatorLoadInProgress.code()
+        {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        code = init_producer_id(&mut alice, Some("tx")).await;
+    }
+    assert_eq!(code, 0);
+    let add = |id: &str| {
+        AddPartitionsToTxnRequest::default()
+            .with_v3_and_below_transactional_id(TransactionalId(s(id)))
+            .with_v3_and_below_producer_id(ProducerId(0))
+            .with_v3_and_below_producer_epoch(0)
+            .with_v3_and_below_topics(vec![
+                AddPartitionsToTxnTopic::default()
+                    .with_name(topic_name("b-1"))
+                    .with_partitions(vec![0]),
+                AddPartitionsToTxnTopic::default()
+                    .with_name(topic_name("a-1"))
+                    .with_partitions(vec![0]),
+            ])
+    };
+    let r = alice.call(3, &add("tx")).await;
+    let codes: Vec<i16> = r
+        .results_by_topic_v3_and_below
+        .iter()
+        .map(|t| t.results_by_partition[0].partition_error_code)
+        .collect();
+    assert_eq!(
+        codes,
+        [TOPIC_DENIED, ResponseError::OperationNotAttempted.code()]
+    );
+    let r = alice.call(3, &add("other")).await;
+    assert!(r
+        .results_by_topic_v3_and_below
+        .iter()
+        .all(|t| t.results_by_partition[0].partition_error_code == TXN_ID_DENIED));
+    let r = alice
+        .call(
+            3,
+            &EndTxnRequest::default()
+                .with_transactional_id(TransactionalId(s("other")))
+                .with_producer_id(ProducerId(0))
+                .with_producer_epoch(0),
+        )
+        .await;
+    assert_eq!(r.error_code, TXN_ID_DENIED);
+    assert_eq!(find_txn_coordinator(&mut alice, "tx").await, 0);
+    assert_eq!(
+        find_txn_coordinator(&mut alice, "other").await,
+        TXN_ID_DENIED
+    );
+
+    // Cluster-wide admin APIs.
+    let r = alice
+        .call(4, &DescribeLogDirsRequest::default().with_topics(None))
+        .await;
+    assert_eq!(r.error_code, CLUSTER_DENIED);
+    let r = admin
+        .call(4, &DescribeLogDirsRequest::default().with_topics(None))
+        .await;
+    assert_eq!(r.error_code, 0);
+
+    // DeleteTopics: DELETE on the topic.
+    let r = alice
+        .call(
+            5,
+            &DeleteTopicsRequest::default()
+                .with_timeout_ms(30_000)
+                .with_topic_names(vec![topic_name("b-1"), topic_name("a-2")]),
+        )
+        .await;
+    let codes: Vec<i16> = r.responses.iter().map(|r| r.error_code).collect();
+    assert_eq!(codes, [TOPIC_DENIED, 0]);
+    assert!(running.broker.image().topic_by_name("a-2").is_none());
+    assert!(running.broker.image().topic_by_name("b-1").is_some());
+    running.shutdown().await;
+}
+
+async fn find_txn_coordinator(c: &mut WireClient, id: &str) -> i16 {
+    let r = c
+        .call(
+            3,
+            &FindCoordinatorRequest::default()
+                .with_key(s(id))
+                .with_key_type(1),
+        )
+        .await;
+    r.error_code
+}
+
+/// `allow.everyone.if.no.acl.found=true`: a resource without any ACL is
+/// open to everyone, one with ACLs only to whom they allow.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn allow_everyone_if_no_acl_found() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), true);
+    config
+        .authorizer
+        .as_mut()
+        .unwrap()
+        .allow_everyone_if_no_acl_found = true;
+    let running = tessera_gateway::start(config).await.unwrap();
+    let mut admin = login(&running, "admin").await;
+    let mut bob = login(&running, "bob").await;
+    assert_eq!(create_topic(&mut bob, "open").await, 0);
+    assert_eq!(produce(&mut bob, "open").await, 0);
+    let r = admin
+        .call(
+            3,
+            &CreateAclsRequest::default().with_creations(vec![creation(
+                TOPIC,
+                "open",
+                LITERAL,
+                "User:alice",
+                READ,
+                ALLOW,
+            )]),
+        )
+        .await;
+    assert_eq!(r.results[0].error_code, 0);
+    // Now the topic has an ACL, and none for bob.
+    assert_eq!(produce(&mut bob, "open").await, TOPIC_DENIED);
+    assert_eq!(fetch(&mut bob, "open").await, TOPIC_DENIED);
+    running.shutdown().await;
+}
