@@ -229,6 +229,3 @@ impl<'b> Authz<'b> {
 
 /// Kafka's config resource type of a broker logger.
 const BROKER_LOGGER: i8 = 8;
-
-/// Kafka's value of an authorized-operations field that was not asked for.
-pub const OPERATIONS_NOT_REQUESTED: i32 = i32::MIN;
