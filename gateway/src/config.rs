@@ -163,6 +163,11 @@ pub struct BrokerConfig {
     pub transactional_id_expiration_ms: i64,
     /// The automatic range policy (`range.*` keys; see range_policy.rs).
     pub range_policy: RangePolicyConfig,
+    /// `authorizer.class.name` (Kafka's StandardAuthorizer or AclAuthorizer
+    /// class names): `Some` turns authorization on, with `super.users` and
+    /// `allow.everyone.if.no.acl.found`. `None` (the default): everyone
+    /// may do everything.
+    pub authorizer: Option<tessera_metadata::acl::AuthorizerSettings>,
     /// The keys set at startup (file, environment, flags) as given: what
     /// DescribeConfigs reports as STATIC_BROKER_CONFIG.
     pub explicit: BTreeMap<String, String>,
@@ -208,6 +213,9 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("ssl.truststore.location", ""),
     ("ssl.truststore.certificates", ""),
     ("ssl.client.auth", "none"),
+    ("authorizer.class.name", ""),
+    ("super.users", ""),
+    ("allow.everyone.if.no.acl.found", "false"),
     ("admin.listener", "127.0.0.1:9644"),
     ("log.dirs", "./tessera-data"),
     ("broker.rack", ""),
@@ -385,6 +393,37 @@ fn parse_assignors(raw: &str) -> Result<Vec<String>, ConfigError> {
         return Err(invalid());
     }
     Ok(out)
+}
+
+/// Kafka's authorizer class names this broker implements (one ACL model:
+/// StandardAuthorizer's).
+pub const AUTHORIZER_CLASS_NAMES: &[&str] = &[
+    "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
+    "kafka.security.authorizer.AclAuthorizer",
+];
+
+/// `authorizer.class.name`, `super.users`, `allow.everyone.if.no.acl.found`.
+fn parse_authorizer(
+    map: &BTreeMap<String, String>,
+    get: &dyn Fn(&str) -> String,
+) -> Result<Option<tessera_metadata::acl::AuthorizerSettings>, ConfigError> {
+    let class = get("authorizer.class.name");
+    let class = class.trim();
+    if class.is_empty() {
+        return Ok(None);
+    }
+    if !AUTHORIZER_CLASS_NAMES.contains(&class) {
+        return Err(ConfigError::InvalidValue {
+            key: "authorizer.class.name".into(),
+            value: format!("{class} (supported: {})", AUTHORIZER_CLASS_NAMES.join(", ")),
+        });
+    }
+    Ok(Some(tessera_metadata::acl::AuthorizerSettings {
+        super_users: tessera_metadata::acl::AuthorizerSettings::parse_super_users(&get(
+            "super.users",
+        )),
+        allow_everyone_if_no_acl_found: parse(map, "allow.everyone.if.no.acl.found")?,
+    }))
 }
 
 /// `PLAINTEXT://host:port` or `host:port` -> (host, port), for the admin
@@ -594,6 +633,7 @@ impl BrokerConfig {
                 max_count: parse(map, "range.max.count")?,
                 sustain_intervals: parse::<u32>(map, "range.policy.sustain.intervals")?.max(1),
             },
+            authorizer: parse_authorizer(map, &get)?,
             // JAAS entries and private keys are secrets: never reported.
             explicit: map
                 .iter()

@@ -236,6 +236,21 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "SASL mechanisms of SASL listeners (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); listener.name.<name>.sasl.enabled.mechanisms overrides it per listener, and listener.name.<name>.plain.sasl.jaas.config lists PLAIN users (user_NAME=\"password\").",
     ),
     (
+        "authorizer.class.name",
+        2,
+        "Turns authorization (ACLs) on: org.apache.kafka.metadata.authorizer.StandardAuthorizer or kafka.security.authorizer.AclAuthorizer (one ACL model, Kafka's StandardAuthorizer). Empty: everyone may do everything.",
+    ),
+    (
+        "super.users",
+        2,
+        "Principals allowed everything whatever the ACLs, separated by semicolons (User:admin;User:ops).",
+    ),
+    (
+        "allow.everyone.if.no.acl.found",
+        1,
+        "With an authorizer: whether a resource with no ACL at all is open to everyone.",
+    ),
+    (
         "admin.listener",
         2,
         "Tessera: the HTTP address of /metrics, /health and /ready.",

@@ -168,6 +168,18 @@ pub enum ApiError {
     DuplicateResource(String),
     #[error("{0}")]
     UnacceptableCredential(String),
+    #[error("topic authorization failed")]
+    TopicAuthorizationFailed,
+    #[error("group authorization failed")]
+    GroupAuthorizationFailed,
+    #[error("cluster authorization failed")]
+    ClusterAuthorizationFailed,
+    #[error("transactional id authorization failed")]
+    TransactionalIdAuthorizationFailed,
+    #[error("no authorizer is configured on the broker (authorizer.class.name)")]
+    SecurityDisabled,
+    #[error("the broker did not attempt this operation: another in the request failed")]
+    OperationNotAttempted,
     /// A KIP-848 consumer group refused the request (its own code).
     #[error("{0}")]
     ConsumerGroup(crate::groups::consumer_protocol::ConsumerGroupError),
@@ -236,6 +248,12 @@ impl ApiError {
             ApiError::ResourceNotFound(_) => K::ResourceNotFound,
             ApiError::DuplicateResource(_) => K::DuplicateResource,
             ApiError::UnacceptableCredential(_) => K::UnacceptableCredential,
+            ApiError::TopicAuthorizationFailed => K::TopicAuthorizationFailed,
+            ApiError::GroupAuthorizationFailed => K::GroupAuthorizationFailed,
+            ApiError::ClusterAuthorizationFailed => K::ClusterAuthorizationFailed,
+            ApiError::TransactionalIdAuthorizationFailed => K::TransactionalIdAuthorizationFailed,
+            ApiError::SecurityDisabled => K::SecurityDisabled,
+            ApiError::OperationNotAttempted => K::OperationNotAttempted,
             ApiError::ConsumerGroup(e) => e.kafka(),
         }
     }
@@ -365,5 +383,11 @@ mod tests {
             80
         );
         assert_eq!(ApiError::NoReassignmentInProgress(String::new()).code(), 85);
+        assert_eq!(ApiError::TopicAuthorizationFailed.code(), 29);
+        assert_eq!(ApiError::GroupAuthorizationFailed.code(), 30);
+        assert_eq!(ApiError::ClusterAuthorizationFailed.code(), 31);
+        assert_eq!(ApiError::TransactionalIdAuthorizationFailed.code(), 53);
+        assert_eq!(ApiError::SecurityDisabled.code(), 54);
+        assert_eq!(ApiError::OperationNotAttempted.code(), 55);
     }
 }

@@ -5,6 +5,7 @@ pub mod admin;
 pub mod alter_config;
 pub mod api;
 pub mod append;
+pub mod authz;
 pub mod broker;
 pub mod config;
 pub mod coordinator;

@@ -28,6 +28,8 @@ pub struct Metrics {
     /// TLS handshakes that failed or timed out (plaintext on a TLS port,
     /// a refused client certificate).
     pub tls_handshake_failures: AtomicU64,
+    /// Operations the authorizer denied (`authorizer.class.name` set).
+    pub authorization_denied: AtomicU64,
     /// Log cleaner: segment bytes read and written by cleaning passes (as
     /// they go), and the bytes the rewritten segments held before and after.
     pub cleaner_io_bytes: AtomicU64,
@@ -58,6 +60,7 @@ impl Default for Metrics {
             authentications_succeeded: AtomicU64::new(0),
             authentications_failed: AtomicU64::new(0),
             tls_handshake_failures: AtomicU64::new(0),
+            authorization_denied: AtomicU64::new(0),
             cleaner_io_bytes: AtomicU64::new(0),
             cleaner_bytes_before: AtomicU64::new(0),
             cleaner_bytes_after: AtomicU64::new(0),
@@ -169,6 +172,11 @@ impl Metrics {
                 "tessera_tls_handshake_failures_total",
                 "TLS handshakes that failed or timed out (a plaintext client on a TLS port, a refused client certificate).",
                 &self.tls_handshake_failures,
+            ),
+            (
+                "tessera_authorization_denied_total",
+                "Operations on a resource the authorizer denied (one per resource checked).",
+                &self.authorization_denied,
             ),
             (
                 "tessera_connections_opened_total",

@@ -160,6 +160,7 @@ async fn connection<R, W>(
     let mut context = Connection {
         listener: spec.clone(),
         principal: Some(Arc::from(tls_principal.as_deref().unwrap_or(ANONYMOUS))),
+        peer,
     };
     loop {
         let frame = tokio::select! {

@@ -115,6 +115,8 @@ pub struct MetadataImage {
     pub broker_configs: BTreeMap<Option<i32>, BTreeMap<String, String>>,
     /// SCRAM credentials by (user, mechanism type byte).
     pub scram_credentials: BTreeMap<(String, u8), ScramCredentialRecord>,
+    /// ACLs by id (`CreateAcl`/`RemoveAcl`).
+    pub acls: BTreeMap<uuid::Uuid, crate::acl::AclBinding>,
 }
 
 /// The empty image: `offset` is -1 (nothing applied), not 0, because 0 is
@@ -134,6 +136,7 @@ impl Default for MetadataImage {
             last_producer_id_broker: -1,
             broker_configs: BTreeMap::new(),
             scram_credentials: BTreeMap::new(),
+            acls: BTreeMap::new(),
         }
     }
 }
@@ -307,6 +310,12 @@ impl MetadataImage {
         }
         for credential in self.scram_credentials.values() {
             out.push(MetadataRecord::SetScramCredential(credential.clone()));
+        }
+        for (id, acl) in &self.acls {
+            out.push(MetadataRecord::CreateAcl {
+                id: *id,
+                acl: acl.clone(),
+            });
         }
         out
     }

@@ -9,6 +9,7 @@
 //! [`decode_committed_value`] ([`replay`]), so that every replica and every
 //! restart reaches the same image from the same bytes.
 
+pub mod acl;
 pub mod controller;
 pub mod error;
 pub mod heartbeats;

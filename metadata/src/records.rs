@@ -13,6 +13,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use crate::acl::{AclBinding, AclOperation, AclPermissionType, PatternType, ResourceType};
 use crate::error::RecordDecodeError;
 use crate::{RangeId, SegmentId, TopicId};
 
@@ -210,6 +211,18 @@ pub enum MetadataRecord {
         user: String,
         mechanism: u8,
     },
+    /// A new ACL (Kafka's AccessControlEntryRecord) under a fresh id.
+    /// Replay skips it when the id is taken or the same binding exists
+    /// (Kafka's CreateAcls of an existing ACL changes nothing).
+    CreateAcl {
+        id: uuid::Uuid,
+        acl: AclBinding,
+    },
+    /// Removes the ACL with this id (Kafka's RemoveAccessControlEntryRecord;
+    /// replay skips an unknown id).
+    RemoveAcl {
+        id: uuid::Uuid,
+    },
 }
 
 /// Record type numbers. Never reuse or renumber: they are in the log.
@@ -233,8 +246,10 @@ pub mod record_type {
     pub const SET_SEGMENT_REPLICAS: u16 = 16;
     pub const SET_SCRAM_CREDENTIAL: u16 = 17;
     pub const REMOVE_SCRAM_CREDENTIAL: u16 = 18;
+    pub const CREATE_ACL: u16 = 19;
+    pub const REMOVE_ACL: u16 = 20;
     /// The largest type number this build reads.
-    pub const MAX: u16 = REMOVE_SCRAM_CREDENTIAL;
+    pub const MAX: u16 = REMOVE_ACL;
 }
 
 impl MetadataRecord {
@@ -261,6 +276,8 @@ impl MetadataRecord {
             MetadataRecord::SetSegmentReplicas { .. } => SET_SEGMENT_REPLICAS,
             MetadataRecord::SetScramCredential(_) => SET_SCRAM_CREDENTIAL,
             MetadataRecord::RemoveScramCredential { .. } => REMOVE_SCRAM_CREDENTIAL,
+            MetadataRecord::CreateAcl { .. } => CREATE_ACL,
+            MetadataRecord::RemoveAcl { .. } => REMOVE_ACL,
         }
     }
 
@@ -406,6 +423,17 @@ impl MetadataRecord {
                 w.str16(user);
                 w.u8(*mechanism);
             }
+            MetadataRecord::CreateAcl { id, acl } => {
+                w.uuid(id);
+                w.u8(acl.resource_type.code() as u8);
+                w.str16(&acl.resource_name);
+                w.u8(acl.pattern_type.code() as u8);
+                w.str16(&acl.principal);
+                w.str16(&acl.host);
+                w.u8(acl.operation.code() as u8);
+                w.u8(acl.permission.code() as u8);
+            }
+            MetadataRecord::RemoveAcl { id } => w.uuid(id),
         }
         w.0
     }
@@ -599,6 +627,31 @@ impl MetadataRecord {
             REMOVE_SCRAM_CREDENTIAL => MetadataRecord::RemoveScramCredential {
                 user: r.str16("user")?,
                 mechanism: r.u8("mechanism")?,
+            },
+            CREATE_ACL => {
+                let id = r.uuid("acl id")?;
+                let resource_type = r.acl_enum("resource_type", ResourceType::from_code)?;
+                let resource_name = r.str16("resource_name")?;
+                let pattern_type = r.acl_enum("pattern_type", PatternType::from_code)?;
+                let principal = r.str16("principal")?;
+                let host = r.str16("host")?;
+                let operation = r.acl_enum("operation", AclOperation::from_code)?;
+                let permission = r.acl_enum("permission", AclPermissionType::from_code)?;
+                MetadataRecord::CreateAcl {
+                    id,
+                    acl: AclBinding {
+                        resource_type,
+                        resource_name,
+                        pattern_type,
+                        principal,
+                        host,
+                        operation,
+                        permission,
+                    },
+                }
+            }
+            REMOVE_ACL => MetadataRecord::RemoveAcl {
+                id: r.uuid("acl id")?,
             },
             // Numbers not (or no longer) in use.
             _ => return Err(RecordDecodeError::UnknownType(ty)),
@@ -834,6 +887,11 @@ impl MetadataRecord {
                 check_len("user", user, 1, MAX_USER_NAME_LEN)?;
                 check_scram_mechanism(*mechanism).map(|_| ())
             }
+            MetadataRecord::CreateAcl { id, acl } => {
+                check_acl_id(id)?;
+                acl.validate().map_err(|e| E::invalid("acl", e.0))
+            }
+            MetadataRecord::RemoveAcl { id } => check_acl_id(id),
         }
     }
 }
@@ -842,6 +900,13 @@ impl MetadataRecord {
 fn check_scram_mechanism(mechanism: u8) -> Result<usize, RecordDecodeError> {
     scram_key_len(mechanism)
         .ok_or_else(|| RecordDecodeError::invalid("mechanism", mechanism.to_string()))
+}
+
+fn check_acl_id(id: &uuid::Uuid) -> Result<(), RecordDecodeError> {
+    if id.is_nil() {
+        return Err(RecordDecodeError::invalid("acl id", "nil uuid"));
+    }
+    Ok(())
 }
 
 /// A replica set: 1..=MAX_REPLICAS valid, distinct broker ids.
@@ -1095,6 +1160,20 @@ impl<'a> Reader<'a> {
         let n = self.u32(field)? as usize;
         self.utf8(n, field)
     }
+    /// An ACL enum byte Kafka defines (UNKNOWN and ANY decode; validation
+    /// refuses them).
+    fn acl_enum<T>(
+        &mut self,
+        field: &'static str,
+        from_code: fn(i8) -> Option<T>,
+    ) -> Result<T, RecordDecodeError> {
+        let b = self.u8(field)?;
+        i8::try_from(b)
+            .ok()
+            .and_then(from_code)
+            .ok_or_else(|| RecordDecodeError::invalid(field, b.to_string()))
+    }
+
     fn bytes16(&mut self, field: &'static str) -> Result<Vec<u8>, RecordDecodeError> {
         let n = self.u16(field)? as usize;
         Ok(self.take(n, field)?.to_vec())
@@ -1293,6 +1372,36 @@ pub(crate) mod tests {
             (arb_nonempty_text(20), 1u8..=2).prop_map(|(user, mechanism)| {
                 MetadataRecord::RemoveScramCredential { user, mechanism }
             }),
+            (
+                arb_uuid(),
+                2i8..=7,
+                arb_nonempty_text(20),
+                3i8..=4,
+                arb_nonempty_text(10),
+                arb_nonempty_text(10),
+                2i8..=14,
+                2i8..=3,
+            )
+                .prop_map(|(id, rt, name, pt, user, host, op, perm)| {
+                    let resource_type = crate::acl::ResourceType::from_code(rt).unwrap();
+                    MetadataRecord::CreateAcl {
+                        id,
+                        acl: AclBinding {
+                            resource_type,
+                            resource_name: if resource_type == crate::acl::ResourceType::Cluster {
+                                crate::acl::CLUSTER_NAME.into()
+                            } else {
+                                name
+                            },
+                            pattern_type: crate::acl::PatternType::from_code(pt).unwrap(),
+                            principal: format!("User:{user}"),
+                            host,
+                            operation: crate::acl::AclOperation::from_code(op).unwrap(),
+                            permission: crate::acl::AclPermissionType::from_code(perm).unwrap(),
+                        },
+                    }
+                }),
+            arb_uuid().prop_map(|id| MetadataRecord::RemoveAcl { id }),
         ]
     }
 
@@ -1625,6 +1734,67 @@ pub(crate) mod tests {
         rejects(MetadataRecord::RemoveScramCredential {
             user: "al".into(),
             mechanism: 0,
+        });
+    }
+
+    #[test]
+    fn acl_codec() {
+        let acl = AclBinding {
+            resource_type: ResourceType::Topic,
+            resource_name: "a-".into(),
+            pattern_type: PatternType::Prefixed,
+            principal: "User:al".into(),
+            host: "*".into(),
+            operation: AclOperation::Read,
+            permission: AclPermissionType::Allow,
+        };
+        let id = uuid::Uuid::from_u128(1);
+        let rec = MetadataRecord::CreateAcl {
+            id,
+            acl: acl.clone(),
+        };
+        let bytes = rec.encode();
+        assert_eq!(
+            bytes,
+            [
+                &[0u8, 19, 0, 0][..],
+                id.as_bytes(),
+                &[2, 0, 2, b'a', b'-', 4, 0, 7],
+                b"User:al",
+                &[0, 1, b'*', 3, 3],
+            ]
+            .concat()
+        );
+        assert_eq!(MetadataRecord::decode(&bytes), Ok(rec.clone()));
+        let with = |f: &dyn Fn(&mut AclBinding)| {
+            let mut a = acl.clone();
+            f(&mut a);
+            MetadataRecord::CreateAcl { id, acl: a }
+        };
+        rejects(MetadataRecord::CreateAcl {
+            id: uuid::Uuid::nil(),
+            acl: acl.clone(),
+        });
+        rejects(with(&|a| a.resource_type = ResourceType::Any));
+        rejects(with(&|a| a.pattern_type = PatternType::Match));
+        rejects(with(&|a| a.operation = AclOperation::Unknown));
+        rejects(with(&|a| a.permission = AclPermissionType::Any));
+        rejects(with(&|a| a.principal = "al".into()));
+        rejects(with(&|a| a.resource_name.clear()));
+        rejects(with(&|a| a.host.clear()));
+        rejects(with(&|a| a.resource_type = ResourceType::Cluster));
+        // An enum byte Kafka does not define.
+        let mut bad = bytes.clone();
+        bad[20] = 9;
+        assert!(MetadataRecord::decode(&bad).is_err());
+        let remove = MetadataRecord::RemoveAcl { id };
+        assert_eq!(
+            remove.encode(),
+            [&[0u8, 20, 0, 0][..], id.as_bytes()].concat()
+        );
+        assert_eq!(MetadataRecord::decode(&remove.encode()), Ok(remove));
+        rejects(MetadataRecord::RemoveAcl {
+            id: uuid::Uuid::nil(),
         });
     }
 

@@ -65,6 +65,9 @@ impl MetadataImage {
                     .contains_key(&(user.clone(), *mechanism)),
                 "unknown SCRAM credential",
             ),
+            R::CreateAcl { id, acl } => fail(self.acls.contains_key(id), "ACL id exists")
+                .or_else(|| fail(self.acls.values().any(|a| a == acl), "the ACL exists")),
+            R::RemoveAcl { id } => fail(!self.acls.contains_key(id), "unknown ACL"),
             R::FenceBroker { broker_id } | R::UnfenceBroker { broker_id } => {
                 fail(!self.brokers.contains_key(broker_id), "unknown broker")
             }
@@ -332,6 +335,12 @@ impl MetadataImage {
             }
             R::RemoveScramCredential { user, mechanism } => {
                 self.scram_credentials.remove(&(user.clone(), *mechanism));
+            }
+            R::CreateAcl { id, acl } => {
+                self.acls.insert(*id, acl.clone());
+            }
+            R::RemoveAcl { id } => {
+                self.acls.remove(id);
             }
             R::IncreasePartitions {
                 topic_id,
@@ -705,6 +714,41 @@ mod tests {
             img.scram_credentials[&("alice".to_string(), 1)].stored_key,
             vec![4; 32]
         );
+        assert_snapshot_round_trips(&img);
+    }
+
+    #[test]
+    fn acls() {
+        use crate::acl::*;
+        let binding = |name: &str| AclBinding {
+            resource_type: ResourceType::Topic,
+            resource_name: name.into(),
+            pattern_type: PatternType::Literal,
+            principal: "User:alice".into(),
+            host: "*".into(),
+            operation: AclOperation::Read,
+            permission: AclPermissionType::Allow,
+        };
+        let id = |n: u128| uuid::Uuid::from_u128(n);
+        let create = |n: u128, name: &str| MetadataRecord::CreateAcl {
+            id: id(n),
+            acl: binding(name),
+        };
+        let (img, applied) = replay(&[
+            create(1, "t"),
+            create(2, "u"),
+            // The id is taken.
+            create(2, "v"),
+            // The same binding under another id.
+            create(3, "t"),
+            MetadataRecord::RemoveAcl { id: id(2) },
+            MetadataRecord::RemoveAcl { id: id(2) },
+            create(4, "u"),
+        ]);
+        assert_eq!(applied, vec![true, true, false, false, true, false, true]);
+        assert_eq!(img.acls.len(), 2);
+        assert_eq!(img.acls[&id(1)], binding("t"));
+        assert_eq!(img.acls[&id(4)], binding("u"));
         assert_snapshot_round_trips(&img);
     }
 

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use kafka_protocol::messages::{AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, RequestHeader};
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::txn::fenced_for_version;
 
@@ -13,6 +14,14 @@ pub async fn handle(
     header: &RequestHeader,
     request: AddOffsetsToTxnRequest,
 ) -> AddOffsetsToTxnResponse {
+    // Kafka: WRITE on the transactional id, READ on the group.
+    let authz = Authz::current(broker);
+    if let Err(e) = authz
+        .transactional_id(Op::Write, &request.transactional_id)
+        .and_then(|()| authz.group(Op::Read, &request.group_id))
+    {
+        return AddOffsetsToTxnResponse::default().with_error_code(e.code());
+    }
     let result = broker
         .txns
         .add_offsets(

@@ -13,6 +13,7 @@ use kafka_protocol::messages::{
     AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, RequestHeader,
 };
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::txn::fenced_for_version;
 
@@ -22,19 +23,35 @@ pub async fn handle(
     request: AddPartitionsToTxnRequest,
 ) -> AddPartitionsToTxnResponse {
     let image = broker.image();
+    // Kafka: WRITE on the transactional id (every partition fails), then
+    // WRITE on each topic (its partitions fail, the rest are not attempted).
+    let authz = Authz::current(broker);
+    let txn_denied = authz
+        .transactional_id(Op::Write, &request.v3_and_below_transactional_id)
+        .err();
+    let denied_topics: std::collections::HashSet<String> = request
+        .v3_and_below_topics
+        .iter()
+        .filter(|t| txn_denied.is_none() && authz.topic(Op::Write, &t.name).is_err())
+        .map(|t| t.name.0.to_string())
+        .collect();
     let mut unknown = false;
     let mut partitions = Vec::new();
     for t in &request.v3_and_below_topics {
         let topic = image.topic_by_name(t.name.0.as_str());
         for &p in &t.partitions {
-            if topic.is_some_and(|k| p >= 0 && (p as u32) < k.partitions) {
+            if denied_topics.contains(t.name.0.as_str()) {
+                unknown = true;
+            } else if topic.is_some_and(|k| p >= 0 && (p as u32) < k.partitions) {
                 partitions.push((t.name.0.to_string(), p));
             } else {
                 unknown = true;
             }
         }
     }
-    let outcome: Result<(), i16> = if unknown {
+    let outcome: Result<(), i16> = if let Some(e) = &txn_denied {
+        Err(e.code())
+    } else if unknown {
         Err(-1)
     } else {
         broker
@@ -62,6 +79,9 @@ pub async fn handle(
                         .map(|&p| {
                             let known = topic.is_some_and(|k| p >= 0 && (p as u32) < k.partitions);
                             let code = match outcome {
+                                Err(-1) if denied_topics.contains(t.name.0.as_str()) => {
+                                    crate::error::ApiError::TopicAuthorizationFailed.code()
+                                }
                                 Ok(()) => 0,
                                 Err(-1) if known => ResponseError::OperationNotAttempted.code(),
                                 Err(-1) => ResponseError::UnknownTopicOrPartition.code(),

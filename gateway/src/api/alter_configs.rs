@@ -9,6 +9,7 @@ use kafka_protocol::messages::{AlterConfigsRequest, AlterConfigsResponse, Reques
 use kafka_protocol::protocol::StrBytes;
 
 use crate::alter_config::ConfigChange;
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 
 pub async fn handle(
@@ -16,10 +17,23 @@ pub async fn handle(
     _header: &RequestHeader,
     request: AlterConfigsRequest,
 ) -> AlterConfigsResponse {
-    let changes = request
+    // Kafka: ALTER_CONFIGS on the topic, or on the cluster for a broker.
+    let authz = Authz::current(broker);
+    let denied: Vec<Option<crate::error::ApiError>> = request
         .resources
         .iter()
         .map(|r| {
+            authz
+                .config_resource(Op::AlterConfigs, r.resource_type, &r.resource_name)
+                .err()
+        })
+        .collect();
+    let changes = request
+        .resources
+        .iter()
+        .zip(&denied)
+        .filter(|(_, d)| d.is_none())
+        .map(|(r, _)| {
             let change = ConfigChange::Replace(
                 r.configs
                     .iter()
@@ -29,7 +43,17 @@ pub async fn handle(
             (r.resource_type, r.resource_name.as_str(), change)
         })
         .collect();
-    let outcomes = broker.alter_resources(changes, request.validate_only).await;
+    let mut allowed = broker
+        .alter_resources(changes, request.validate_only)
+        .await
+        .into_iter();
+    let outcomes: Vec<(i16, Option<String>)> = denied
+        .into_iter()
+        .map(|d| match d {
+            Some(e) => (e.code(), e.message()),
+            None => allowed.next().unwrap_or((0, None)),
+        })
+        .collect();
     let responses = request
         .resources
         .iter()

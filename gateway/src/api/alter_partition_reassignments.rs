@@ -24,6 +24,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::{MetadataImage, TopicImage};
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
 
@@ -32,6 +33,12 @@ pub async fn handle(
     header: &RequestHeader,
     request: AlterPartitionReassignmentsRequest,
 ) -> AlterPartitionReassignmentsResponse {
+    // Kafka: ALTER on the cluster.
+    if let Err(e) = Authz::current(broker).cluster(Op::Alter) {
+        return AlterPartitionReassignmentsResponse::default()
+            .with_error_code(e.code())
+            .with_error_message(e.message().map(StrBytes::from_string));
+    }
     let image = broker.image();
     // v0 has no flag: the replication factor may change (Kafka's default).
     let allow_rf_change =

@@ -11,6 +11,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::sasl::credentials::{plan_alter, Alteration};
@@ -36,6 +37,13 @@ pub async fn handle(
         salted_password: u.salted_password.to_vec(),
     }));
     let (mut results, records) = plan_alter(&broker.image(), &alterations);
+    // Kafka: ALTER on the cluster; every user fails, nothing is written.
+    if let Err(e) = Authz::current(broker).cluster(Op::Alter) {
+        for (_, r) in results.iter_mut() {
+            *r = Err(e.clone());
+        }
+        return response(results);
+    }
     if !records.is_empty() {
         if let Err(e) = broker.controller.write(records).await {
             let error = ApiError::from(e);
@@ -44,6 +52,10 @@ pub async fn handle(
             }
         }
     }
+    response(results)
+}
+
+fn response(results: crate::sasl::credentials::UserResults) -> AlterUserScramCredentialsResponse {
     AlterUserScramCredentialsResponse::default().with_results(
         results
             .into_iter()

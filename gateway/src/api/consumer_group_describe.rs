@@ -12,6 +12,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 use crate::groups::consumer_protocol::DescribedMember;
 
@@ -62,7 +63,23 @@ pub async fn handle(
 ) -> ConsumerGroupDescribeResponse {
     let version = header.request_api_version;
     let mut groups = Vec::with_capacity(request.group_ids.len());
+    // Kafka: DESCRIBE on each group.
+    let authz = Authz::current(broker);
     for group_id in request.group_ids {
+        if let Err(e) = authz.group(Op::Describe, &group_id) {
+            groups.push(
+                DescribedGroup::default()
+                    .with_group_id(group_id)
+                    .with_error_code(e.code())
+                    .with_error_message(e.message().map(StrBytes::from_string)),
+            );
+            continue;
+        }
+        let operations = if request.include_authorized_operations {
+            authz.operations(Resource::Group, &group_id)
+        } else {
+            i32::MIN
+        };
         let described = match broker
             .groups
             .consumer_group_describe(broker, &group_id)
@@ -74,7 +91,8 @@ pub async fn handle(
                 .with_group_epoch(d.group_epoch)
                 .with_assignment_epoch(d.assignment_epoch)
                 .with_assignor_name(StrBytes::from_string(d.assignor_name))
-                .with_members(d.members.into_iter().map(|m| member(m, version)).collect()),
+                .with_members(d.members.into_iter().map(|m| member(m, version)).collect())
+                .with_authorized_operations(operations),
             Err(e) => DescribedGroup::default()
                 .with_group_id(group_id)
                 .with_error_code(e.code())

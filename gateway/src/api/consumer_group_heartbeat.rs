@@ -10,6 +10,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::groups::consumer_protocol::HeartbeatInput;
 
@@ -19,6 +20,20 @@ pub async fn handle(
     request: ConsumerGroupHeartbeatRequest,
     client_host: String,
 ) -> ConsumerGroupHeartbeatResponse {
+    // Kafka: READ on the group, DESCRIBE on each subscribed topic.
+    let authz = Authz::current(broker);
+    let denied = authz.group(Op::Read, &request.group_id).err().or_else(|| {
+        request
+            .subscribed_topic_names
+            .iter()
+            .flatten()
+            .find_map(|t| authz.topic(Op::Describe, t).err())
+    });
+    if let Some(e) = denied {
+        return ConsumerGroupHeartbeatResponse::default()
+            .with_error_code(e.code())
+            .with_error_message(e.message().map(StrBytes::from_string));
+    }
     let input = HeartbeatInput {
         api_version: header.request_api_version,
         group_id: request.group_id.to_string(),

@@ -13,6 +13,7 @@ use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicR
 use kafka_protocol::messages::{CreatePartitionsRequest, CreatePartitionsResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
 
@@ -29,10 +30,14 @@ pub async fn handle(
         .map(|t| t.name.0.to_string())
         .collect();
     let mut results = Vec::with_capacity(request.topics.len());
+    // Kafka: ALTER on each topic.
+    let authz = Authz::current(broker);
     for topic in &request.topics {
         let name = topic.name.0.to_string();
         let outcome = if duplicates.contains(&name) {
             Err(ApiError::InvalidRequest("Duplicate topic name.".into()))
+        } else if let Err(e) = authz.topic(Op::Alter, &name) {
+            Err(e)
         } else if topic.count <= 0 {
             // Kafka's count is an int; a non-positive one is never an increase.
             Err(ApiError::InvalidPartitions(format!(

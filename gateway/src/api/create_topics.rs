@@ -10,6 +10,7 @@ use kafka_protocol::messages::create_topics_response::{
 use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::Authz;
 use crate::broker::{Broker, NewTopic};
 use crate::error::ApiError;
 use crate::topic_config::{describe_topic_configs, validate_topic_configs};
@@ -28,6 +29,8 @@ pub async fn handle(
         .map(|t| t.name.0.to_string())
         .collect();
     let mut results = Vec::with_capacity(request.topics.len());
+    // Kafka: CREATE on the cluster or on the topic.
+    let authz = Authz::current(broker);
     for topic in request.topics {
         let name = topic.name.0.to_string();
         let mut result = CreatableTopicResult::default().with_name(topic.name.clone());
@@ -35,6 +38,8 @@ pub async fn handle(
             Err(ApiError::InvalidRequest(format!(
                 "create topics request had topic {name:?} more than once"
             )))
+        } else if !authz.may_create_topic(&name) {
+            Err(ApiError::TopicAuthorizationFailed)
         } else {
             create_one(broker, &topic, request.validate_only).await
         };

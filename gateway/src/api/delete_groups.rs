@@ -7,6 +7,7 @@ use std::sync::Arc;
 use kafka_protocol::messages::delete_groups_response::DeletableGroupResult;
 use kafka_protocol::messages::{DeleteGroupsRequest, DeleteGroupsResponse, RequestHeader};
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 
 pub async fn handle(
@@ -15,8 +16,13 @@ pub async fn handle(
     request: DeleteGroupsRequest,
 ) -> DeleteGroupsResponse {
     let mut results = Vec::with_capacity(request.groups_names.len());
+    // Kafka: DELETE on each group.
+    let authz = Authz::current(broker);
     for group_id in request.groups_names {
-        let r = broker.groups.delete_group(broker, &group_id).await;
+        let r = match authz.group(Op::Delete, &group_id) {
+            Err(e) => Err(e),
+            Ok(()) => broker.groups.delete_group(broker, &group_id).await,
+        };
         results.push(
             DeletableGroupResult::default()
                 .with_group_id(group_id)

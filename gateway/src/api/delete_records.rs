@@ -22,6 +22,7 @@ use kafka_protocol::messages::delete_records_response::{
 use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse, RequestHeader};
 use tessera_metadata::{MetadataImage, TopicId, TopicImage};
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
 
@@ -38,11 +39,16 @@ pub async fn handle(
     // collected per topic and written in one entry.
     let mut checked: Vec<Vec<Result<i64, ApiError>>> = Vec::with_capacity(request.topics.len());
     let mut targets: BTreeMap<TopicId, Vec<(u32, i64)>> = BTreeMap::new();
+    // Kafka: DELETE on each topic.
+    let authz = Authz::current(broker);
     for topic in &request.topics {
+        let denied = authz.topic(Op::Delete, &topic.name).err();
         let resolved = image.topic_by_name(topic.name.0.as_str()).cloned();
+        let resolved = resolved.filter(|_| denied.is_none());
         let mut results = Vec::with_capacity(topic.partitions.len());
         for p in &topic.partitions {
             let result = match &resolved {
+                None if denied.is_some() => Err(ApiError::TopicAuthorizationFailed),
                 None => Err(ApiError::UnknownTopicOrPartition),
                 Some(t) => target(broker, &image, t, p.partition_index, p.offset),
             };

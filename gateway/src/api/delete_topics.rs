@@ -9,6 +9,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
 
@@ -32,6 +33,8 @@ pub async fn handle(
             .collect()
     };
     let mut responses = Vec::with_capacity(wanted.len());
+    // Kafka: DELETE on each topic.
+    let authz = Authz::current(broker);
     for (name, id) in wanted {
         let image = broker.image();
         let found = match &name {
@@ -44,6 +47,15 @@ pub async fn handle(
                 .get(&id)
                 .cloned()
                 .ok_or(ApiError::UnknownTopicId),
+        };
+        let found = match (found, &name) {
+            (Err(_), Some(n)) if authz.topic(Op::Delete, n).is_err() => {
+                Err(ApiError::TopicAuthorizationFailed)
+            }
+            (Ok(t), _) if authz.topic(Op::Delete, &t.name).is_err() => {
+                Err(ApiError::TopicAuthorizationFailed)
+            }
+            (found, _) => found,
         };
         let outcome = match found {
             Ok(topic) => broker.delete_topic(topic.id).await.map(|_| topic),

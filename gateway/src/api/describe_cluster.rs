@@ -8,24 +8,20 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Resource, CLUSTER_NAME};
 use crate::broker::Broker;
 
 /// Kafka's "authorized operations not requested" marker.
 pub const AUTHORIZED_OPERATIONS_OMITTED: i32 = i32::MIN;
-/// With no authorizer every operation a resource type supports is allowed;
-/// bits are Kafka's AclOperation codes. Cluster: CREATE, ALTER, DESCRIBE,
-/// CLUSTER_ACTION, DESCRIBE_CONFIGS, ALTER_CONFIGS, IDEMPOTENT_WRITE.
-pub const CLUSTER_OPERATIONS: i32 =
-    (1 << 5) | (1 << 7) | (1 << 8) | (1 << 9) | (1 << 10) | (1 << 11) | (1 << 12);
-/// Topic: READ, WRITE, CREATE, DELETE, ALTER, DESCRIBE, DESCRIBE_CONFIGS, ALTER_CONFIGS.
-pub const TOPIC_OPERATIONS: i32 =
-    (1 << 3) | (1 << 4) | (1 << 5) | (1 << 6) | (1 << 7) | (1 << 8) | (1 << 10) | (1 << 11);
 
 pub async fn handle(
     broker: &Arc<Broker>,
     _header: &RequestHeader,
     request: DescribeClusterRequest,
 ) -> DescribeClusterResponse {
+    // Kafka's broker answers everyone; the authorized operations are 0
+    // without DESCRIBE on the cluster.
+    let authz = Authz::current(broker);
     let image = broker.image();
     let brokers = image
         .brokers
@@ -47,7 +43,7 @@ pub async fn handle(
         .with_controller_id(BrokerId(broker.controller_id()))
         .with_brokers(brokers)
         .with_cluster_authorized_operations(if request.include_cluster_authorized_operations {
-            CLUSTER_OPERATIONS
+            authz.operations(Resource::Cluster, CLUSTER_NAME)
         } else {
             AUTHORIZED_OPERATIONS_OMITTED
         })

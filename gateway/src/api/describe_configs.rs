@@ -12,6 +12,7 @@ use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse, 
 use kafka_protocol::protocol::StrBytes;
 
 use crate::alter_config::{broker_resource, RESOURCE_BROKER, RESOURCE_TOPIC};
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::dynamic_config::{describe_broker_configs, BrokerView};
 use crate::error::ApiError;
@@ -25,12 +26,16 @@ pub async fn handle(
     let version = header.request_api_version;
     let image = broker.image();
     let view = BrokerView::new(&broker.config, &image);
+    // Kafka: DESCRIBE_CONFIGS on the topic, or on the cluster for a broker.
+    let authz = Authz::current(broker);
     let results = request
         .resources
         .iter()
         .map(|resource| {
             let name = resource.resource_name.as_str();
+            let denied = authz.config_resource(Op::DescribeConfigs, resource.resource_type, name);
             let described: Result<Vec<DescribedConfig>, ApiError> = match resource.resource_type {
+                _ if denied.is_err() => denied.map(|_| Vec::new()),
                 RESOURCE_TOPIC => image
                     .topic_by_name(name)
                     .map(|t| describe_topic_configs(&t.configs, &view))

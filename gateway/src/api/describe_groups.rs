@@ -8,12 +8,9 @@ use kafka_protocol::messages::describe_groups_response::{DescribedGroup, Describ
 use kafka_protocol::messages::{DescribeGroupsRequest, DescribeGroupsResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 use crate::error::ApiError;
-
-/// READ, DELETE and DESCRIBE (Kafka's AclOperation codes 3, 6, 8): with no
-/// authorizer every group operation is allowed.
-const GROUP_OPERATIONS: i32 = (1 << 3) | (1 << 6) | (1 << 8);
 
 pub async fn handle(
     broker: &Arc<Broker>,
@@ -22,8 +19,18 @@ pub async fn handle(
 ) -> DescribeGroupsResponse {
     let version = header.request_api_version;
     let mut groups = Vec::with_capacity(request.groups.len());
+    // Kafka: DESCRIBE on each group.
+    let authz = Authz::current(broker);
     for group_id in request.groups {
         let described = DescribedGroup::default().with_group_id(group_id.clone());
+        if let Err(e) = authz.group(Op::Describe, &group_id) {
+            groups.push(
+                described
+                    .with_error_code(e.code())
+                    .with_authorized_operations(i32::MIN),
+            );
+            continue;
+        }
         let described = match broker.groups.describe_group(broker, &group_id).await {
             Err(e) => described.with_error_code(e.code()),
             Ok(None) => {
@@ -60,7 +67,7 @@ pub async fn handle(
                 ),
         };
         let described = if version >= 3 && request.include_authorized_operations {
-            described.with_authorized_operations(GROUP_OPERATIONS)
+            described.with_authorized_operations(authz.operations(Resource::Group, &group_id))
         } else {
             described.with_authorized_operations(i32::MIN)
         };

@@ -24,6 +24,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::TopicImage;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 
 pub async fn handle(
@@ -31,6 +32,10 @@ pub async fn handle(
     _header: &RequestHeader,
     request: DescribeLogDirsRequest,
 ) -> DescribeLogDirsResponse {
+    // Kafka: DESCRIBE on the cluster.
+    if let Err(e) = Authz::current(broker).cluster(Op::Describe) {
+        return DescribeLogDirsResponse::default().with_error_code(e.code());
+    }
     let image = broker.image();
     // `None` asks for every topic; otherwise the listed partitions (unknown
     // topics and partitions are left out, as Kafka leaves them out).

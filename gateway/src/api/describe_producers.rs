@@ -12,6 +12,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
 
@@ -21,10 +22,13 @@ pub async fn handle(
     request: DescribeProducersRequest,
 ) -> DescribeProducersResponse {
     let image = broker.image();
+    // Kafka: READ on each topic.
+    let authz = Authz::current(broker);
     let topics = request
         .topics
         .iter()
         .map(|t| {
+            let denied = authz.topic(Op::Read, &t.name).err();
             let topic = image.topic_by_name(t.name.0.as_str());
             let partitions = t
                 .partition_indexes
@@ -32,6 +36,10 @@ pub async fn handle(
                 .map(|&p| {
                     let described = topic
                         .ok_or(ApiError::UnknownTopicOrPartition)
+                        .and_then(|t| match &denied {
+                            Some(e) => Err(e.clone()),
+                            None => Ok(t),
+                        })
                         .and_then(|topic| broker.route(&image, topic, p))
                         .and_then(|route| {
                             let producers = route.log.producers(p as u32)?;

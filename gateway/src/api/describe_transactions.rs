@@ -9,6 +9,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 
 pub async fn handle(
@@ -17,9 +18,15 @@ pub async fn handle(
     request: DescribeTransactionsRequest,
 ) -> DescribeTransactionsResponse {
     let mut states = Vec::new();
+    // Kafka: DESCRIBE on each transactional id.
+    let authz = Authz::current(broker);
     for id in request.transactional_ids {
         let s = TransactionState::default().with_transactional_id(id.clone());
-        states.push(match broker.txns.describe(broker, id.0.as_str()).await {
+        let described = match authz.transactional_id(Op::Describe, &id) {
+            Err(e) => Err(e),
+            Ok(()) => broker.txns.describe(broker, id.0.as_str()).await,
+        };
+        states.push(match described {
             Ok(d) => {
                 let mut by_topic: BTreeMap<String, Vec<i32>> = BTreeMap::new();
                 for (t, p) in d.partitions {

@@ -12,6 +12,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::sasl::credentials::describe;
 
@@ -20,6 +21,12 @@ pub async fn handle(
     _header: &RequestHeader,
     request: DescribeUserScramCredentialsRequest,
 ) -> DescribeUserScramCredentialsResponse {
+    // Kafka: DESCRIBE on the cluster.
+    if let Err(e) = Authz::current(broker).cluster(Op::Describe) {
+        return DescribeUserScramCredentialsResponse::default()
+            .with_error_code(e.code())
+            .with_error_message(e.message().map(StrBytes::from_string));
+    }
     let users: Option<Vec<String>> = request
         .users
         .map(|users| users.iter().map(|u| u.name.to_string()).collect());

@@ -22,6 +22,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::{MetadataImage, TopicImage};
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
 
@@ -43,6 +44,27 @@ pub async fn handle(
     if election != PREFERRED && election != UNCLEAN {
         return ElectLeadersResponse::default()
             .with_error_code(ApiError::InvalidRequest(String::new()).code());
+    }
+    // Kafka: ALTER on the cluster; every partition asked for fails.
+    if let Err(e) = Authz::current(broker).cluster(Op::Alter) {
+        let results = request
+            .topic_partitions
+            .iter()
+            .flatten()
+            .map(|t| {
+                ReplicaElectionResult::default()
+                    .with_topic(t.topic.clone())
+                    .with_partition_result(
+                        t.partitions
+                            .iter()
+                            .map(|&p| partition_result(p, Err(e.clone())))
+                            .collect(),
+                    )
+            })
+            .collect();
+        return ElectLeadersResponse::default()
+            .with_error_code(e.code())
+            .with_replica_election_results(results);
     }
     let mut results = Vec::new();
     match &request.topic_partitions {

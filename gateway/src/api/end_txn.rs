@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use kafka_protocol::messages::{EndTxnRequest, EndTxnResponse, RequestHeader};
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::txn::fenced_for_version;
 
@@ -13,6 +14,10 @@ pub async fn handle(
     header: &RequestHeader,
     request: EndTxnRequest,
 ) -> EndTxnResponse {
+    // Kafka: WRITE on the transactional id.
+    if let Err(e) = Authz::current(broker).transactional_id(Op::Write, &request.transactional_id) {
+        return EndTxnResponse::default().with_error_code(e.code());
+    }
     let result = broker
         .txns
         .end_txn(

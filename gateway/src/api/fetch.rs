@@ -22,6 +22,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::TopicImage;
 
+use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -48,9 +49,11 @@ pub async fn handle(
     let deadline = tokio::time::Instant::now() + max_wait;
     let min_bytes = request.min_bytes.max(0) as usize;
     let mut hw_events = broker.hw_events.subscribe();
+    let denied = denied_topics(broker, version, &request);
     loop {
         hw_events.borrow_and_update();
-        let (mut response, mut bytes, has_error, remote) = gather(broker, version, &request);
+        let (mut response, mut bytes, has_error, remote) =
+            gather(broker, version, &request, &denied);
         if !remote.is_empty() {
             // Sealed history read from another replica: answer at once.
             bytes += read_remote(broker, &mut response, remote).await;
@@ -66,6 +69,34 @@ pub async fn handle(
             _ = tokio::time::sleep_until(deadline) => {}
         }
     }
+}
+
+/// Per requested topic, whether the request may not read it: a consumer
+/// needs READ on the topic, a broker (replica id set) CLUSTER_ACTION on the
+/// cluster, as in Kafka. Decided once, before any long poll.
+fn denied_topics(broker: &Broker, version: i16, request: &FetchRequest) -> Vec<bool> {
+    let authz = Authz::current(broker);
+    if request.replica_id.0 >= 0 || request.replica_state.replica_id.0 >= 0 {
+        let denied = !authz.allows_cluster(Op::ClusterAction);
+        return vec![denied; request.topics.len()];
+    }
+    let image = broker.image();
+    request
+        .topics
+        .iter()
+        .map(|topic| {
+            let name = if version >= 13 {
+                match image.topics.get(&topic.topic_id) {
+                    Some(t) => t.name.clone(),
+                    // Unknown ids answer UNKNOWN_TOPIC_ID.
+                    None => return false,
+                }
+            } else {
+                topic.topic.0.to_string()
+            };
+            !authz.allows(Op::Read, Resource::Topic, &name)
+        })
+        .collect()
 }
 
 /// A partition whose records this leader reads from another replica (a
@@ -90,6 +121,7 @@ fn gather(
     broker: &Broker,
     version: i16,
     request: &FetchRequest,
+    denied: &[bool],
 ) -> (FetchResponse, usize, bool, Vec<RemoteRead>) {
     let image = broker.image();
     let mut remaining = request.max_bytes.max(0) as usize;
@@ -102,7 +134,9 @@ fn gather(
     let mut topics = Vec::with_capacity(request.topics.len());
     for (topic_index, topic) in request.topics.iter().enumerate() {
         // v13+ names topics by id only.
-        let resolved: Result<Arc<TopicImage>, ApiError> = if version >= 13 {
+        let resolved: Result<Arc<TopicImage>, ApiError> = if denied[topic_index] {
+            Err(ApiError::TopicAuthorizationFailed)
+        } else if version >= 13 {
             image
                 .topics
                 .get(&topic.topic_id)

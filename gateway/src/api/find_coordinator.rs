@@ -12,6 +12,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::groups::GroupCoordinator;
@@ -68,6 +69,13 @@ pub async fn handle(
 }
 
 async fn find(broker: &Broker, key_type: i8, key: &str) -> Result<(i32, String, i32), ApiError> {
+    // Kafka: DESCRIBE on the group or the transactional id.
+    let authz = Authz::current(broker);
+    match key_type {
+        KEY_TYPE_GROUP => authz.group(Op::Describe, key)?,
+        KEY_TYPE_TRANSACTION => authz.transactional_id(Op::Describe, key)?,
+        _ => {}
+    }
     // The coordinator is the leader of the internal partition the key hashes to.
     let topic = match key_type {
         KEY_TYPE_GROUP => GroupCoordinator::ensure_offsets_topic(broker).await,

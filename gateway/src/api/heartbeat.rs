@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use kafka_protocol::messages::{HeartbeatRequest, HeartbeatResponse, RequestHeader};
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 
 pub async fn handle(
@@ -12,6 +13,10 @@ pub async fn handle(
     _header: &RequestHeader,
     request: HeartbeatRequest,
 ) -> HeartbeatResponse {
+    // Kafka: READ on the group.
+    if let Err(e) = Authz::current(broker).group(Op::Read, &request.group_id) {
+        return HeartbeatResponse::default().with_error_code(e.code());
+    }
     let result = broker
         .groups
         .heartbeat(

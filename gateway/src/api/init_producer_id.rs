@@ -9,6 +9,7 @@ use kafka_protocol::messages::{
     InitProducerIdRequest, InitProducerIdResponse, ProducerId, RequestHeader,
 };
 
+use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::txn::fenced_for_version;
@@ -18,7 +19,20 @@ pub async fn handle(
     header: &RequestHeader,
     request: InitProducerIdRequest,
 ) -> InitProducerIdResponse {
+    // Kafka: WRITE on the transactional id; an idempotent producer needs
+    // IDEMPOTENT_WRITE on the cluster or WRITE on some topic (KIP-679).
+    let authz = Authz::current(broker);
+    let denied = match request.transactional_id.as_ref() {
+        Some(id) => authz.transactional_id(Op::Write, id).err(),
+        None => (!authz.may(
+            Op::IdempotentWrite,
+            Resource::Cluster,
+            crate::authz::CLUSTER_NAME,
+        ) && !authz.allows_any(Op::Write, Resource::Topic))
+        .then_some(ApiError::ClusterAuthorizationFailed),
+    };
     let result = match request.transactional_id.as_ref() {
+        _ if denied.is_some() => Err(denied.unwrap_or(ApiError::ClusterAuthorizationFailed)),
         Some(id) => {
             let expected = match (request.producer_id.0, request.producer_epoch) {
                 (-1, -1) => Ok(None),

@@ -8,6 +8,7 @@ use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
 use kafka_protocol::messages::{JoinGroupRequest, JoinGroupResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::groups::classic::{JoinRequest, JoinResult, Protocol};
 
@@ -18,6 +19,13 @@ pub async fn handle(
     client_host: String,
 ) -> JoinGroupResponse {
     let version = header.request_api_version;
+    // Kafka: READ on the group.
+    if let Err(e) = Authz::current(broker).group(Op::Read, &request.group_id) {
+        return JoinGroupResponse::default()
+            .with_error_code(e.code())
+            .with_generation_id(-1)
+            .with_member_id(request.member_id.clone());
+    }
     let req = JoinRequest {
         member_id: request.member_id.to_string(),
         group_instance_id: request.group_instance_id.map(|s| s.to_string()),

@@ -7,6 +7,7 @@ use kafka_protocol::messages::leave_group_response::MemberResponse;
 use kafka_protocol::messages::{LeaveGroupRequest, LeaveGroupResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 
 pub async fn handle(
@@ -15,6 +16,10 @@ pub async fn handle(
     request: LeaveGroupRequest,
 ) -> LeaveGroupResponse {
     let version = header.request_api_version;
+    // Kafka: READ on the group.
+    if let Err(e) = Authz::current(broker).group(Op::Read, &request.group_id) {
+        return LeaveGroupResponse::default().with_error_code(e.code());
+    }
     let members: Vec<(String, Option<String>)> = if version >= 3 {
         request
             .members

@@ -7,6 +7,7 @@ use kafka_protocol::messages::list_groups_response::ListedGroup;
 use kafka_protocol::messages::{GroupId, ListGroupsRequest, ListGroupsResponse, RequestHeader};
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 
 pub async fn handle(
@@ -25,11 +26,16 @@ pub async fn handle(
         .iter()
         .map(|s| s.to_lowercase())
         .collect();
+    // Kafka: DESCRIBE on the cluster lists every group, else the groups
+    // the client may DESCRIBE.
+    let authz = Authz::current(broker);
+    let all = authz.may(Op::Describe, Resource::Cluster, crate::authz::CLUSTER_NAME);
     let groups = broker
         .groups
         .list_groups()
         .await
         .into_iter()
+        .filter(|g| all || authz.may(Op::Describe, Resource::Group, &g.group_id))
         .filter(|g| states.is_empty() || states.contains(&g.state.to_lowercase()))
         .filter(|g| types.is_empty() || types.iter().any(|t| t == g.group_type))
         .map(|g| {

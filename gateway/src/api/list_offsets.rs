@@ -11,6 +11,7 @@ use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse, RequestH
 use kafka_protocol::records::RecordBatchDecoder;
 use tessera_log::batch;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
 
@@ -42,10 +43,13 @@ pub async fn handle(
         })
         .filter(|key| !seen.insert(key.clone()))
         .collect();
+    // Kafka: DESCRIBE on each topic.
+    let authz = Authz::current(broker);
     let topics = request
         .topics
         .iter()
         .map(|topic| {
+            let denied = authz.topic(Op::Describe, &topic.name).err();
             let resolved = image.topic_by_name(topic.name.0.as_str()).cloned();
             let partitions = topic
                 .partitions
@@ -54,6 +58,7 @@ pub async fn handle(
                     let duplicate =
                         duplicates.contains(&(topic.name.0.to_string(), p.partition_index));
                     let result = match &resolved {
+                        _ if denied.is_some() => Err(ApiError::TopicAuthorizationFailed),
                         _ if duplicate => Err(ApiError::InvalidRequest(
                             "partition listed more than once".into(),
                         )),

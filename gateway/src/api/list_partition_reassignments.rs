@@ -10,12 +10,22 @@ use kafka_protocol::messages::{
     ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse, RequestHeader,
 };
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 
 pub async fn handle(
-    _broker: &Arc<Broker>,
+    broker: &Arc<Broker>,
     _header: &RequestHeader,
     _request: ListPartitionReassignmentsRequest,
 ) -> ListPartitionReassignmentsResponse {
+    // Kafka: DESCRIBE on the cluster.
+    if let Err(e) = Authz::current(broker).cluster(Op::Describe) {
+        return ListPartitionReassignmentsResponse::default()
+            .with_error_code(e.code())
+            .with_error_message(
+                e.message()
+                    .map(kafka_protocol::protocol::StrBytes::from_string),
+            );
+    }
     ListPartitionReassignmentsResponse::default().with_topics(Vec::new())
 }

@@ -9,6 +9,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 use crate::txn::state::TxnState;
 
@@ -31,11 +32,14 @@ pub async fn handle(
         -1
     };
     let now = tessera_log::now_ms();
+    // Kafka lists the transactional ids the client may DESCRIBE.
+    let authz = Authz::current(broker);
     let listed = broker
         .txns
         .list()
         .await
         .into_iter()
+        .filter(|d| authz.may(Op::Describe, Resource::TransactionalId, &d.transactional_id))
         .filter(|d| states.is_empty() || states.contains(&d.state))
         .filter(|d| {
             request.producer_id_filters.is_empty()

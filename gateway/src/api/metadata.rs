@@ -13,9 +13,8 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::{MetadataImage, TopicImage};
 
-use super::describe_cluster::{
-    AUTHORIZED_OPERATIONS_OMITTED, CLUSTER_OPERATIONS, TOPIC_OPERATIONS,
-};
+use super::describe_cluster::AUTHORIZED_OPERATIONS_OMITTED;
+use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::topic_config::validate_topic_name;
@@ -33,17 +32,24 @@ pub async fn handle(
     let allow_auto_create =
         broker.config.auto_create_topics && (version < 4 || request.allow_auto_topic_creation);
     // Authorized operations exist for topics from v8, for the cluster in v8-v10.
-    let topic_ops = if request.include_topic_authorized_operations && version >= 8 {
-        TOPIC_OPERATIONS
-    } else {
-        AUTHORIZED_OPERATIONS_OMITTED
+    let authz = Authz::current(broker);
+    let with_topic_ops = request.include_topic_authorized_operations && version >= 8;
+    let topic_ops = |name: &str| {
+        if with_topic_ops {
+            authz.operations(Resource::Topic, name)
+        } else {
+            AUTHORIZED_OPERATIONS_OMITTED
+        }
     };
 
     let mut topics = Vec::new();
     if all_topics {
+        // Kafka leaves out the topics the client may not DESCRIBE.
         let image = broker.image();
         for topic in image.topics.values() {
-            topics.push(describe_topic(&image, topic, topic_ops));
+            if authz.may(Op::Describe, Resource::Topic, &topic.name) {
+                topics.push(describe_topic(&image, topic, topic_ops(&topic.name)));
+            }
         }
     } else {
         for wanted in request.topics.unwrap_or_default() {
@@ -52,23 +58,38 @@ pub async fn handle(
                 Some(name) => image.topic_by_name(name).cloned(),
                 None => image.topics.get(&wanted.topic_id).cloned(),
             };
+            // Kafka: DESCRIBE on a named topic (TOPIC_AUTHORIZATION_FAILED),
+            // and to auto-create it CREATE on the cluster or the topic (by
+            // id too: Kafka deems ids not sensitive).
+            let described = |name: &str| authz.allows(Op::Describe, Resource::Topic, name);
             let topic = match (found, &wanted.name) {
+                (Some(t), _) if !described(&t.name) => Err(ApiError::TopicAuthorizationFailed),
                 (Some(t), _) => Ok(t),
+                (None, Some(name)) if !described(name) => Err(ApiError::TopicAuthorizationFailed),
                 (None, Some(name)) => match validate_topic_name(name) {
                     Err(e) => Err(e),
+                    Ok(()) if allow_auto_create && !authz.may_create_topic(name) => {
+                        Err(ApiError::TopicAuthorizationFailed)
+                    }
                     Ok(()) if allow_auto_create => broker.auto_create_topic(name).await,
                     Ok(()) => Err(ApiError::UnknownTopicOrPartition),
                 },
                 (None, None) => Err(ApiError::UnknownTopicId),
             };
             match topic {
-                Ok(t) => topics.push(describe_topic(&broker.image(), &t, topic_ops)),
+                Ok(t) => topics.push(describe_topic(&broker.image(), &t, topic_ops(&t.name))),
                 Err(e) => topics.push(
                     MetadataResponseTopic::default()
                         .with_error_code(e.code())
                         .with_name(wanted.name.clone())
                         .with_topic_id(wanted.topic_id)
-                        .with_topic_authorized_operations(topic_ops),
+                        .with_topic_authorized_operations(
+                            wanted
+                                .name
+                                .as_deref()
+                                .map(|n| topic_ops(n))
+                                .unwrap_or(AUTHORIZED_OPERATIONS_OMITTED),
+                        ),
                 ),
             }
         }
@@ -95,7 +116,7 @@ pub async fn handle(
         .with_topics(topics)
         .with_cluster_authorized_operations(
             if request.include_cluster_authorized_operations && (8..=10).contains(&version) {
-                CLUSTER_OPERATIONS
+                authz.operations(Resource::Cluster, crate::authz::CLUSTER_NAME)
             } else {
                 AUTHORIZED_OPERATIONS_OMITTED
             },

@@ -95,11 +95,18 @@ pub async fn start(broker: &Arc<Broker>, version: i16, mut frame: Bytes) -> InFl
     let mut outcomes = Vec::new();
     let enabled = broker.config.migration_append_enable;
     let image = broker.image();
+    // Writing at source offsets is a broker's privilege: CLUSTER_ACTION on
+    // the cluster (a super user, or the inter-broker listener).
+    let denied = crate::authz::Authz::current(broker)
+        .cluster(crate::authz::Op::ClusterAction)
+        .err();
     for topic in &request.topic_data {
         let resolved = image.topic_by_name(topic.name.0.as_str()).cloned();
         let mut partitions = Vec::new();
         for p in &topic.partition_data {
-            let result = if !enabled {
+            let result = if let Some(e) = &denied {
+                Err(e.clone())
+            } else if !enabled {
                 Err(ApiError::InvalidRequest(
                     "migration appends are disabled on this broker \
                      (start it with migration.append.enable=true)"

@@ -9,11 +9,14 @@ pub mod alter_user_scram_credentials;
 pub mod api_versions;
 pub mod consumer_group_describe;
 pub mod consumer_group_heartbeat;
+pub mod create_acls;
 pub mod create_partitions;
 pub mod create_topics;
+pub mod delete_acls;
 pub mod delete_groups;
 pub mod delete_records;
 pub mod delete_topics;
+pub mod describe_acls;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_groups;
@@ -114,6 +117,9 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::SaslAuthenticate, 0, 2),
     (ApiKey::DescribeUserScramCredentials, 0, 0),
     (ApiKey::AlterUserScramCredentials, 0, 0),
+    (ApiKey::CreateAcls, 1, 3),
+    (ApiKey::DescribeAcls, 1, 3),
+    (ApiKey::DeleteAcls, 1, 3),
 ];
 
 pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
@@ -183,6 +189,8 @@ tokio::task_local! {
 pub struct Connection {
     pub listener: Arc<crate::listeners::Listener>,
     pub principal: Option<Arc<str>>,
+    /// The client's address (ACL host matching).
+    pub peer: Option<std::net::SocketAddr>,
 }
 
 tokio::task_local! {
@@ -363,6 +371,9 @@ async fn dispatch(
         ApiKey::SaslAuthenticate => call!(sasl_authenticate),
         ApiKey::DescribeUserScramCredentials => call!(describe_user_scram_credentials),
         ApiKey::AlterUserScramCredentials => call!(alter_user_scram_credentials),
+        ApiKey::CreateAcls => call!(create_acls),
+        ApiKey::DescribeAcls => call!(describe_acls),
+        ApiKey::DeleteAcls => call!(delete_acls),
         other => ready(Reply::Close(format!("API {other:?} has no handler"))),
     }
 }

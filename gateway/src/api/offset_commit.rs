@@ -9,7 +9,9 @@ use kafka_protocol::messages::offset_commit_response::{
 };
 use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse, RequestHeader};
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::error::ApiError;
 use crate::groups::offsets::{CommitRequest, PartitionCommit};
 
 pub async fn handle(
@@ -18,6 +20,36 @@ pub async fn handle(
     request: OffsetCommitRequest,
 ) -> OffsetCommitResponse {
     let version = header.request_api_version;
+    // Kafka: READ on the group (every partition fails), then READ on each
+    // topic (its partitions fail, the others are committed).
+    let authz = Authz::current(broker);
+    let group_denied = authz.group(Op::Read, &request.group_id).err();
+    let mut request = request;
+    let mut refused: Vec<(usize, ApiError)> = Vec::new();
+    for (i, t) in request.topics.iter().enumerate() {
+        let denied = match &group_denied {
+            Some(e) => Some(e.clone()),
+            None => authz.topic(Op::Read, &t.name).err(),
+        };
+        if let Some(e) = denied {
+            refused.push((i, e));
+        }
+    }
+    let all_topics = std::mem::take(&mut request.topics);
+    let mut denied_topics = Vec::new();
+    for (i, t) in all_topics.into_iter().enumerate() {
+        match refused.iter().find(|(j, _)| *j == i) {
+            Some((_, e)) => denied_topics.push((
+                i,
+                t.name.clone(),
+                t.partitions
+                    .iter()
+                    .map(|p| (p.partition_index, Err(e.clone())))
+                    .collect::<Vec<(i32, Result<(), ApiError>)>>(),
+            )),
+            None => request.topics.push(t),
+        }
+    }
     let names: Vec<_> = request.topics.iter().map(|t| t.name.clone()).collect();
     let req = CommitRequest {
         group_id: request.group_id.to_string(),
@@ -48,12 +80,24 @@ pub async fn handle(
             })
             .collect(),
     };
-    let results = broker.groups.commit_offsets(broker, req).await;
+    let results = if names.is_empty() {
+        Vec::new()
+    } else {
+        broker.groups.commit_offsets(broker, req).await
+    };
+    let mut answered: Vec<_> = names
+        .into_iter()
+        .zip(results)
+        .map(|(name, (_, partitions))| (name, partitions))
+        .collect();
+    // The refused topics back in their places.
+    for (i, name, partitions) in denied_topics {
+        answered.insert(i.min(answered.len()), (name, partitions));
+    }
     OffsetCommitResponse::default().with_topics(
-        names
+        answered
             .into_iter()
-            .zip(results)
-            .map(|(name, (_, partitions))| {
+            .map(|(name, partitions)| {
                 OffsetCommitResponseTopic::default()
                     .with_name(name)
                     .with_partitions(

@@ -8,6 +8,7 @@ use kafka_protocol::messages::offset_delete_response::{
 };
 use kafka_protocol::messages::{OffsetDeleteRequest, OffsetDeleteResponse, RequestHeader};
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 
 pub async fn handle(
@@ -15,9 +16,36 @@ pub async fn handle(
     _header: &RequestHeader,
     request: OffsetDeleteRequest,
 ) -> OffsetDeleteResponse {
-    let names: Vec<_> = request.topics.iter().map(|t| t.name.clone()).collect();
-    let topics = request
+    // Kafka: DELETE on the group, READ on each topic (its partitions fail).
+    let authz = Authz::current(broker);
+    if let Err(e) = authz.group(Op::Delete, &request.group_id) {
+        return OffsetDeleteResponse::default().with_error_code(e.code());
+    }
+    let (denied, request_topics): (Vec<_>, Vec<_>) = request
         .topics
+        .into_iter()
+        .partition(|t| authz.topic(Op::Read, &t.name).is_err());
+    let denied_topics: Vec<OffsetDeleteResponseTopic> = denied
+        .into_iter()
+        .map(|t| {
+            OffsetDeleteResponseTopic::default()
+                .with_name(t.name)
+                .with_partitions(
+                    t.partitions
+                        .iter()
+                        .map(|p| {
+                            OffsetDeleteResponsePartition::default()
+                                .with_partition_index(p.partition_index)
+                                .with_error_code(
+                                    crate::error::ApiError::TopicAuthorizationFailed.code(),
+                                )
+                        })
+                        .collect(),
+                )
+        })
+        .collect();
+    let names: Vec<_> = request_topics.iter().map(|t| t.name.clone()).collect();
+    let topics = request_topics
         .into_iter()
         .map(|t| {
             (
@@ -36,23 +64,27 @@ pub async fn handle(
     {
         Err(e) => OffsetDeleteResponse::default().with_error_code(e.code()),
         Ok(results) => OffsetDeleteResponse::default().with_topics(
-            names
+            denied_topics
                 .into_iter()
-                .zip(results)
-                .map(|(name, (_, partitions))| {
-                    OffsetDeleteResponseTopic::default()
-                        .with_name(name)
-                        .with_partitions(
-                            partitions
-                                .into_iter()
-                                .map(|(p, r)| {
-                                    OffsetDeleteResponsePartition::default()
-                                        .with_partition_index(p)
-                                        .with_error_code(r.err().map_or(0, |e| e.code()))
-                                })
-                                .collect(),
-                        )
-                })
+                .chain(
+                    names
+                        .into_iter()
+                        .zip(results)
+                        .map(|(name, (_, partitions))| {
+                            OffsetDeleteResponseTopic::default()
+                                .with_name(name)
+                                .with_partitions(
+                                    partitions
+                                        .into_iter()
+                                        .map(|(p, r)| {
+                                            OffsetDeleteResponsePartition::default()
+                                                .with_partition_index(p)
+                                                .with_error_code(r.err().map_or(0, |e| e.code()))
+                                        })
+                                        .collect(),
+                                )
+                        }),
+                )
                 .collect(),
         ),
     }

@@ -16,6 +16,7 @@ use kafka_protocol::messages::{
 };
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::groups::offsets::FetchedOffsets;
@@ -26,9 +27,21 @@ pub async fn handle(
     request: OffsetFetchRequest,
 ) -> OffsetFetchResponse {
     let version = header.request_api_version;
+    // Kafka: DESCRIBE on the group, and on each topic (a topic asked for
+    // answers TOPIC_AUTHORIZATION_FAILED, one not asked for is left out).
+    let authz = Authz::current(broker);
     if version >= 8 {
         let mut groups = Vec::with_capacity(request.groups.len());
         for g in request.groups {
+            if let Err(e) = authz.group(Op::Describe, &g.group_id) {
+                groups.push(
+                    OffsetFetchResponseGroup::default()
+                        .with_group_id(g.group_id)
+                        .with_error_code(e.code()),
+                );
+                continue;
+            }
+            let explicit = g.topics.is_some();
             let topics = g.topics.map(|ts| {
                 ts.into_iter()
                     .map(|t| (t.name.to_string(), t.partition_indexes))
@@ -39,12 +52,19 @@ pub async fn handle(
                 .groups
                 .fetch_offsets(broker, &g.group_id, member, topics)
                 .await;
-            groups.push(group_response(
-                broker,
-                g.group_id,
-                fetched,
-                request.require_stable,
-            ));
+            let mut group = group_response(broker, g.group_id, fetched, request.require_stable);
+            group.topics.retain_mut(|t| {
+                if authz.may(Op::Describe, Resource::Topic, &t.name) {
+                    return true;
+                }
+                for p in &mut t.partitions {
+                    p.error_code = ApiError::TopicAuthorizationFailed.code();
+                    p.committed_offset = -1;
+                    p.metadata = None;
+                }
+                explicit
+            });
+            groups.push(group);
         }
         return OffsetFetchResponse::default().with_groups(groups);
     }
@@ -53,10 +73,16 @@ pub async fn handle(
             .map(|t| (t.name.to_string(), t.partition_indexes))
             .collect()
     });
-    let fetched = broker
-        .groups
-        .fetch_offsets(broker, &request.group_id, None, topics.clone())
-        .await;
+    let explicit = topics.is_some();
+    let fetched = match authz.group(Op::Describe, &request.group_id) {
+        Err(e) => Err(e),
+        Ok(()) => {
+            broker
+                .groups
+                .fetch_offsets(broker, &request.group_id, None, topics.clone())
+                .await
+        }
+    };
     let (fetched, error) = match fetched {
         Ok(f) => (f, None),
         // Before v2 there is no group-level error: every partition carries it.
@@ -76,7 +102,7 @@ pub async fn handle(
     } else {
         0
     };
-    let response = OffsetFetchResponse::default().with_topics(
+    let mut response = OffsetFetchResponse::default().with_topics(
         fetched
             .into_iter()
             .map(|(name, partitions)| {
@@ -112,6 +138,17 @@ pub async fn handle(
             })
             .collect(),
     );
+    response.topics.retain_mut(|t| {
+        if authz.may(Op::Describe, Resource::Topic, &t.name) {
+            return true;
+        }
+        for p in &mut t.partitions {
+            p.error_code = ApiError::TopicAuthorizationFailed.code();
+            p.committed_offset = -1;
+            p.metadata = None;
+        }
+        explicit
+    });
     if version >= 2 {
         response.with_error_code(error.map_or(0, |e| e.code()))
     } else {

@@ -22,6 +22,7 @@ use kafka_protocol::messages::{
 };
 use tessera_metadata::{MetadataImage, TopicImage};
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::leader_epochs::{self, UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET};
@@ -32,16 +33,24 @@ pub async fn handle(
     request: OffsetForLeaderEpochRequest,
 ) -> OffsetForLeaderEpochResponse {
     let image = broker.image();
+    // Kafka: DESCRIBE on each topic (a follower's request, replica id set,
+    // CLUSTER_ACTION on the cluster).
+    let authz = Authz::current(broker);
+    let follower = request.replica_id.0 >= 0;
+    let cluster_denied = follower && authz.cluster(Op::ClusterAction).is_err();
     let topics = request
         .topics
         .iter()
         .map(|topic| {
+            let denied =
+                cluster_denied || (!follower && authz.topic(Op::Describe, &topic.topic).is_err());
             let resolved = image.topic_by_name(topic.topic.0.as_str());
             let partitions = topic
                 .partitions
                 .iter()
                 .map(|p| {
                     let answer = match resolved {
+                        _ if denied => Err(ApiError::TopicAuthorizationFailed),
                         None => Err(ApiError::UnknownTopicOrPartition),
                         Some(t) => end_offset(broker, &image, t, p),
                     };

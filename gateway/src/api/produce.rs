@@ -13,6 +13,7 @@ use tessera_log::{batch, now_ms};
 use tessera_metadata::RangeId;
 
 use crate::append::DurabilityWaits;
+use crate::authz::{Authz, Op, Resource};
 use crate::broker::{Broker, PartitionRoute};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -71,12 +72,25 @@ pub async fn append(
     // then wait once per range for durability.
     let mut waits = DurabilityWaits::for_acks(acks);
     let mut outcomes: Vec<(usize, i32, Result<AppendedBatch, ApiError>)> = Vec::new();
+    // Kafka: WRITE on the transactional id of a transactional produce (the
+    // whole request fails), then WRITE on each topic.
+    let authz = Authz::current(broker);
+    let txn_denied = request
+        .transactional_id
+        .as_ref()
+        .is_some_and(|id| !authz.allows(Op::Write, Resource::TransactionalId, id));
     for (ti, topic) in request.topic_data.iter().enumerate() {
         let name = topic.name.0.as_str();
         let image = broker.image();
         let resolved = match image.topic_by_name(name) {
+            _ if txn_denied => Err(ApiError::TransactionalIdAuthorizationFailed),
+            _ if !authz.allows(Op::Write, Resource::Topic, name) => {
+                Err(ApiError::TopicAuthorizationFailed)
+            }
             Some(t) => Ok(t.clone()),
-            None if broker.config.auto_create_topics => broker.auto_create_topic(name).await,
+            None if broker.config.auto_create_topics && authz.may_create_topic(name) => {
+                broker.auto_create_topic(name).await
+            }
             None => Err(ApiError::UnknownTopicOrPartition),
         };
         let image = broker.image();

@@ -6,6 +6,7 @@ use std::sync::Arc;
 use kafka_protocol::messages::{RequestHeader, SyncGroupRequest, SyncGroupResponse};
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::groups::classic::{SyncRequest, SyncResult};
 
@@ -15,6 +16,10 @@ pub async fn handle(
     request: SyncGroupRequest,
 ) -> SyncGroupResponse {
     let version = header.request_api_version;
+    // Kafka: READ on the group.
+    if let Err(e) = Authz::current(broker).group(Op::Read, &request.group_id) {
+        return SyncGroupResponse::default().with_error_code(e.code());
+    }
     let req = SyncRequest {
         member_id: request.member_id.to_string(),
         group_instance_id: request.group_instance_id.map(|s| s.to_string()),

@@ -9,6 +9,7 @@ use kafka_protocol::messages::txn_offset_commit_response::{
 use kafka_protocol::messages::{RequestHeader, TxnOffsetCommitRequest, TxnOffsetCommitResponse};
 use kafka_protocol::protocol::StrBytes;
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::groups::offsets::PartitionCommit;
 use crate::groups::txn_offsets::TxnCommitRequest;
@@ -20,6 +21,21 @@ pub async fn handle(
     request: TxnOffsetCommitRequest,
 ) -> TxnOffsetCommitResponse {
     let version = header.request_api_version;
+    // Kafka: WRITE on the transactional id and READ on the group (every
+    // partition fails), then READ on each topic (its partitions fail).
+    let authz = Authz::current(broker);
+    let denied = authz
+        .transactional_id(Op::Write, &request.transactional_id)
+        .and_then(|()| authz.group(Op::Read, &request.group_id))
+        .err();
+    let topic_denied: Vec<Option<crate::error::ApiError>> = request
+        .topics
+        .iter()
+        .map(|t| match &denied {
+            Some(e) => Some(e.clone()),
+            None => authz.topic(Op::Read, &t.name).err(),
+        })
+        .collect();
     let req = TxnCommitRequest {
         group_id: request.group_id.0.to_string(),
         producer_id: request.producer_id.0,
@@ -38,7 +54,9 @@ pub async fn handle(
         topics: request
             .topics
             .iter()
-            .map(|t| {
+            .zip(&topic_denied)
+            .filter(|(_, d)| d.is_none())
+            .map(|(t, _)| {
                 (
                     t.name.0.to_string(),
                     t.partitions
@@ -58,7 +76,27 @@ pub async fn handle(
             })
             .collect(),
     };
-    let results = broker.groups.txn_offset_commit(broker, req).await;
+    let mut allowed = if req.topics.is_empty() {
+        Vec::new()
+    } else {
+        broker.groups.txn_offset_commit(broker, req).await
+    }
+    .into_iter();
+    let results: Vec<_> = request
+        .topics
+        .iter()
+        .zip(topic_denied)
+        .filter_map(|(t, d)| match d {
+            Some(e) => Some((
+                t.name.0.to_string(),
+                t.partitions
+                    .iter()
+                    .map(|p| (p.partition_index, Err(e.clone())))
+                    .collect::<Vec<_>>(),
+            )),
+            None => allowed.next(),
+        })
+        .collect();
     TxnOffsetCommitResponse::default().with_topics(
         results
             .into_iter()

@@ -10,6 +10,7 @@ use kafka_protocol::messages::write_txn_markers_response::{
 };
 use kafka_protocol::messages::{RequestHeader, WriteTxnMarkersRequest, WriteTxnMarkersResponse};
 
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::txn::markers::Markers;
 
@@ -19,6 +20,9 @@ pub async fn handle(
     request: WriteTxnMarkersRequest,
 ) -> WriteTxnMarkersResponse {
     let mut results = Vec::with_capacity(request.markers.len());
+    // Kafka: CLUSTER_ACTION on the cluster (brokers' own requests, which
+    // come on the inter-broker listener and pass).
+    let denied = Authz::current(broker).cluster(Op::ClusterAction).err();
     for marker in request.markers {
         let m = Markers {
             producer_id: marker.producer_id.0,
@@ -35,7 +39,13 @@ pub async fn handle(
                     .map(|p| (t.name.0.to_string(), *p))
             })
             .collect();
-        let outcomes = broker.write_local_markers(&m, &partitions).await;
+        let outcomes = match &denied {
+            Some(e) => partitions
+                .into_iter()
+                .map(|p| (p, Err(e.clone())))
+                .collect(),
+            None => broker.write_local_markers(&m, &partitions).await,
+        };
         let topics = marker
             .topics
             .iter()
