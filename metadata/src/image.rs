@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::records::{
-    BrokerRegistration, MetadataRecord, PartitionSpan, RangeRecord, ScramCredentialRecord,
-    SegmentOpenRecord, SegmentSealRecord, TopicRecord,
+    BrokerRegistration, ClientQuotaEntity, MetadataRecord, PartitionSpan, RangeRecord,
+    ScramCredentialRecord, SegmentOpenRecord, SegmentSealRecord, TopicRecord,
 };
 use crate::{RangeId, SegmentId, TopicId};
 
@@ -115,6 +115,9 @@ pub struct MetadataImage {
     pub broker_configs: BTreeMap<Option<i32>, BTreeMap<String, String>>,
     /// SCRAM credentials by (user, mechanism type byte).
     pub scram_credentials: BTreeMap<(String, u8), ScramCredentialRecord>,
+    /// Client quotas (`ClientQuota`) by entity, then key; an entity whose
+    /// last key was removed is removed.
+    pub client_quotas: BTreeMap<ClientQuotaEntity, BTreeMap<String, f64>>,
 }
 
 /// The empty image: `offset` is -1 (nothing applied), not 0, because 0 is
@@ -134,6 +137,7 @@ impl Default for MetadataImage {
             last_producer_id_broker: -1,
             broker_configs: BTreeMap::new(),
             scram_credentials: BTreeMap::new(),
+            client_quotas: BTreeMap::new(),
         }
     }
 }
@@ -307,6 +311,15 @@ impl MetadataImage {
         }
         for credential in self.scram_credentials.values() {
             out.push(MetadataRecord::SetScramCredential(credential.clone()));
+        }
+        for (entity, quotas) in &self.client_quotas {
+            for (key, value) in quotas {
+                out.push(MetadataRecord::ClientQuota {
+                    entity: entity.clone(),
+                    key: key.clone(),
+                    value: Some(crate::records::QuotaValue(*value)),
+                });
+            }
         }
         out
     }
