@@ -160,6 +160,7 @@ async fn connection<R, W>(
     let mut context = Connection {
         listener: spec.clone(),
         principal: Some(Arc::from(tls_principal.as_deref().unwrap_or(ANONYMOUS))),
+        throttle: Arc::default(),
     };
     loop {
         let frame = tokio::select! {
@@ -175,6 +176,14 @@ async fn connection<R, W>(
                 break;
             }
         };
+        // A throttled client's connection is muted (KIP-219): its next
+        // request waits, unread as far as handling goes, until the mute ends.
+        if let Some(until) = context.throttle.muted_until() {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until.into()) => {}
+                _ = shutdown.changed() => break,
+            }
+        }
         // Another broker opening a replication stream (its first request
         // carries the private api key): the connection is the stream's now.
         if std::mem::take(&mut first) && is_replication_upgrade(&frame) {
