@@ -164,7 +164,10 @@ impl Broker {
             cluster_id,
             controller: Arc::new(controller),
             metrics: Metrics::default(),
-            quotas: crate::quotas::QuotaManager::default(),
+            quotas: crate::quotas::QuotaManager::new(crate::quotas::sensor::WindowConfig {
+                samples: config.quota_window_num,
+                window_ms: config.quota_window_size_seconds * 1000,
+            }),
             producer_ids: ProducerIdManager::default(),
             groups: GroupCoordinator::new(&config),
             txns: crate::txn::TxnCoordinator::new(&config),
