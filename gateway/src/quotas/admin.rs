@@ -26,13 +26,16 @@ pub struct Component {
     pub matched: Option<String>,
 }
 
+/// One described entity and its quotas.
+pub type Described<'a> = (&'a ClientQuotaEntity, &'a BTreeMap<String, f64>);
+
 /// The entities (and their quotas) a DescribeClientQuotas filter selects,
 /// or the error Kafka answers the whole request with.
 pub fn describe<'a>(
     quotas: &'a Quotas,
     components: &[Component],
     strict: bool,
-) -> Result<Vec<(&'a ClientQuotaEntity, &'a BTreeMap<String, f64>)>, ApiError> {
+) -> Result<Vec<Described<'a>>, ApiError> {
     // entity type -> Some(exact name or None for default) | None for "specified"
     let mut exact: BTreeMap<&str, Option<&str>> = BTreeMap::new();
     let mut specified: Vec<&str> = Vec::new();
