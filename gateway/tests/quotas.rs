@@ -529,3 +529,98 @@ async fn fetch_over_quota_is_throttled_and_empty() {
     }
     running.shutdown().await;
 }
+
+/// A user quota follows the connection's authenticated principal
+/// (`User:alice` -> user `alice`) and outranks a client-id quota; a
+/// plaintext connection (ANONYMOUS) with the same client id gets the
+/// client-id quota. The sensor is the user's (tags user=alice, client "").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_quota_follows_the_principal() {
+    use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
+    let dir = tempfile::tempdir().unwrap();
+    let jaas =
+        "org.apache.kafka.common.security.plain.PlainLoginModule required user_alice=\"alice-pw\";";
+    let config = common::test_config(
+        dir.path(),
+        &[
+            (
+                "listeners",
+                "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+            ),
+            ("sasl.enabled.mechanisms", "PLAIN"),
+            ("listener.name.sasl_plaintext.plain.sasl.jaas.config", jaas),
+        ],
+    );
+    let running = tessera_gateway::start(config).await.unwrap();
+    create(&running, "t").await;
+    let addr = |name: &str| {
+        running
+            .listener_addrs
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, a)| *a)
+            .unwrap()
+    };
+    let mut plain = WireClient::connect(addr("PLAINTEXT")).await;
+    let mut alice = WireClient::connect(addr("SASL_PLAINTEXT")).await;
+    let r = alice
+        .call(
+            1,
+            &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")),
+        )
+        .await;
+    assert_eq!(r.error_code, 0);
+    let r = alice
+        .call(
+            2,
+            &SaslAuthenticateRequest::default()
+                .with_auth_bytes(Bytes::from_static(b"\0alice\0alice-pw")),
+        )
+        .await;
+    assert_eq!(r.error_code, 0);
+
+    set(
+        &mut plain,
+        &[("user", Some("alice"))],
+        "producer_byte_rate",
+        Some(1000.0),
+    )
+    .await;
+    set(
+        &mut plain,
+        &[("client-id", Some(CLIENT))],
+        "producer_byte_rate",
+        Some(1e9),
+    )
+    .await;
+
+    let mut alice_throttled = false;
+    for _ in 0..60 {
+        let (code, throttle, _) = produce(&mut alice, "t", 50).await;
+        assert_eq!(code, 0);
+        if throttle > 0 {
+            alice_throttled = true;
+            break;
+        }
+    }
+    assert!(alice_throttled, "alice's 1000 B/s quota throttles her");
+    for _ in 0..30 {
+        let (code, throttle, _) = produce(&mut plain, "t", 50).await;
+        assert_eq!(
+            (code, throttle),
+            (0, 0),
+            "ANONYMOUS gets the client-id quota"
+        );
+    }
+    let text = running.broker.quotas.render();
+    assert!(
+        text.contains(
+            "tessera_quota_throttled_total{kind=\"produce\",user=\"alice\",client_id=\"\"}"
+        ),
+        "{text}"
+    );
+    assert!(text.contains(&format!(
+        "tessera_quota_throttled_total{{kind=\"produce\",user=\"\",client_id=\"{CLIENT}\"}} 0"
+    )));
+    running.shutdown().await;
+}
