@@ -26,6 +26,12 @@ fn error_json(message: &str) -> String {
 }
 
 fn render_metrics(broker: &Broker) -> String {
+    let mut text = render_broker_metrics(broker);
+    text.push_str(&broker.quotas.render());
+    text
+}
+
+fn render_broker_metrics(broker: &Broker) -> String {
     broker.metrics.render(&[
         (
             "tessera_range_logs",

@@ -52,6 +52,8 @@ pub struct Broker {
     pub cluster_id: String,
     pub controller: Arc<Controller>,
     pub metrics: Metrics,
+    /// Client quota sensors (`quotas`).
+    pub quotas: crate::quotas::QuotaManager,
     pub producer_ids: ProducerIdManager,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
     pub groups: GroupCoordinator,
@@ -162,6 +164,10 @@ impl Broker {
             cluster_id,
             controller: Arc::new(controller),
             metrics: Metrics::default(),
+            quotas: crate::quotas::QuotaManager::new(crate::quotas::sensor::WindowConfig {
+                samples: config.quota_window_num,
+                window_ms: config.quota_window_size_seconds * 1000,
+            }),
             producer_ids: ProducerIdManager::default(),
             groups: GroupCoordinator::new(&config),
             txns: crate::txn::TxnCoordinator::new(&config),

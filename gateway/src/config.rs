@@ -99,6 +99,10 @@ pub struct BrokerConfig {
     /// `replica.heal.max.bytes.per.sec`: the rate at which this broker
     /// copies segments for healing and repair.
     pub replica_heal_max_bytes_per_sec: u64,
+    /// `quota.window.num`: the samples client quotas are measured over.
+    pub quota_window_num: usize,
+    /// `quota.window.size.seconds`: the length of one quota sample.
+    pub quota_window_size_seconds: u64,
     /// `replica.selector.class`: Kafka's default (empty) serves consumers
     /// from leaders only; `...RackAwareReplicaSelector` sends a consumer
     /// with `client.rack` to a replica in its rack for sealed data (KIP-392).
@@ -246,6 +250,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("replica.lag.time.max.ms", "30000"),
     ("replica.heal.delay.ms", "300000"),
     ("replica.heal.max.bytes.per.sec", "52428800"),
+    ("quota.window.num", "11"),
+    ("quota.window.size.seconds", "1"),
     ("replica.selector.class", ""),
     ("controlled.shutdown.enable", "true"),
     ("controlled.shutdown.max.retries", "3"),
@@ -578,6 +584,9 @@ impl BrokerConfig {
             replica_lag_time_max_ms: parse(map, "replica.lag.time.max.ms")?,
             replica_heal_delay_ms: parse(map, "replica.heal.delay.ms")?,
             replica_heal_max_bytes_per_sec: parse(map, "replica.heal.max.bytes.per.sec")?,
+            // Kafka's minimums (`atLeast(1)`).
+            quota_window_num: parse::<usize>(map, "quota.window.num")?.max(1),
+            quota_window_size_seconds: parse::<u64>(map, "quota.window.size.seconds")?.max(1),
             replica_selector_class: get("replica.selector.class"),
             controlled_shutdown_enable: parse(map, "controlled.shutdown.enable")?,
             controlled_shutdown_max_retries: parse(map, "controlled.shutdown.max.retries")?,

@@ -357,6 +357,16 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "The rate at which this broker copies segments for healing and repair.",
     ),
     (
+        "quota.window.num",
+        3,
+        "The number of samples to retain in memory for client quotas.",
+    ),
+    (
+        "quota.window.size.seconds",
+        3,
+        "The time span of each sample for client quotas.",
+    ),
+    (
         "replica.selector.class",
         8,
         "RackAwareReplicaSelector lets consumers with client.rack read sealed data from a replica in their rack; empty: leaders only.",

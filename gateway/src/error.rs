@@ -70,6 +70,8 @@ pub enum ApiError {
     InvalidConfig(String),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    #[error("unsupported version: {0}")]
+    UnsupportedVersion(String),
     #[error("corrupt message: {0}")]
     CorruptMessage(String),
     #[error("unsupported message format: {0}")]
@@ -199,6 +201,7 @@ impl ApiError {
             ApiError::InvalidReplicaAssignment(_) => K::InvalidReplicaAssignment,
             ApiError::InvalidConfig(_) => K::InvalidConfig,
             ApiError::InvalidRequest(_) => K::InvalidRequest,
+            ApiError::UnsupportedVersion(_) => K::UnsupportedVersion,
             ApiError::CorruptMessage(_) => K::CorruptMessage,
             ApiError::UnsupportedForMessageFormat(_) => K::UnsupportedForMessageFormat,
             ApiError::MessageTooLarge(_) => K::MessageTooLarge,

@@ -19,6 +19,7 @@ pub mod metrics;
 pub mod migrate;
 pub mod peer;
 pub mod producer_ids;
+pub mod quotas;
 pub mod range_policy;
 pub mod ranges;
 pub mod sasl;

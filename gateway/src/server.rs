@@ -161,6 +161,7 @@ async fn connection<R, W>(
         listener: spec.clone(),
         principal: Some(Arc::from(tls_principal.as_deref().unwrap_or(ANONYMOUS))),
         peer,
+        throttle: Arc::default(),
     };
     loop {
         let frame = tokio::select! {
@@ -176,6 +177,14 @@ async fn connection<R, W>(
                 break;
             }
         };
+        // A throttled client's connection is muted (KIP-219): its next
+        // request waits, unread as far as handling goes, until the mute ends.
+        if let Some(until) = context.throttle.muted_until() {
+            tokio::select! {
+                _ = tokio::time::sleep_until(until.into()) => {}
+                _ = shutdown.changed() => break,
+            }
+        }
         // Another broker opening a replication stream (its first request
         // carries the private api key): the connection is the stream's now.
         if std::mem::take(&mut first) && is_replication_upgrade(&frame) {

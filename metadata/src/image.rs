@@ -9,8 +9,8 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::records::{
-    BrokerRegistration, MetadataRecord, PartitionSpan, RangeRecord, ScramCredentialRecord,
-    SegmentOpenRecord, SegmentSealRecord, TopicRecord,
+    BrokerRegistration, ClientQuotaEntity, MetadataRecord, PartitionSpan, RangeRecord,
+    ScramCredentialRecord, SegmentOpenRecord, SegmentSealRecord, TopicRecord,
 };
 use crate::{RangeId, SegmentId, TopicId};
 
@@ -117,6 +117,9 @@ pub struct MetadataImage {
     pub scram_credentials: BTreeMap<(String, u8), ScramCredentialRecord>,
     /// ACLs by id (`CreateAcl`/`RemoveAcl`).
     pub acls: BTreeMap<uuid::Uuid, crate::acl::AclBinding>,
+    /// Client quotas (`ClientQuota`) by entity, then key; an entity whose
+    /// last key was removed is removed.
+    pub client_quotas: BTreeMap<ClientQuotaEntity, BTreeMap<String, f64>>,
 }
 
 /// The empty image: `offset` is -1 (nothing applied), not 0, because 0 is
@@ -137,6 +140,7 @@ impl Default for MetadataImage {
             broker_configs: BTreeMap::new(),
             scram_credentials: BTreeMap::new(),
             acls: BTreeMap::new(),
+            client_quotas: BTreeMap::new(),
         }
     }
 }
@@ -316,6 +320,15 @@ impl MetadataImage {
                 id: *id,
                 acl: acl.clone(),
             });
+        }
+        for (entity, quotas) in &self.client_quotas {
+            for (key, value) in quotas {
+                out.push(MetadataRecord::ClientQuota {
+                    entity: entity.clone(),
+                    key: key.clone(),
+                    value: Some(crate::records::QuotaValue(*value)),
+                });
+            }
         }
         out
     }

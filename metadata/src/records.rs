@@ -69,6 +69,59 @@ pub fn scram_key_len(mechanism: u8) -> Option<usize> {
     }
 }
 
+/// One part (user or client id) of a client quota entity: a name, or
+/// Kafka's default entity (`<default>`, a null name in the protocol).
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum QuotaEntityName {
+    Default,
+    Named(String),
+}
+
+impl QuotaEntityName {
+    /// Kafka's null name for the default entity.
+    pub fn from_option(name: Option<String>) -> Self {
+        match name {
+            None => QuotaEntityName::Default,
+            Some(n) => QuotaEntityName::Named(n),
+        }
+    }
+    pub fn as_option(&self) -> Option<&str> {
+        match self {
+            QuotaEntityName::Default => None,
+            QuotaEntityName::Named(n) => Some(n),
+        }
+    }
+}
+
+/// A client quota entity (Kafka's ClientQuotaEntity without `ip`): a user,
+/// a client id, or both; at least one is present in a valid record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct ClientQuotaEntity {
+    pub user: Option<QuotaEntityName>,
+    pub client_id: Option<QuotaEntityName>,
+}
+
+/// The client quota keys Kafka knows for user and client-id entities
+/// (`QuotaConfigs`). The byte rates are LONG configs, the rest DOUBLE.
+pub const CLIENT_QUOTA_KEYS: &[&str] = &[
+    "producer_byte_rate",
+    "consumer_byte_rate",
+    "request_percentage",
+    "controller_mutation_rate",
+];
+
+/// A quota value (Kafka stores a double). Compared by its bits, so records
+/// stay `Eq`; validation keeps it finite and non-negative.
+#[derive(Clone, Copy, Debug)]
+pub struct QuotaValue(pub f64);
+
+impl PartialEq for QuotaValue {
+    fn eq(&self, other: &Self) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+impl Eq for QuotaValue {}
+
 /// A registered broker: who it is and where clients reach it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct BrokerRegistration {
@@ -223,6 +276,14 @@ pub enum MetadataRecord {
     RemoveAcl {
         id: uuid::Uuid,
     },
+    /// A client quota (Kafka's QuotaRecord): `value: None` removes the key
+    /// from the entity (replay of a removal of an unset key changes
+    /// nothing); an entity whose last key is removed disappears.
+    ClientQuota {
+        entity: ClientQuotaEntity,
+        key: String,
+        value: Option<QuotaValue>,
+    },
 }
 
 /// Record type numbers. Never reuse or renumber: they are in the log.
@@ -248,8 +309,9 @@ pub mod record_type {
     pub const REMOVE_SCRAM_CREDENTIAL: u16 = 18;
     pub const CREATE_ACL: u16 = 19;
     pub const REMOVE_ACL: u16 = 20;
+    pub const CLIENT_QUOTA: u16 = 22;
     /// The largest type number this build reads.
-    pub const MAX: u16 = REMOVE_ACL;
+    pub const MAX: u16 = CLIENT_QUOTA;
 }
 
 impl MetadataRecord {
@@ -278,6 +340,7 @@ impl MetadataRecord {
             MetadataRecord::RemoveScramCredential { .. } => REMOVE_SCRAM_CREDENTIAL,
             MetadataRecord::CreateAcl { .. } => CREATE_ACL,
             MetadataRecord::RemoveAcl { .. } => REMOVE_ACL,
+            MetadataRecord::ClientQuota { .. } => CLIENT_QUOTA,
         }
     }
 
@@ -434,6 +497,18 @@ impl MetadataRecord {
                 w.u8(acl.permission.code() as u8);
             }
             MetadataRecord::RemoveAcl { id } => w.uuid(id),
+            MetadataRecord::ClientQuota { entity, key, value } => {
+                w.quota_entity_name(entity.user.as_ref());
+                w.quota_entity_name(entity.client_id.as_ref());
+                w.str16(key);
+                match value {
+                    None => w.u8(0),
+                    Some(v) => {
+                        w.u8(1);
+                        w.u64(v.0.to_bits());
+                    }
+                }
+            }
         }
         w.0
     }
@@ -653,6 +728,21 @@ impl MetadataRecord {
             REMOVE_ACL => MetadataRecord::RemoveAcl {
                 id: r.uuid("acl id")?,
             },
+            CLIENT_QUOTA => {
+                let user = r.quota_entity_name("quota user")?;
+                let client_id = r.quota_entity_name("quota client id")?;
+                let key = r.str16("quota key")?;
+                let value = if r.option("quota value")? {
+                    Some(QuotaValue(f64::from_bits(r.u64("quota value")?)))
+                } else {
+                    None
+                };
+                MetadataRecord::ClientQuota {
+                    entity: ClientQuotaEntity { user, client_id },
+                    key,
+                    value,
+                }
+            }
             // Numbers not (or no longer) in use.
             _ => return Err(RecordDecodeError::UnknownType(ty)),
         };
@@ -892,6 +982,28 @@ impl MetadataRecord {
                 acl.validate().map_err(|e| E::invalid("acl", e.0))
             }
             MetadataRecord::RemoveAcl { id } => check_acl_id(id),
+            MetadataRecord::ClientQuota { entity, key, value } => {
+                if entity.user.is_none() && entity.client_id.is_none() {
+                    return Err(E::invalid("quota entity", "neither user nor client id"));
+                }
+                for (field, part) in [
+                    ("quota user", &entity.user),
+                    ("quota client id", &entity.client_id),
+                ] {
+                    if let Some(QuotaEntityName::Named(name)) = part {
+                        check_len(field, name, 1, MAX_USER_NAME_LEN)?;
+                    }
+                }
+                if !CLIENT_QUOTA_KEYS.contains(&key.as_str()) {
+                    return Err(E::invalid("quota key", key.clone()));
+                }
+                if let Some(QuotaValue(v)) = value {
+                    if !v.is_finite() || *v < 0.0 {
+                        return Err(E::invalid("quota value", v.to_string()));
+                    }
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -1061,6 +1173,17 @@ impl Writer {
         self.u16(n as u16);
         self.0.extend_from_slice(&b[..n]);
     }
+    /// A quota entity part: 0 absent, 1 the default entity, 2 a name.
+    fn quota_entity_name(&mut self, name: Option<&QuotaEntityName>) {
+        match name {
+            None => self.u8(0),
+            Some(QuotaEntityName::Default) => self.u8(1),
+            Some(QuotaEntityName::Named(n)) => {
+                self.u8(2);
+                self.str16(n);
+            }
+        }
+    }
 }
 
 struct Reader<'a> {
@@ -1174,6 +1297,17 @@ impl<'a> Reader<'a> {
             .ok_or_else(|| RecordDecodeError::invalid(field, b.to_string()))
     }
 
+    fn quota_entity_name(
+        &mut self,
+        field: &'static str,
+    ) -> Result<Option<QuotaEntityName>, RecordDecodeError> {
+        match self.u8(field)? {
+            0 => Ok(None),
+            1 => Ok(Some(QuotaEntityName::Default)),
+            2 => Ok(Some(QuotaEntityName::Named(self.str16(field)?))),
+            t => Err(RecordDecodeError::invalid(field, format!("entity tag {t}"))),
+        }
+    }
     fn bytes16(&mut self, field: &'static str) -> Result<Vec<u8>, RecordDecodeError> {
         let n = self.u16(field)? as usize;
         Ok(self.take(n, field)?.to_vec())
@@ -1199,6 +1333,13 @@ pub(crate) mod tests {
 
     fn arb_nonempty_text(max: usize) -> impl Strategy<Value = String> {
         proptest::collection::vec(any::<char>(), 1..max).prop_map(|v| v.into_iter().collect())
+    }
+
+    fn arb_quota_entity_name() -> impl Strategy<Value = QuotaEntityName> {
+        prop_oneof![
+            Just(QuotaEntityName::Default),
+            arb_nonempty_text(20).prop_map(QuotaEntityName::Named),
+        ]
     }
 
     fn arb_segment() -> impl Strategy<Value = SegmentId> {
@@ -1402,6 +1543,21 @@ pub(crate) mod tests {
                     }
                 }),
             arb_uuid().prop_map(|id| MetadataRecord::RemoveAcl { id }),
+            (
+                proptest::option::of(arb_quota_entity_name()),
+                proptest::option::of(arb_quota_entity_name()),
+                0..CLIENT_QUOTA_KEYS.len(),
+                proptest::option::of(0.0f64..1e12)
+            )
+                .prop_filter("an entity has a part", |(u, c, _, _)| u.is_some()
+                    || c.is_some())
+                .prop_map(|(user, client_id, key, value)| {
+                    MetadataRecord::ClientQuota {
+                        entity: ClientQuotaEntity { user, client_id },
+                        key: CLIENT_QUOTA_KEYS[key].to_string(),
+                        value: value.map(QuotaValue),
+                    }
+                }),
         ]
     }
 
@@ -1686,6 +1842,66 @@ pub(crate) mod tests {
             MetadataRecord::decode(&[0, 21, 0, 0]),
             Err(RecordDecodeError::UnknownType(21))
         );
+    }
+
+    #[test]
+    fn client_quota_codec() {
+        let rec = MetadataRecord::ClientQuota {
+            entity: ClientQuotaEntity {
+                user: Some(QuotaEntityName::Named("al".into())),
+                client_id: Some(QuotaEntityName::Default),
+            },
+            key: "producer_byte_rate".into(),
+            value: Some(QuotaValue(1024.0)),
+        };
+        let bytes = rec.encode();
+        let mut want = vec![0u8, 22, 0, 0, 2, 0, 2, b'a', b'l', 1, 0, 18];
+        want.extend_from_slice(b"producer_byte_rate");
+        want.push(1);
+        want.extend_from_slice(&1024f64.to_bits().to_be_bytes());
+        assert_eq!(bytes, want);
+        assert_eq!(MetadataRecord::decode(&bytes), Ok(rec.clone()));
+        // A removal of a client-id-only entity.
+        let remove = MetadataRecord::ClientQuota {
+            entity: ClientQuotaEntity {
+                user: None,
+                client_id: Some(QuotaEntityName::Named("c".into())),
+            },
+            key: "request_percentage".into(),
+            value: None,
+        };
+        let mut want = vec![0u8, 22, 0, 0, 0, 2, 0, 1, b'c', 0, 18];
+        want.extend_from_slice(b"request_percentage");
+        want.push(0);
+        assert_eq!(remove.encode(), want);
+        assert_eq!(MetadataRecord::decode(&want), Ok(remove));
+        let with = |f: &dyn Fn(&mut ClientQuotaEntity, &mut String, &mut Option<QuotaValue>)| {
+            let MetadataRecord::ClientQuota {
+                mut entity,
+                mut key,
+                mut value,
+            } = rec.clone()
+            else {
+                unreachable!()
+            };
+            f(&mut entity, &mut key, &mut value);
+            MetadataRecord::ClientQuota { entity, key, value }
+        };
+        rejects(with(&|e, _, _| *e = ClientQuotaEntity::default()));
+        rejects(with(&|e, _, _| {
+            e.user = Some(QuotaEntityName::Named(String::new()))
+        }));
+        rejects(with(&|_, k, _| *k = "ip_connection_rate".into()));
+        rejects(with(&|_, _, v| *v = Some(QuotaValue(f64::NAN))));
+        rejects(with(&|_, _, v| *v = Some(QuotaValue(f64::INFINITY))));
+        rejects(with(&|_, _, v| *v = Some(QuotaValue(-1.0))));
+        // A bad entity tag.
+        let mut bad = bytes.clone();
+        bad[4] = 3;
+        assert!(MetadataRecord::decode(&bad).is_err());
+        for key in CLIENT_QUOTA_KEYS {
+            with(&|_, k, _| *k = key.to_string()).validate().unwrap();
+        }
     }
 
     #[test]

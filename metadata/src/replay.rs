@@ -58,7 +58,8 @@ impl MetadataImage {
             R::NoOp
             | R::RegisterBroker(_)
             | R::SetBrokerConfig { .. }
-            | R::SetScramCredential(_) => None,
+            | R::SetScramCredential(_)
+            | R::ClientQuota { .. } => None,
             R::RemoveScramCredential { user, mechanism } => fail(
                 !self
                     .scram_credentials
@@ -342,6 +343,22 @@ impl MetadataImage {
             R::RemoveAcl { id } => {
                 self.acls.remove(id);
             }
+            R::ClientQuota { entity, key, value } => match value {
+                Some(v) => {
+                    self.client_quotas
+                        .entry(entity.clone())
+                        .or_default()
+                        .insert(key.clone(), v.0);
+                }
+                None => {
+                    if let Some(quotas) = self.client_quotas.get_mut(entity) {
+                        quotas.remove(key);
+                        if quotas.is_empty() {
+                            self.client_quotas.remove(entity);
+                        }
+                    }
+                }
+            },
             R::IncreasePartitions {
                 topic_id,
                 partitions,
@@ -749,6 +766,39 @@ mod tests {
         assert_eq!(img.acls.len(), 2);
         assert_eq!(img.acls[&id(1)], binding("t"));
         assert_eq!(img.acls[&id(4)], binding("u"));
+        assert_snapshot_round_trips(&img);
+    }
+
+    #[test]
+    fn client_quotas() {
+        use crate::records::{ClientQuotaEntity, QuotaEntityName, QuotaValue};
+        let entity = |user: Option<&str>, client: Option<Option<&str>>| ClientQuotaEntity {
+            user: user.map(|u| QuotaEntityName::Named(u.into())),
+            client_id: client.map(|c| QuotaEntityName::from_option(c.map(String::from))),
+        };
+        let quota =
+            |e: ClientQuotaEntity, key: &str, value: Option<f64>| MetadataRecord::ClientQuota {
+                entity: e,
+                key: key.into(),
+                value: value.map(QuotaValue),
+            };
+        let alice = entity(Some("alice"), None);
+        let default_client = entity(None, Some(None));
+        let (img, applied) = replay(&[
+            quota(alice.clone(), "producer_byte_rate", Some(100.0)),
+            quota(alice.clone(), "consumer_byte_rate", Some(200.0)),
+            // An upsert replaces.
+            quota(alice.clone(), "producer_byte_rate", Some(150.0)),
+            quota(default_client.clone(), "request_percentage", Some(12.5)),
+            quota(default_client.clone(), "request_percentage", None),
+            // Removing what is not set changes nothing.
+            quota(alice.clone(), "request_percentage", None),
+        ]);
+        assert!(applied.iter().all(|a| *a));
+        assert_eq!(img.client_quotas.len(), 1);
+        assert_eq!(img.client_quotas[&alice]["producer_byte_rate"], 150.0);
+        assert_eq!(img.client_quotas[&alice]["consumer_byte_rate"], 200.0);
+        assert!(!img.client_quotas.contains_key(&default_client));
         assert_snapshot_round_trips(&img);
     }
 

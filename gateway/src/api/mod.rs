@@ -3,6 +3,7 @@
 
 pub mod add_offsets_to_txn;
 pub mod add_partitions_to_txn;
+pub mod alter_client_quotas;
 pub mod alter_configs;
 pub mod alter_partition_reassignments;
 pub mod alter_user_scram_credentials;
@@ -17,6 +18,7 @@ pub mod delete_groups;
 pub mod delete_records;
 pub mod delete_topics;
 pub mod describe_acls;
+pub mod describe_client_quotas;
 pub mod describe_cluster;
 pub mod describe_configs;
 pub mod describe_groups;
@@ -120,6 +122,8 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::CreateAcls, 1, 3),
     (ApiKey::DescribeAcls, 1, 3),
     (ApiKey::DeleteAcls, 1, 3),
+    (ApiKey::DescribeClientQuotas, 0, 1),
+    (ApiKey::AlterClientQuotas, 0, 1),
 ];
 
 pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
@@ -191,6 +195,8 @@ pub struct Connection {
     pub principal: Option<Arc<str>>,
     /// The client's address (ACL host matching).
     pub peer: Option<std::net::SocketAddr>,
+    /// The connection's quota mute (KIP-219), set by throttled responses.
+    pub throttle: Arc<crate::quotas::ConnectionThrottle>,
 }
 
 tokio::task_local! {
@@ -260,12 +266,23 @@ pub async fn start_frame(broker: &Arc<Broker>, mut frame: Bytes) -> InFlight {
             "unsupported version {version} of {api:?}"
         )));
     }
+    let request_size = frame.len();
+    let started = std::time::Instant::now();
     let header_version = api.request_header_version(version);
     let header = match RequestHeader::decode(&mut frame, header_version) {
         Ok(h) => h,
         Err(e) => return ready(Reply::Close(format!("malformed request header: {e}"))),
     };
-    dispatch(broker, api, header, frame).await
+    // request_percentage quotas: the handling time of every request.
+    let identity = (!broker.image().client_quotas.is_empty())
+        .then(|| crate::quotas::current_identity(&header));
+    let in_flight = dispatch(broker, api, header, frame, request_size).await;
+    match identity {
+        None => in_flight,
+        Some((user, client)) => {
+            crate::quotas::time_request(broker.clone(), user, client, started.elapsed(), in_flight)
+        }
+    }
 }
 
 async fn dispatch(
@@ -273,6 +290,7 @@ async fn dispatch(
     api: ApiKey,
     header: RequestHeader,
     mut body: Bytes,
+    request_size: usize,
 ) -> InFlight {
     let v = header.request_api_version;
     let id = header.correlation_id;
@@ -320,15 +338,27 @@ async fn dispatch(
                 Ok(r) => r,
                 Err(reply) => return ready(reply),
             };
+            // Kafka counts the whole request against producer_byte_rate,
+            // acks=0 included (that connection is muted, unanswered).
+            let throttle = crate::quotas::record_produce(&broker, &header, request_size);
             let appended = produce::append(&broker, &header, request).await;
             Box::pin(async move {
                 match produce::acknowledge(&broker, appended).await {
-                    Some(response) => frame(api, v, id, &response),
+                    Some(response) => frame(api, v, id, &response.with_throttle_time_ms(throttle)),
                     None => Reply::Nothing,
                 }
             })
         }
-        ApiKey::Fetch => call!(fetch),
+        ApiKey::Fetch => {
+            let request = match decode(&mut body, v) {
+                Ok(r) => r,
+                Err(reply) => return ready(reply),
+            };
+            Box::pin(async move {
+                let response = crate::quotas::fetch_with_quota(&broker, &header, request).await;
+                frame(api, v, id, &response)
+            })
+        }
         ApiKey::ListOffsets => call!(list_offsets),
         ApiKey::OffsetForLeaderEpoch => call!(offset_for_leader_epoch),
         ApiKey::Metadata => call!(metadata),
@@ -374,6 +404,8 @@ async fn dispatch(
         ApiKey::CreateAcls => call!(create_acls),
         ApiKey::DescribeAcls => call!(describe_acls),
         ApiKey::DeleteAcls => call!(delete_acls),
+        ApiKey::DescribeClientQuotas => call!(describe_client_quotas),
+        ApiKey::AlterClientQuotas => call!(alter_client_quotas),
         other => ready(Reply::Close(format!("API {other:?} has no handler"))),
     }
 }

@@ -1,0 +1,512 @@
+//! Client quotas (Kafka's ClientQuotaManager / ClientRequestQuotaManager):
+//! byte-rate quotas on Produce (request bytes) and Fetch (response bytes)
+//! and a request-time quota (`request_percentage`), configured per user
+//! and/or client id in the metadata image (`ClientQuota` records, written by
+//! AlterClientQuotas), resolved in Kafka's precedence order
+//! ([`resolve`]), measured over Kafka's sampled windows ([`sensor`]).
+//!
+//! A violation yields a throttle time: it goes back in the response's
+//! `throttle_time_ms` (Produce, Fetch) and, as KIP-219 says, the broker
+//! sends the response at once and then mutes the connection (reads no
+//! further request from it) for that time ([`ConnectionThrottle`]).
+
+pub mod admin;
+pub mod resolve;
+pub mod sensor;
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write;
+use std::time::{Duration, Instant};
+
+use parking_lot::Mutex;
+
+use resolve::{resolve, Quotas};
+use sensor::{RateSensor, WindowConfig};
+
+/// What a quota limits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum QuotaKind {
+    /// `producer_byte_rate`: request bytes of Produce.
+    Produce,
+    /// `consumer_byte_rate`: response bytes of Fetch.
+    Fetch,
+    /// `request_percentage`: request handling time, in percent of one
+    /// thread per second.
+    Request,
+}
+
+impl QuotaKind {
+    pub fn key(self) -> &'static str {
+        match self {
+            QuotaKind::Produce => "producer_byte_rate",
+            QuotaKind::Fetch => "consumer_byte_rate",
+            QuotaKind::Request => "request_percentage",
+        }
+    }
+    pub fn label(self) -> &'static str {
+        match self {
+            QuotaKind::Produce => "produce",
+            QuotaKind::Fetch => "fetch",
+            QuotaKind::Request => "request",
+        }
+    }
+}
+
+/// Kafka's user of a principal: the name after the type (`User:alice` is
+/// `alice`), `ANONYMOUS` when none.
+pub fn user_of(principal: Option<&str>) -> &str {
+    match principal {
+        None => "ANONYMOUS",
+        Some(p) => p.split_once(':').map_or(p, |(_, name)| name),
+    }
+}
+
+/// Converts handling time to Kafka's request quota unit (percent of one
+/// thread's second).
+pub fn nanos_to_percentage(nanos: u128) -> f64 {
+    nanos as f64 * 100.0 / 1e9
+}
+
+type SensorKey = (QuotaKind, String, String);
+
+#[derive(Default, Clone, Copy)]
+struct Stats {
+    value: f64,
+    throttled: u64,
+    throttle_ms: u64,
+}
+
+/// A sensor not recorded on for this long is dropped (Kafka expires quota
+/// sensors after an hour of inactivity).
+const SENSOR_EXPIRY_MS: u64 = 3_600_000;
+
+#[derive(Default)]
+struct State {
+    sensors: HashMap<SensorKey, RateSensor>,
+    stats: BTreeMap<SensorKey, Stats>,
+    last_sweep_ms: u64,
+}
+
+/// The broker's quota sensors and their metrics.
+pub struct QuotaManager {
+    window: WindowConfig,
+    epoch: Instant,
+    state: Mutex<State>,
+}
+
+impl Default for QuotaManager {
+    fn default() -> Self {
+        QuotaManager::new(WindowConfig::default())
+    }
+}
+
+impl QuotaManager {
+    pub fn new(window: WindowConfig) -> Self {
+        QuotaManager {
+            window,
+            epoch: Instant::now(),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    pub fn window(&self) -> WindowConfig {
+        self.window
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Records `value` for the client and returns its throttle time (ms),
+    /// 0 when no quota applies or it is not violated.
+    pub fn record(
+        &self,
+        quotas: &Quotas,
+        kind: QuotaKind,
+        user: &str,
+        client_id: &str,
+        value: f64,
+    ) -> u64 {
+        self.record_at(quotas, kind, user, client_id, value, self.now_ms())
+    }
+
+    /// [`QuotaManager::record`] at a given time (ms since the manager's start).
+    pub fn record_at(
+        &self,
+        quotas: &Quotas,
+        kind: QuotaKind,
+        user: &str,
+        client_id: &str,
+        value: f64,
+        now_ms: u64,
+    ) -> u64 {
+        let Some(r) = resolve(quotas, kind.key(), user, client_id) else {
+            return 0;
+        };
+        let key = (kind, r.user_tag, r.client_tag);
+        let mut state = self.state.lock();
+        if now_ms.saturating_sub(state.last_sweep_ms) >= 60_000 {
+            state.last_sweep_ms = now_ms;
+            state
+                .sensors
+                .retain(|_, s| now_ms.saturating_sub(s.last_record_ms) < SENSOR_EXPIRY_MS);
+        }
+        let window = self.window;
+        let sensor = state
+            .sensors
+            .entry(key.clone())
+            .or_insert_with(|| RateSensor::new(window));
+        let mut throttle = sensor.record_and_throttle_ms(value, r.bound, now_ms);
+        if kind == QuotaKind::Request {
+            // Kafka bounds request-quota throttles by one quota window.
+            throttle = throttle.min(window.window_ms);
+        }
+        let stats = state.stats.entry(key).or_default();
+        stats.value += value;
+        if throttle > 0 {
+            stats.throttled += 1;
+            stats.throttle_ms = stats.throttle_ms.saturating_add(throttle);
+        }
+        throttle
+    }
+
+    /// Takes back a recorded value (Kafka unrecords the bytes of a fetch
+    /// it answers empty because it is throttled).
+    pub fn unrecord(
+        &self,
+        quotas: &Quotas,
+        kind: QuotaKind,
+        user: &str,
+        client_id: &str,
+        value: f64,
+    ) {
+        let Some(r) = resolve(quotas, kind.key(), user, client_id) else {
+            return;
+        };
+        let now = self.now_ms();
+        let key = (kind, r.user_tag, r.client_tag);
+        let mut state = self.state.lock();
+        if let Some(s) = state.sensors.get_mut(&key) {
+            s.record(-value, now);
+        }
+        if let Some(stats) = state.stats.get_mut(&key) {
+            stats.value -= value;
+        }
+    }
+
+    /// The most a client may take in one quota window (Kafka's
+    /// `getMaxValueInQuotaWindow`: bound * (samples - 1) * window seconds);
+    /// None when unlimited. Fetch caps its max_bytes to it.
+    pub fn max_value_in_window(
+        &self,
+        quotas: &Quotas,
+        kind: QuotaKind,
+        user: &str,
+        client_id: &str,
+    ) -> Option<f64> {
+        let r = resolve(quotas, kind.key(), user, client_id)?;
+        Some(
+            r.bound * (self.window.samples.saturating_sub(1)) as f64 * self.window.window_ms as f64
+                / 1000.0,
+        )
+    }
+
+    /// Prometheus text for the quota metrics, per kind and entity (Kafka's
+    /// user / client-id tags).
+    pub fn render(&self) -> String {
+        let state = self.state.lock();
+        let mut out = String::new();
+        let esc = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+        let series = [
+            (
+                "tessera_quota_bytes_total",
+                "Bytes counted against byte-rate quotas (produce: request bytes; fetch: response bytes), by quota entity.",
+                0usize,
+            ),
+            (
+                "tessera_quota_request_time_percent_total",
+                "Request handling time counted against request_percentage quotas (percent of one thread-second), by quota entity.",
+                1,
+            ),
+            (
+                "tessera_quota_throttled_total",
+                "Responses throttled by a quota, by kind and quota entity.",
+                2,
+            ),
+            (
+                "tessera_quota_throttle_time_ms_total",
+                "Throttle time handed out by quotas (ms), by kind and quota entity.",
+                3,
+            ),
+        ];
+        for (name, help, which) in series {
+            let _ = writeln!(out, "# HELP {name} {help}");
+            let _ = writeln!(out, "# TYPE {name} counter");
+            for ((kind, user, client), s) in &state.stats {
+                let v = match which {
+                    0 if *kind != QuotaKind::Request => s.value.max(0.0).round() as u64,
+                    1 if *kind == QuotaKind::Request => s.value.max(0.0).round() as u64,
+                    2 => s.throttled,
+                    3 => s.throttle_ms,
+                    _ => continue,
+                };
+                let _ = writeln!(
+                    out,
+                    "{name}{{kind=\"{}\",user=\"{}\",client_id=\"{}\"}} {v}",
+                    kind.label(),
+                    esc(user),
+                    esc(client)
+                );
+            }
+        }
+        out
+    }
+}
+
+/// A connection's mute (KIP-219): until when the connection reads no
+/// further request.
+#[derive(Debug, Default)]
+pub struct ConnectionThrottle {
+    until: Mutex<Option<Instant>>,
+}
+
+impl ConnectionThrottle {
+    /// Mutes the connection for `ms` from now (a longer mute already set
+    /// stays).
+    pub fn mute_for(&self, ms: u64) {
+        if ms == 0 {
+            return;
+        }
+        let until = Instant::now() + Duration::from_millis(ms);
+        let mut current = self.until.lock();
+        if current.is_none_or(|c| c < until) {
+            *current = Some(until);
+        }
+    }
+
+    /// The end of the mute, if the connection is muted now.
+    pub fn muted_until(&self) -> Option<Instant> {
+        let mut current = self.until.lock();
+        match *current {
+            Some(t) if t > Instant::now() => Some(t),
+            _ => {
+                *current = None;
+                None
+            }
+        }
+    }
+}
+
+/// The quota identity of the request being handled: (user, client id).
+pub fn current_identity(header: &kafka_protocol::messages::RequestHeader) -> (String, String) {
+    let principal = crate::api::CONNECTION
+        .try_with(|c| c.principal.clone())
+        .ok()
+        .flatten();
+    let user = user_of(principal.as_deref()).to_string();
+    let client = header
+        .client_id
+        .as_ref()
+        .map(|c| c.to_string())
+        .unwrap_or_default();
+    (user, client)
+}
+
+/// Mutes the connection of the request being handled (no-op outside one).
+pub fn mute_current(ms: u64) {
+    let _ = crate::api::CONNECTION.try_with(|c| c.throttle.mute_for(ms));
+}
+
+/// Records a Produce request's bytes against `producer_byte_rate` and
+/// mutes the connection when throttled; the throttle time (ms) for the
+/// response.
+pub fn record_produce(
+    broker: &crate::Broker,
+    header: &kafka_protocol::messages::RequestHeader,
+    request_size: usize,
+) -> i32 {
+    let image = broker.image();
+    if image.client_quotas.is_empty() {
+        return 0;
+    }
+    let (user, client) = current_identity(header);
+    let throttle = broker.quotas.record(
+        &image.client_quotas,
+        QuotaKind::Produce,
+        &user,
+        &client,
+        request_size as f64,
+    );
+    mute_current(throttle);
+    throttle.min(i32::MAX as u64) as i32
+}
+
+/// Fetch under `consumer_byte_rate` (Kafka's handleFetchRequest): max_bytes
+/// is capped to what the quota allows in one window, the response's size
+/// is recorded, and a throttled fetch is answered empty (its bytes taken
+/// back off the sensor) with the throttle time, the connection muted.
+/// Fetches of other brokers (replication) are exempt.
+pub async fn fetch_with_quota(
+    broker: &std::sync::Arc<crate::Broker>,
+    header: &kafka_protocol::messages::RequestHeader,
+    mut request: kafka_protocol::messages::FetchRequest,
+) -> kafka_protocol::messages::FetchResponse {
+    use kafka_protocol::protocol::Encodable;
+    let from_broker = request.replica_id.0 >= 0 || request.replica_state.replica_id.0 >= 0;
+    let image = broker.image();
+    if from_broker || image.client_quotas.is_empty() {
+        return crate::api::fetch::handle(broker, header, request).await;
+    }
+    let (user, client) = current_identity(header);
+    let quotas = &image.client_quotas;
+    if let Some(max) = broker
+        .quotas
+        .max_value_in_window(quotas, QuotaKind::Fetch, &user, &client)
+    {
+        let max = max.clamp(1.0, i32::MAX as f64) as i32;
+        request.max_bytes = request.max_bytes.min(max);
+    }
+    let response = crate::api::fetch::handle(broker, header, request).await;
+    let size = response
+        .compute_size(header.request_api_version)
+        .unwrap_or(0) as f64;
+    let throttle = broker
+        .quotas
+        .record(quotas, QuotaKind::Fetch, &user, &client, size);
+    if throttle == 0 {
+        return response;
+    }
+    broker
+        .quotas
+        .unrecord(quotas, QuotaKind::Fetch, &user, &client, size);
+    mute_current(throttle);
+    kafka_protocol::messages::FetchResponse::default()
+        .with_throttle_time_ms(throttle.min(i32::MAX as u64) as i32)
+        .with_error_code(response.error_code)
+        .with_session_id(response.session_id)
+}
+
+/// Measures a request's handling time (the part before the connection
+/// reads on, plus the time spent polling the rest: waits are not handling)
+/// against `request_percentage`; a violation mutes the connection (the
+/// response is not changed: only Produce and Fetch report throttle_time_ms).
+pub fn time_request(
+    broker: std::sync::Arc<crate::Broker>,
+    user: String,
+    client: String,
+    before: Duration,
+    in_flight: crate::api::InFlight,
+) -> crate::api::InFlight {
+    Box::pin(async move {
+        let (reply, busy) = Timed {
+            inner: in_flight,
+            busy: before,
+        }
+        .await;
+        let image = broker.image();
+        let throttle = broker.quotas.record(
+            &image.client_quotas,
+            QuotaKind::Request,
+            &user,
+            &client,
+            nanos_to_percentage(busy.as_nanos()),
+        );
+        mute_current(throttle);
+        reply
+    })
+}
+
+/// A future and the time spent polling it.
+struct Timed {
+    inner: crate::api::InFlight,
+    busy: Duration,
+}
+
+impl std::future::Future for Timed {
+    type Output = (crate::api::Reply, Duration);
+    fn poll(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Self::Output> {
+        let started = Instant::now();
+        let polled = self.inner.as_mut().poll(cx);
+        self.busy += started.elapsed();
+        polled.map(|reply| (reply, self.busy))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_metadata::{ClientQuotaEntity, QuotaEntityName};
+
+    fn quotas(client: &str, key: &str, v: f64) -> Quotas {
+        let mut q = Quotas::new();
+        q.entry(ClientQuotaEntity {
+            user: None,
+            client_id: Some(QuotaEntityName::Named(client.into())),
+        })
+        .or_default()
+        .insert(key.into(), v);
+        q
+    }
+
+    #[test]
+    fn principal_user() {
+        assert_eq!(user_of(Some("User:alice")), "alice");
+        assert_eq!(user_of(Some("User:CN=x,O=y")), "CN=x,O=y");
+        assert_eq!(user_of(None), "ANONYMOUS");
+    }
+
+    #[test]
+    fn records_only_with_a_quota() {
+        let m = QuotaManager::default();
+        let q = quotas("c", "producer_byte_rate", 100.0);
+        assert_eq!(m.record_at(&q, QuotaKind::Produce, "u", "other", 1e9, 0), 0);
+        assert_eq!(m.record_at(&q, QuotaKind::Fetch, "u", "c", 1e9, 0), 0);
+        // 3000 B at once over the minimum 10 s window: 300 B/s, 20 s.
+        assert_eq!(
+            m.record_at(&q, QuotaKind::Produce, "u", "c", 3000.0, 0),
+            20_000
+        );
+        let text = m.render();
+        assert!(text.contains(
+            "tessera_quota_bytes_total{kind=\"produce\",user=\"\",client_id=\"c\"} 3000"
+        ));
+        assert!(text.contains(
+            "tessera_quota_throttle_time_ms_total{kind=\"produce\",user=\"\",client_id=\"c\"} 20000"
+        ));
+        assert_eq!(
+            m.max_value_in_window(&q, QuotaKind::Produce, "u", "c"),
+            Some(1000.0)
+        );
+    }
+
+    #[test]
+    fn request_throttle_is_bounded_by_a_window() {
+        let m = QuotaManager::default();
+        let q = quotas("c", "request_percentage", 1.0);
+        assert_eq!(m.record_at(&q, QuotaKind::Request, "u", "c", 1e6, 0), 1000);
+    }
+
+    #[test]
+    fn unrecord_takes_back() {
+        let m = QuotaManager::default();
+        let q = quotas("c", "consumer_byte_rate", 100.0);
+        assert!(m.record(&q, QuotaKind::Fetch, "u", "c", 5000.0) > 0);
+        m.unrecord(&q, QuotaKind::Fetch, "u", "c", 5000.0);
+        assert_eq!(m.record(&q, QuotaKind::Fetch, "u", "c", 10.0), 0);
+    }
+
+    #[test]
+    fn mute() {
+        let t = ConnectionThrottle::default();
+        assert!(t.muted_until().is_none());
+        t.mute_for(0);
+        assert!(t.muted_until().is_none());
+        t.mute_for(10_000);
+        let a = t.muted_until().unwrap();
+        t.mute_for(1);
+        assert_eq!(t.muted_until(), Some(a));
+    }
+}
