@@ -1,8 +1,9 @@
 """SASL with real clients: a broker with a PLAINTEXT listener and a
 SASL_PLAINTEXT listener (PLAIN users from the JAAS key, SCRAM users seeded
 with `tessera users add` before start and added with
-AlterUserScramCredentials). kafka-python over PLAIN and SCRAM,
-confluent-kafka and kcat (librdkafka 2.0.2) over SCRAM."""
+AlterUserScramCredentials, OAUTHBEARER with Kafka's unsecured-JWS
+validation). kafka-python over PLAIN and SCRAM, confluent-kafka and kcat
+(librdkafka 2.0.2) over SCRAM, confluent-kafka over OAUTHBEARER."""
 
 from __future__ import annotations
 
@@ -29,6 +30,12 @@ JAAS = (
     'user_alice="alice-secret" user_admin="admin-secret";'
 )
 
+# Kafka's default OAUTHBEARER validation (unsecured JWS), with a required scope.
+OAUTH_JAAS = (
+    "org.apache.kafka.common.security.oauthbearer.OAuthBearerLoginModule required "
+    'unsecuredValidatorRequiredScope="tessera";'
+)
+
 
 @pytest.fixture
 def sasl_broker(broker_factory):
@@ -39,8 +46,9 @@ def sasl_broker(broker_factory):
     b.overrides.update(
         {
             "listeners": f"PLAINTEXT://{b.host}:{b.port},SASL_PLAINTEXT://{b.host}:{b.sasl_port}",
-            "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+            "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512,OAUTHBEARER",
             "listener.name.sasl_plaintext.plain.sasl.jaas.config": JAAS,
+            "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config": OAUTH_JAAS,
         }
     )
     # The first SCRAM user, written to the data dir before start.
@@ -115,6 +123,27 @@ def test_confluent_wrong_password_fails(sasl_broker):
     print(e.value)
     # The broker is unharmed.
     roundtrip_confluent(sasl_broker, confluent_conf(sasl_broker, "SCRAM-SHA-256", "bob", "bob-secret"), n=5)
+
+
+def oauth_conf(b, jwt: str) -> dict:
+    """librdkafka's built-in unsecured JWT (alg none, sub, iat, exp, scope)."""
+    return {
+        "bootstrap.servers": b.sasl_bootstrap,
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanisms": "OAUTHBEARER",
+        "enable.sasl.oauthbearer.unsecure.jwt": True,
+        "sasl.oauthbearer.config": jwt,
+    }
+
+
+def test_confluent_oauthbearer_unsecured_jwt(sasl_broker):
+    roundtrip_confluent(sasl_broker, oauth_conf(sasl_broker, "principal=carol scope=tessera,read"))
+    # The token lacks the listener's required scope: refused, broker unharmed
+    # (expiry, signatures and malformed tokens: gateway/src/sasl/oauthbearer.rs).
+    a = AdminClient(oauth_conf(sasl_broker, "principal=carol scope=read"))
+    with pytest.raises(KafkaException):
+        a.list_topics(timeout=5)
+    roundtrip_confluent(sasl_broker, oauth_conf(sasl_broker, "principal=dave scope=tessera"), n=5)
 
 
 def test_confluent_alter_user_scram_credentials(sasl_broker):

@@ -53,7 +53,8 @@ impl SecurityProtocol {
 }
 
 /// The SASL mechanisms this build serves.
-pub const SUPPORTED_MECHANISMS: &[&str] = &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"];
+pub const SUPPORTED_MECHANISMS: &[&str] =
+    &["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512", "OAUTHBEARER"];
 
 /// One listener.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -71,6 +72,8 @@ pub struct Listener {
     pub mechanisms: Vec<String>,
     /// PLAIN users from the listener's JAAS entry.
     pub plain_users: BTreeMap<String, String>,
+    /// OAUTHBEARER's unsecured validator options (its JAAS entry, optional).
+    pub oauthbearer: crate::sasl::oauthbearer::ValidatorOptions,
 }
 
 impl Listener {
@@ -184,6 +187,7 @@ pub fn parse_listeners(
             port,
             mechanisms: Vec::new(),
             plain_users: BTreeMap::new(),
+            oauthbearer: Default::default(),
         };
         if protocol.is_sasl() {
             sasl_settings(map, &get, &mut listener)?;
@@ -260,6 +264,18 @@ fn sasl_settings(
             )
         })?;
         listener.plain_users = jaas_users(jaas).map_err(|e| invalid(&key, e))?;
+    }
+    if listener.mechanism_enabled("OAUTHBEARER") {
+        let key = format!(
+            "listener.name.{}.oauthbearer.sasl.jaas.config",
+            listener.name.to_ascii_lowercase()
+        );
+        if let Some(jaas) = map.get(&key) {
+            let options =
+                crate::sasl::plain::parse_jaas_options(jaas).map_err(|e| invalid(&key, e))?;
+            listener.oauthbearer = crate::sasl::oauthbearer::ValidatorOptions::from_jaas(&options)
+                .map_err(|e| invalid(&key, e))?;
+        }
     }
     // SCRAM users live in the metadata log; nothing to read here.
     debug_assert!(ScramMechanism::ALL.len() == 2);

@@ -1,0 +1,296 @@
+//! SASL/OAUTHBEARER (RFC 7628, KIP-255) with Kafka's default server-side
+//! validation, `OAuthBearerUnsecuredValidatorCallbackHandler`: the token
+//! is an unsecured JWS (`alg: none`, empty signature), its principal claim
+//! (`sub` unless `unsecuredValidatorPrincipalClaimName` says otherwise)
+//! names the user, `exp` must be in the future and `iat` not in it (with
+//! `unsecuredValidatorAllowableClockSkewMs`), and
+//! `unsecuredValidatorRequiredScope` lists scopes the token must carry.
+//! Options come from `listener.name.<l>.oauthbearer.sasl.jaas.config`.
+//! For tests and development, as in Kafka: nothing is signed.
+
+use std::collections::BTreeMap;
+
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use base64::Engine;
+use serde_json::Value;
+
+/// Why a token was refused (the message the client and the log get).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("Authentication failed: {0}")]
+pub struct OAuthError(pub String);
+
+fn refuse(m: impl Into<String>) -> OAuthError {
+    OAuthError(m.into())
+}
+
+/// The validator's options (Kafka's `unsecuredValidator*` JAAS options).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ValidatorOptions {
+    pub principal_claim: String,
+    pub scope_claim: String,
+    pub required_scope: Vec<String>,
+    pub clock_skew_ms: i64,
+}
+
+impl Default for ValidatorOptions {
+    fn default() -> Self {
+        ValidatorOptions {
+            principal_claim: "sub".into(),
+            scope_claim: "scope".into(),
+            required_scope: Vec::new(),
+            clock_skew_ms: 0,
+        }
+    }
+}
+
+impl ValidatorOptions {
+    /// From the JAAS options of the listener's OAUTHBEARER entry.
+    pub fn from_jaas(options: &BTreeMap<String, String>) -> Result<ValidatorOptions, String> {
+        let mut o = ValidatorOptions::default();
+        if let Some(v) = options.get("unsecuredValidatorPrincipalClaimName") {
+            o.principal_claim = v.trim().to_string();
+        }
+        if let Some(v) = options.get("unsecuredValidatorScopeClaimName") {
+            o.scope_claim = v.trim().to_string();
+        }
+        if let Some(v) = options.get("unsecuredValidatorRequiredScope") {
+            o.required_scope = v
+                .split([' ', ','])
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect();
+        }
+        if let Some(v) = options.get("unsecuredValidatorAllowableClockSkewMs") {
+            o.clock_skew_ms = v
+                .trim()
+                .parse()
+                .ok()
+                .filter(|ms: &i64| *ms >= 0)
+                .ok_or_else(|| format!("unsecuredValidatorAllowableClockSkewMs {v:?}"))?;
+        }
+        Ok(o)
+    }
+}
+
+/// The token of an RFC 7628 client-first message
+/// (`gs2-header %x01 auth=Bearer <token> %x01 [key=value %x01]* %x01`).
+fn bearer_token(message: &[u8]) -> Result<&str, OAuthError> {
+    let text = std::str::from_utf8(message).map_err(|_| refuse("the message is not UTF-8"))?;
+    let mut parts = text.split('\u{1}');
+    let gs2 = parts.next().unwrap_or_default();
+    if !(gs2.starts_with("n,") || gs2.starts_with("y,")) {
+        return Err(refuse("invalid OAUTHBEARER client first message"));
+    }
+    if !text.ends_with("\u{1}\u{1}") {
+        return Err(refuse("invalid OAUTHBEARER client first message"));
+    }
+    parts
+        .find_map(|kv| kv.strip_prefix("auth="))
+        .and_then(|auth| auth.strip_prefix("Bearer "))
+        .map(str::trim)
+        .filter(|t| !t.is_empty())
+        .ok_or_else(|| refuse("no bearer token in the OAUTHBEARER message"))
+}
+
+fn json_part(part: &str, what: &str) -> Result<serde_json::Map<String, Value>, OAuthError> {
+    let bytes = URL_SAFE_NO_PAD
+        .decode(part.trim_end_matches('='))
+        .map_err(|_| refuse(format!("the token's {what} is not base64url")))?;
+    match serde_json::from_slice(&bytes) {
+        Ok(Value::Object(map)) => Ok(map),
+        _ => Err(refuse(format!("the token's {what} is not a JSON object"))),
+    }
+}
+
+/// A JWT NumericDate claim (seconds, possibly fractional) in milliseconds.
+fn time_claim(
+    claims: &serde_json::Map<String, Value>,
+    name: &str,
+) -> Result<Option<i64>, OAuthError> {
+    match claims.get(name) {
+        None => Ok(None),
+        Some(Value::Number(n)) => n
+            .as_f64()
+            .map(|s| Some((s * 1000.0) as i64))
+            .ok_or_else(|| refuse(format!("claim {name} is not a number"))),
+        Some(_) => Err(refuse(format!("claim {name} is not a number"))),
+    }
+}
+
+/// Validates one client-first message at `now_ms`; the authenticated user.
+pub fn authenticate(
+    message: &[u8],
+    options: &ValidatorOptions,
+    now_ms: i64,
+) -> Result<String, OAuthError> {
+    let token = bearer_token(message)?;
+    let parts: Vec<&str> = token.split('.').collect();
+    if parts.len() != 3 {
+        return Err(refuse("the token is not a JWS (three dot-separated parts)"));
+    }
+    if !parts[2].is_empty() {
+        return Err(refuse(
+            "the token is signed; only unsecured tokens (alg none) are validated here",
+        ));
+    }
+    let header = json_part(parts[0], "header")?;
+    if header.get("alg").and_then(Value::as_str) != Some("none") {
+        return Err(refuse("the token's alg is not \"none\""));
+    }
+    let claims = json_part(parts[1], "payload")?;
+    let user = match claims.get(&options.principal_claim) {
+        Some(Value::String(s)) if !s.trim().is_empty() => s.clone(),
+        _ => {
+            return Err(refuse(format!(
+                "the token has no principal claim {:?}",
+                options.principal_claim
+            )))
+        }
+    };
+    let skew = options.clock_skew_ms;
+    let exp = time_claim(&claims, "exp")?
+        .ok_or_else(|| refuse("the token has no expiration time (exp)"))?;
+    if exp + skew <= now_ms {
+        return Err(refuse("the token has expired"));
+    }
+    if let Some(iat) = time_claim(&claims, "iat")? {
+        if iat > now_ms + skew {
+            return Err(refuse("the token was issued in the future (iat)"));
+        }
+        if exp <= iat {
+            return Err(refuse("the token expires before it was issued"));
+        }
+    }
+    if !options.required_scope.is_empty() {
+        let scope: Vec<String> = match claims.get(&options.scope_claim) {
+            Some(Value::String(s)) => s.split(' ').map(str::to_string).collect(),
+            Some(Value::Array(a)) => a
+                .iter()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect(),
+            _ => Vec::new(),
+        };
+        let missing: Vec<&String> = options
+            .required_scope
+            .iter()
+            .filter(|s| !scope.contains(s))
+            .collect();
+        if !missing.is_empty() {
+            return Err(refuse(format!(
+                "the token lacks the required scope {missing:?}"
+            )));
+        }
+    }
+    Ok(user)
+}
+
+/// The user an OAUTHBEARER message claims, for the log of a failure.
+pub fn claimed_user(message: &[u8]) -> Option<String> {
+    let token = bearer_token(message).ok()?;
+    let claims = json_part(token.split('.').nth(1)?, "payload").ok()?;
+    claims.get("sub")?.as_str().map(str::to_string)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const NOW: i64 = 1_800_000_000_000;
+
+    fn token(header: &str, payload: &str, signature: &str) -> String {
+        format!(
+            "{}.{}.{signature}",
+            URL_SAFE_NO_PAD.encode(header),
+            URL_SAFE_NO_PAD.encode(payload)
+        )
+    }
+
+    fn message(token: &str) -> Vec<u8> {
+        format!("n,,\u{1}auth=Bearer {token}\u{1}\u{1}").into_bytes()
+    }
+
+    fn unsecured(payload: &str) -> Vec<u8> {
+        message(&token(r#"{"alg":"none"}"#, payload, ""))
+    }
+
+    fn check(msg: &[u8]) -> Result<String, OAuthError> {
+        authenticate(msg, &ValidatorOptions::default(), NOW)
+    }
+
+    #[test]
+    fn an_unsecured_token_names_its_subject() {
+        // As librdkafka's enable.sasl.oauthbearer.unsecure.jwt builds it.
+        let msg =
+            unsecured(r#"{"iat":1799999999.5,"exp":1800003600,"sub":"alice","scope":["a","b"]}"#);
+        assert_eq!(check(&msg).unwrap(), "alice");
+        assert_eq!(claimed_user(&msg).as_deref(), Some("alice"));
+        // Extensions after the token are allowed.
+        let with_ext = format!(
+            "n,,\u{1}auth=Bearer {}\u{1}traceId=1\u{1}\u{1}",
+            token(r#"{"alg":"none"}"#, r#"{"exp":1800003600,"sub":"bob"}"#, "")
+        );
+        assert_eq!(check(with_ext.as_bytes()).unwrap(), "bob");
+    }
+
+    #[test]
+    fn refusals() {
+        let err = |msg: &[u8]| check(msg).unwrap_err().0;
+        assert!(err(&unsecured(r#"{"exp":1700000000,"sub":"a"}"#)).contains("expired"));
+        assert!(err(&unsecured(r#"{"sub":"a"}"#)).contains("exp"));
+        assert!(err(&unsecured(r#"{"exp":1800003600}"#)).contains("principal"));
+        assert!(err(&unsecured(r#"{"exp":1800003600,"sub":""}"#)).contains("principal"));
+        assert!(err(&unsecured(r#"{"exp":"soon","sub":"a"}"#)).contains("number"));
+        assert!(err(&unsecured(
+            r#"{"iat":1900000000,"exp":1900003600,"sub":"a"}"#
+        ))
+        .contains("future"));
+        let signed = message(&token(
+            r#"{"alg":"HS256"}"#,
+            r#"{"exp":1800003600,"sub":"a"}"#,
+            "c2ln",
+        ));
+        assert!(err(&signed).contains("signed"));
+        let hs = message(&token(
+            r#"{"alg":"HS256"}"#,
+            r#"{"exp":1800003600,"sub":"a"}"#,
+            "",
+        ));
+        assert!(err(&hs).contains("alg"));
+        assert!(err(&message("not-a-jwt")).contains("JWS"));
+        assert!(err(&message("!!.??.")).contains("base64url"));
+        assert!(err(b"n,,\x01auth=Basic abc\x01\x01").contains("bearer"));
+        assert!(err(b"garbage").contains("client first"));
+        let e = err(b"n,,\x01auth=Bearer eHl6.eHl6.\x01\x01");
+        assert!(e.contains("JSON"), "{e}");
+        assert!(err(&[0xff, 0xfe]).contains("UTF-8"));
+    }
+
+    #[test]
+    fn options_from_jaas() {
+        let jaas: BTreeMap<String, String> = [
+            ("unsecuredValidatorPrincipalClaimName", "email"),
+            ("unsecuredValidatorRequiredScope", "read write"),
+            ("unsecuredValidatorAllowableClockSkewMs", "5000"),
+        ]
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let o = ValidatorOptions::from_jaas(&jaas).unwrap();
+        assert_eq!(o.principal_claim, "email");
+        assert_eq!(o.required_scope, vec!["read", "write"]);
+        let msg = unsecured(r#"{"exp":1799999998,"email":"c@x","scope":"read write admin"}"#);
+        // Expired by 2 s, within the 5 s skew.
+        assert_eq!(authenticate(&msg, &o, NOW).unwrap(), "c@x");
+        let narrow = unsecured(r#"{"exp":1800003600,"email":"c@x","scope":["read"]}"#);
+        assert!(authenticate(&narrow, &o, NOW)
+            .unwrap_err()
+            .0
+            .contains("scope"));
+        let bad: BTreeMap<String, String> = [(
+            "unsecuredValidatorAllowableClockSkewMs".to_string(),
+            "-1".to_string(),
+        )]
+        .into();
+        assert!(ValidatorOptions::from_jaas(&bad).is_err());
+    }
+}
