@@ -21,8 +21,10 @@ import procguard  # noqa: E402  (on sys.path through bench)
 
 class TesseraProc:
     def __init__(self, binary: Path, overrides: dict[str, str] | None = None,
-                 prefix: str = "bench-tessera-"):
+                 prefix: str = "bench-tessera-", extra_listeners: str = ""):
         self.binary, self.overrides = binary, dict(overrides or {})
+        # More listeners after the PLAINTEXT one (",SSL://127.0.0.1:PORT").
+        self.extra_listeners = extra_listeners
         self.port, self.admin_port = free_port(), free_port()
         self.workdir = Path(tempfile.mkdtemp(prefix=prefix))
         self.data = self.workdir / "data"
@@ -37,7 +39,7 @@ class TesseraProc:
         env = dict(os.environ)
         env.setdefault("RUST_LOG", "warn")
         cmd = [str(self.binary), "--data-dir", str(self.data),
-               "--listeners", f"PLAINTEXT://{self.bootstrap}",
+               "--listeners", f"PLAINTEXT://{self.bootstrap}{self.extra_listeners}",
                "--admin-listener", f"127.0.0.1:{self.admin_port}"]
         for k, v in self.overrides.items():
             cmd += ["-o", f"{k}={v}"]
