@@ -65,6 +65,21 @@ pub struct BrokerConfig {
     pub migration_append_enable: bool,
     /// `socket.request.max.bytes`
     pub socket_request_max_bytes: usize,
+    /// `sasl.server.max.receive.size`: the largest frame a SASL listener
+    /// reads before the client has authenticated.
+    pub sasl_server_max_receive_size: usize,
+    /// `connections.max.idle.ms`: a connection that completes no request
+    /// for this long is closed (a client trickling a frame byte by byte
+    /// too).
+    pub connections_max_idle_ms: u64,
+    /// `max.connections`: connections beyond it wait in the accept queue.
+    pub max_connections: usize,
+    /// `max.connections.per.ip`: a client address beyond it is closed at once.
+    pub max_connections_per_ip: usize,
+    /// `connections.max.reauth.ms` (KIP-368): the session lifetime of a
+    /// SASL connection, 0 for none; `listener.name.<l>.<mechanism>.`
+    /// prefixes are read per listener (see `Listener::reauth_ms`).
+    pub connections_max_reauth_ms: i64,
     /// `message.max.bytes`: default for the topic's max.message.bytes.
     pub message_max_bytes: i64,
     /// `log.segment.bytes`
@@ -233,6 +248,11 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("auto.create.topics.enable", "true"),
     ("migration.append.enable", "false"),
     ("socket.request.max.bytes", "104857600"),
+    ("sasl.server.max.receive.size", "524288"),
+    ("connections.max.idle.ms", "600000"),
+    ("max.connections", "2147483647"),
+    ("max.connections.per.ip", "2147483647"),
+    ("connections.max.reauth.ms", "0"),
     ("message.max.bytes", "1048588"),
     ("log.segment.bytes", "1073741824"),
     ("log.roll.ms", "604800000"),
@@ -570,6 +590,11 @@ impl BrokerConfig {
             auto_create_topics: parse(map, "auto.create.topics.enable")?,
             migration_append_enable: parse(map, "migration.append.enable")?,
             socket_request_max_bytes: parse(map, "socket.request.max.bytes")?,
+            sasl_server_max_receive_size: parse(map, "sasl.server.max.receive.size")?,
+            connections_max_idle_ms: parse::<u64>(map, "connections.max.idle.ms")?.max(1),
+            max_connections: parse::<usize>(map, "max.connections")?.max(1),
+            max_connections_per_ip: parse::<usize>(map, "max.connections.per.ip")?.max(1),
+            connections_max_reauth_ms: parse(map, "connections.max.reauth.ms")?,
             message_max_bytes: parse(map, "message.max.bytes")?,
             log_segment_bytes: parse(map, "log.segment.bytes")?,
             log_roll_ms: parse(map, "log.roll.ms")?,

@@ -8,6 +8,7 @@ pub mod append;
 pub mod authz;
 pub mod broker;
 pub mod config;
+pub mod connection_limits;
 pub mod coordinator;
 pub mod dynamic_config;
 pub mod error;
@@ -81,6 +82,11 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
     tokio::spawn(ranges::run_range_policy(broker.clone()));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut servers = Vec::new();
+    let limits = connection_limits::ConnectionLimits::new(
+        broker.config.max_connections,
+        broker.config.max_connections_per_ip,
+    );
+    let inter_broker_name = broker.config.listeners[inter].name.clone();
     let mut listener_addrs = Vec::new();
     for ((socket, local), spec) in bound.into_iter().zip(specs) {
         tracing::info!(listener = %spec.name, protocol = spec.protocol.name(), addr = %local, "listening");
@@ -95,11 +101,14 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
         } else {
             None
         };
+        let inter_broker = spec.name == inter_broker_name;
         servers.push(tokio::spawn(server::serve(
             socket,
             spec,
             tls,
             broker.clone(),
+            limits.clone(),
+            inter_broker,
             shutdown_rx.clone(),
         )));
     }

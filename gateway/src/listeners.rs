@@ -74,11 +74,20 @@ pub struct Listener {
     pub plain_users: BTreeMap<String, String>,
     /// OAUTHBEARER's unsecured validator options (its JAAS entry, optional).
     pub oauthbearer: crate::sasl::oauthbearer::ValidatorOptions,
+    /// `connections.max.reauth.ms` per enabled mechanism (KIP-368): the
+    /// most specific of `listener.name.<l>.<mechanism>.`, `listener.name.<l>.`
+    /// and the broker-wide key; 0 or less: sessions do not expire.
+    pub reauth_ms: BTreeMap<String, i64>,
 }
 
 impl Listener {
     pub fn mechanism_enabled(&self, name: &str) -> bool {
         self.mechanisms.iter().any(|m| m == name)
+    }
+
+    /// The session lifetime `mechanism` gets on this listener, if any.
+    pub fn max_reauth_ms(&self, mechanism: &str) -> Option<i64> {
+        self.reauth_ms.get(mechanism).copied().filter(|ms| *ms > 0)
     }
 }
 
@@ -138,7 +147,8 @@ fn listener_key<'a>(map: &'a BTreeMap<String, String>, name: &str, rest: &str) -
 
 /// Is `key` one of the per-listener keys this build reads?
 /// (`listener.name.<name>.sasl.enabled.mechanisms`,
-/// `listener.name.<name>.<mechanism>.sasl.jaas.config`)
+/// `listener.name.<name>.<mechanism>.sasl.jaas.config`,
+/// `listener.name.<name>[.<mechanism>].connections.max.reauth.ms`)
 pub fn is_listener_key(key: &str) -> bool {
     let Some(rest) = key.strip_prefix("listener.name.") else {
         return false;
@@ -146,11 +156,17 @@ pub fn is_listener_key(key: &str) -> bool {
     let Some((_, tail)) = rest.split_once('.') else {
         return false;
     };
-    tail == "sasl.enabled.mechanisms"
-        || tail
-            .strip_suffix(".sasl.jaas.config")
+    let mechanism_key = |suffix: &str| {
+        tail.strip_suffix(suffix)
             .is_some_and(|m| !m.is_empty() && !m.contains('.'))
+    };
+    tail == "sasl.enabled.mechanisms"
+        || tail == REAUTH_KEY
+        || mechanism_key(".sasl.jaas.config")
+        || mechanism_key(".connections.max.reauth.ms")
 }
+
+const REAUTH_KEY: &str = "connections.max.reauth.ms";
 
 /// Builds the listeners from the flattened config (`get` returns a key's
 /// value or its default).
@@ -188,6 +204,7 @@ pub fn parse_listeners(
             mechanisms: Vec::new(),
             plain_users: BTreeMap::new(),
             oauthbearer: Default::default(),
+            reauth_ms: BTreeMap::new(),
         };
         if protocol.is_sasl() {
             sasl_settings(map, &get, &mut listener)?;
@@ -277,6 +294,18 @@ fn sasl_settings(
                 .map_err(|e| invalid(&key, e))?;
         }
     }
+    for mechanism in &listener.mechanisms {
+        let specific = format!("{}.{REAUTH_KEY}", mechanism.to_ascii_lowercase());
+        let (key, raw) = match listener_key(map, &listener.name, &specific) {
+            Some(v) => (specific, v.to_string()),
+            None => match listener_key(map, &listener.name, REAUTH_KEY) {
+                Some(v) => (REAUTH_KEY.to_string(), v.to_string()),
+                None => (REAUTH_KEY.to_string(), get(REAUTH_KEY)),
+            },
+        };
+        let ms = raw.trim().parse::<i64>().map_err(|_| invalid(&key, raw))?;
+        listener.reauth_ms.insert(mechanism.clone(), ms);
+    }
     // SCRAM users live in the metadata log; nothing to read here.
     debug_assert!(ScramMechanism::ALL.len() == 2);
     Ok(())
@@ -295,6 +324,7 @@ mod tests {
             map.get(k).cloned().unwrap_or_else(|| match k {
                 "listener.security.protocol.map" => DEFAULT_PROTOCOL_MAP.into(),
                 "sasl.enabled.mechanisms" => "GSSAPI".into(),
+                "connections.max.reauth.ms" => "0".into(),
                 _ => String::new(),
             })
         };
@@ -355,6 +385,34 @@ mod tests {
     }
 
     #[test]
+    fn reauth_lifetime_most_specific_key_wins() {
+        let jaas = "org.apache.kafka.common.security.plain.PlainLoginModule required user_a=\"p\";";
+        let l = listeners(&[
+            ("listeners", "A://127.0.0.1:1,B://127.0.0.1:2"),
+            (
+                "listener.security.protocol.map",
+                "A:SASL_PLAINTEXT,B:SASL_SSL",
+            ),
+            ("sasl.enabled.mechanisms", "PLAIN,SCRAM-SHA-256"),
+            ("listener.name.a.plain.sasl.jaas.config", jaas),
+            ("listener.name.b.plain.sasl.jaas.config", jaas),
+            ("listener.name.a.connections.max.reauth.ms", "5000"),
+            ("listener.name.a.plain.connections.max.reauth.ms", "700"),
+        ])
+        .unwrap();
+        assert_eq!(l[0].max_reauth_ms("PLAIN"), Some(700));
+        assert_eq!(l[0].max_reauth_ms("SCRAM-SHA-256"), Some(5000));
+        assert_eq!(l[1].max_reauth_ms("PLAIN"), None);
+        assert!(listeners(&[
+            ("listeners", "A://127.0.0.1:1"),
+            ("listener.security.protocol.map", "A:SASL_PLAINTEXT"),
+            ("sasl.enabled.mechanisms", "SCRAM-SHA-256"),
+            ("listener.name.a.connections.max.reauth.ms", "soon"),
+        ])
+        .is_err());
+    }
+
+    #[test]
     fn bad_listeners_are_refused() {
         assert!(listeners(&[("listeners", "FOO://h:1")]).is_err());
         assert!(listeners(&[("listeners", "PLAINTEXT://h:1,PLAINTEXT://h:2")]).is_err());
@@ -378,6 +436,12 @@ mod tests {
         ));
         assert!(is_listener_key(
             "listener.name.client.sasl.enabled.mechanisms"
+        ));
+        assert!(is_listener_key(
+            "listener.name.client.connections.max.reauth.ms"
+        ));
+        assert!(is_listener_key(
+            "listener.name.client.oauthbearer.connections.max.reauth.ms"
         ));
         assert!(!is_listener_key("listener.name.client.nope"));
         assert!(!is_listener_key("listener.name.sasl.jaas.config"));

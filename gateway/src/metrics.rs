@@ -28,6 +28,15 @@ pub struct Metrics {
     /// TLS handshakes that failed or timed out (plaintext on a TLS port,
     /// a refused client certificate).
     pub tls_handshake_failures: AtomicU64,
+    /// KIP-368: re-authentications that succeeded / failed, and
+    /// connections closed because their session expired un-renewed.
+    pub reauthentications_succeeded: AtomicU64,
+    pub reauthentications_failed: AtomicU64,
+    pub expired_sessions_killed: AtomicU64,
+    /// Connections closed by `connections.max.idle.ms` (idle, or trickling
+    /// a request), and refused at accept by `max.connections.per.ip`.
+    pub connections_idle_closed: AtomicU64,
+    pub connections_rejected: AtomicU64,
     /// Operations the authorizer denied (`authorizer.class.name` set).
     pub authorization_denied: AtomicU64,
     /// Log cleaner: segment bytes read and written by cleaning passes (as
@@ -60,6 +69,11 @@ impl Default for Metrics {
             authentications_succeeded: AtomicU64::new(0),
             authentications_failed: AtomicU64::new(0),
             tls_handshake_failures: AtomicU64::new(0),
+            reauthentications_succeeded: AtomicU64::new(0),
+            reauthentications_failed: AtomicU64::new(0),
+            expired_sessions_killed: AtomicU64::new(0),
+            connections_idle_closed: AtomicU64::new(0),
+            connections_rejected: AtomicU64::new(0),
             authorization_denied: AtomicU64::new(0),
             cleaner_io_bytes: AtomicU64::new(0),
             cleaner_bytes_before: AtomicU64::new(0),
@@ -172,6 +186,31 @@ impl Metrics {
                 "tessera_tls_handshake_failures_total",
                 "TLS handshakes that failed or timed out (a plaintext client on a TLS port, a refused client certificate).",
                 &self.tls_handshake_failures,
+            ),
+            (
+                "tessera_successful_reauthentication_total",
+                "SASL re-authentications (KIP-368) that succeeded (Kafka's successful-reauthentication-total).",
+                &self.reauthentications_succeeded,
+            ),
+            (
+                "tessera_failed_reauthentication_total",
+                "SASL re-authentications refused (Kafka's failed-reauthentication-total).",
+                &self.reauthentications_failed,
+            ),
+            (
+                "tessera_expired_connections_killed_total",
+                "Connections closed because a request came after their SASL session expired (Kafka's expired-connections-killed-count).",
+                &self.expired_sessions_killed,
+            ),
+            (
+                "tessera_connections_idle_closed_total",
+                "Connections closed by connections.max.idle.ms: idle, or sending a request slower than that (slowloris).",
+                &self.connections_idle_closed,
+            ),
+            (
+                "tessera_connections_rejected_total",
+                "Connections closed at accept because their address was at max.connections.per.ip.",
+                &self.connections_rejected,
             ),
             (
                 "tessera_authorization_denied_total",

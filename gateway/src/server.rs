@@ -1,5 +1,11 @@
 //! The Kafka listener: framing with a size cap, pipelined requests on one
-//! connection answered in request order, and graceful shutdown.
+//! connection answered in request order, and graceful shutdown. What a
+//! connection may hold is bounded: `max.connections` /
+//! `max.connections.per.ip` at accept, `connections.max.idle.ms` for a
+//! connection that completes no request (idle, or trickling one byte by
+//! byte), `sasl.server.max.receive.size` before authentication, and a
+//! frame's buffer grows with the bytes that arrive, not with the size the
+//! client announced.
 
 use std::sync::Arc;
 
@@ -17,6 +23,7 @@ use tokio_rustls::TlsAcceptor;
 
 use crate::api::{self, Connection, Reply};
 use crate::broker::Broker;
+use crate::connection_limits::ConnectionLimits;
 use crate::listeners::Listener;
 use crate::metrics::Metrics;
 use crate::sasl::{Action, Authenticator, Event};
@@ -31,29 +38,54 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Kafka's principal of a connection nobody authenticated.
 const ANONYMOUS: &str = "User:ANONYMOUS";
 
+/// A frame's buffer starts at most this large and doubles as bytes arrive.
+const FIRST_FRAME_BUFFER: usize = 64 * 1024;
+
 /// Accepts connections until `shutdown` turns true; returns the handles of
 /// the live connections so the caller can let them finish.
+/// `inter_broker`: this is the inter-broker listener, which does not wait
+/// for `max.connections`.
 pub async fn serve(
     listener: TcpListener,
     spec: Arc<Listener>,
     tls: Option<TlsAcceptor>,
     broker: Arc<Broker>,
+    limits: Arc<ConnectionLimits>,
+    inter_broker: bool,
     mut shutdown: watch::Receiver<bool>,
 ) -> Vec<JoinHandle<()>> {
     let mut connections = Vec::new();
     loop {
+        // At max.connections, accept nothing until a connection closes.
+        let permit = if inter_broker {
+            None
+        } else {
+            tokio::select! {
+                permit = limits.wait_for_capacity() => Some(permit),
+                _ = shutdown.changed() => return connections,
+            }
+        };
         tokio::select! {
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
+                    let Some(slot) = limits.admit(peer.ip(), permit) else {
+                        Metrics::add(&broker.metrics.connections_rejected, 1);
+                        tracing::info!(%peer, listener = %spec.name, limit = broker.config.max_connections_per_ip, "closing connection: its address is at max.connections.per.ip");
+                        continue;
+                    };
                     let _ = stream.set_nodelay(true);
                     Metrics::add(&broker.metrics.connections_opened, 1);
                     tracing::debug!(%peer, "connection accepted");
                     connections.retain(|c: &JoinHandle<()>| !c.is_finished());
                     let (spec, broker, shutdown) = (spec.clone(), broker.clone(), shutdown.clone());
-                    connections.push(match &tls {
-                        None => tokio::spawn(plain_connection(stream, spec, broker, shutdown)),
-                        Some(acceptor) => tokio::spawn(tls_connection(acceptor.clone(), stream, spec, broker, shutdown)),
-                    });
+                    let tls = tls.clone();
+                    connections.push(tokio::spawn(async move {
+                        let _slot = slot; // held for the connection's life
+                        match tls {
+                            None => plain_connection(stream, spec, broker, shutdown).await,
+                            Some(acceptor) => tls_connection(acceptor, stream, spec, broker, shutdown).await,
+                        }
+                    }));
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "accept failed");
@@ -150,6 +182,7 @@ async fn connection<R, W>(
     W: AsyncWrite + Unpin + Send + 'static,
 {
     let max = broker.config.socket_request_max_bytes;
+    let idle = Duration::from_millis(broker.config.connections_max_idle_ms);
     let mut first = true;
     let mut responses: Option<Responses> = None;
     let mut writer = Some(writer);
@@ -164,16 +197,35 @@ async fn connection<R, W>(
         throttle: Arc::default(),
     };
     loop {
+        // Before authentication a frame may be no larger than Kafka's
+        // sasl.server.max.receive.size.
+        let (limit, limit_key) = match &auth {
+            Some(a) if !a.is_done() => (
+                broker.config.sasl_server_max_receive_size.min(max),
+                "sasl.server.max.receive.size",
+            ),
+            _ => (max, "socket.request.max.bytes"),
+        };
+        let mut started = false;
         let frame = tokio::select! {
-            frame = read_frame(&mut reader, max) => frame,
+            frame = tokio::time::timeout(idle, read_frame(&mut reader, limit, limit_key, &mut started)) => frame,
             _ = shutdown.changed() => break,
         };
         let frame = match frame {
-            Ok(Some(frame)) => frame,
-            Ok(None) => break,
-            Err(reason) => {
+            Ok(Ok(Some(frame))) => frame,
+            Ok(Ok(None)) => break,
+            Ok(Err(reason)) => {
                 Metrics::add(&broker.metrics.rejected_frames, 1);
                 tracing::info!(?peer, %reason, "closing connection");
+                break;
+            }
+            Err(_) => {
+                Metrics::add(&broker.metrics.connections_idle_closed, 1);
+                if started {
+                    tracing::info!(?peer, listener = %spec.name, idle_ms = idle.as_millis() as u64, "closing connection: a request was not completed within connections.max.idle.ms");
+                } else {
+                    tracing::debug!(?peer, listener = %spec.name, idle_ms = idle.as_millis() as u64, "closing idle connection (connections.max.idle.ms)");
+                }
                 break;
             }
         };
@@ -207,8 +259,13 @@ async fn connection<R, W>(
             let writer = writer.take().expect("the writer is taken once");
             (tx, tokio::spawn(write_responses(writer, rx)))
         });
-        if let Some(authenticator) = auth.as_mut().filter(|a| !a.is_done()) {
-            let (action, event) = authenticator.on_frame(&frame, &spec, &broker.image());
+        if let Some(authenticator) = auth.as_mut() {
+            let (action, event) = authenticator.on_frame(
+                &frame,
+                &spec,
+                &broker.image(),
+                tessera_log::range_log::now_ms(),
+            );
             if let Some(event) = event {
                 record_authentication(&broker, &spec, peer, event);
             }
@@ -270,25 +327,44 @@ fn record_authentication(
     peer: Option<std::net::SocketAddr>,
     event: Event,
 ) {
+    let metrics = &broker.metrics;
     match event {
-        Event::Succeeded { user, mechanism } => {
-            Metrics::add(&broker.metrics.authentications_succeeded, 1);
-            tracing::debug!(?peer, listener = %listener.name, %user, mechanism, "authenticated");
+        Event::Succeeded {
+            user,
+            mechanism,
+            reauthentication,
+        } => {
+            if reauthentication {
+                Metrics::add(&metrics.reauthentications_succeeded, 1);
+            } else {
+                Metrics::add(&metrics.authentications_succeeded, 1);
+            }
+            tracing::debug!(?peer, listener = %listener.name, %user, mechanism, reauthentication, "authenticated");
         }
         Event::Failed {
             user,
             mechanism,
             reason,
+            reauthentication,
         } => {
-            Metrics::add(&broker.metrics.authentications_failed, 1);
+            if reauthentication {
+                Metrics::add(&metrics.reauthentications_failed, 1);
+            } else {
+                Metrics::add(&metrics.authentications_failed, 1);
+            }
             tracing::warn!(
                 ?peer,
                 listener = %listener.name,
                 user = user.as_deref().unwrap_or(""),
                 %mechanism,
                 %reason,
+                reauthentication,
                 "failed authentication"
             );
+        }
+        Event::SessionExpired { principal } => {
+            Metrics::add(&metrics.expired_sessions_killed, 1);
+            tracing::info!(?peer, listener = %listener.name, %principal, "closing connection: SASL session expired without re-authentication (connections.max.reauth.ms)");
         }
     }
 }
@@ -348,28 +424,104 @@ async fn write_responses<W: AsyncWrite + Unpin>(
 }
 
 /// Reads one size-prefixed frame. `Ok(None)` on a clean end of stream; an
-/// error when the size is negative or over `socket.request.max.bytes` (refused
-/// before anything is allocated, as Kafka does), or the stream ends mid-frame.
+/// error when the size is negative or over `max` (refused before anything
+/// is allocated, as Kafka does; `key` names the limit), or the stream ends
+/// mid-frame. `started` turns true with the first byte, so a caller that
+/// gives up waiting can tell an idle client from a slow one. The buffer
+/// grows as bytes arrive: announcing a large frame costs nothing until it
+/// is sent.
 async fn read_frame<R: AsyncRead + Unpin>(
     reader: &mut R,
     max: usize,
+    key: &str,
+    started: &mut bool,
 ) -> Result<Option<Bytes>, String> {
     let mut size = [0u8; 4];
-    match reader.read_exact(&mut size).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e.to_string()),
+    let mut have = 0;
+    while have < 4 {
+        match reader.read(&mut size[have..]).await {
+            Ok(0) if have == 0 => return Ok(None),
+            Ok(0) => return Err("truncated frame: the stream ended in its size".into()),
+            Ok(n) => {
+                have += n;
+                *started = true;
+            }
+            Err(e) => return Err(e.to_string()),
+        }
     }
     let size = i32::from_be_bytes(size);
     if size < 0 || size as usize > max {
-        return Err(format!(
-            "invalid request size {size} (socket.request.max.bytes is {max})"
-        ));
+        return Err(format!("invalid request size {size} ({key} is {max})"));
     }
-    let mut buf = BytesMut::zeroed(size as usize);
-    reader
-        .read_exact(&mut buf)
-        .await
-        .map_err(|e| format!("truncated frame: {e}"))?;
+    let size = size as usize;
+    let mut buf = BytesMut::with_capacity(size.min(FIRST_FRAME_BUFFER));
+    while buf.len() < size {
+        if buf.len() == buf.capacity() {
+            let target = (buf.capacity() * 2).clamp(FIRST_FRAME_BUFFER, size);
+            buf.reserve(target - buf.len());
+        }
+        let room = (buf.capacity() - buf.len()).min(size - buf.len());
+        let n = (&mut *reader)
+            .take(room as u64)
+            .read_buf(&mut buf)
+            .await
+            .map_err(|e| format!("truncated frame: {e}"))?;
+        if n == 0 {
+            return Err(format!(
+                "truncated frame: the stream ended after {} of {size} bytes",
+                buf.len()
+            ));
+        }
+    }
     Ok(Some(buf.freeze()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn read(bytes: &[u8], max: usize) -> (Result<Option<Bytes>, String>, bool) {
+        let mut reader = bytes;
+        let mut started = false;
+        let r = read_frame(&mut reader, max, "socket.request.max.bytes", &mut started).await;
+        (r, started)
+    }
+
+    #[tokio::test]
+    async fn frames_of_every_size_are_read_whole() {
+        for size in [
+            0usize,
+            1,
+            100,
+            FIRST_FRAME_BUFFER,
+            FIRST_FRAME_BUFFER + 1,
+            1_000_000,
+        ] {
+            let body: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+            let mut wire = (size as i32).to_be_bytes().to_vec();
+            wire.extend_from_slice(&body);
+            wire.extend_from_slice(b"next");
+            let (r, started) = read(&wire, 2_000_000).await;
+            assert_eq!(r.unwrap().unwrap(), Bytes::from(body), "size {size}");
+            assert!(started);
+        }
+    }
+
+    #[tokio::test]
+    async fn bad_sizes_and_truncation_are_errors() {
+        assert_eq!(read(b"", 10).await, (Ok(None), false));
+        let (r, started) = read(&[0, 0], 10).await;
+        assert!(r.unwrap_err().contains("truncated"));
+        assert!(started);
+        let r = read(&11i32.to_be_bytes(), 10).await.0.unwrap_err();
+        assert!(r.contains("socket.request.max.bytes is 10"), "{r}");
+        assert!(read(&(-1i32).to_be_bytes(), 10).await.0.is_err());
+        let mut wire = 5i32.to_be_bytes().to_vec();
+        wire.extend_from_slice(b"abc");
+        assert!(read(&wire, 10)
+            .await
+            .0
+            .unwrap_err()
+            .contains("after 3 of 5"));
+    }
 }

@@ -839,10 +839,13 @@ fn strip_ansi(s: &str) -> String {
     out
 }
 
-/// Kafka refuses an oversized size prefix before allocating the buffer. The
-/// broker runs as a child process here so its virtual memory can be read:
-/// a claim under the limit shows up in VmSize (the control), a 2 GiB claim
-/// over the limit never shows up in VmPeak.
+/// Kafka refuses an oversized size prefix before allocating the buffer, and
+/// a frame's buffer grows with the bytes that arrive (a slow client that
+/// announces a large request holds nothing for it). The broker runs as a
+/// child process here so its virtual memory can be read: 48 MiB sent of a
+/// 64 MiB frame shows up in VmSize (the control), 64 MiB announced with
+/// nothing sent does not, and a 2 GiB claim over the limit never shows up
+/// in VmPeak.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_length_prefix_is_refused_before_allocating() {
     const MIB: u64 = 1 << 20;
@@ -850,28 +853,48 @@ async fn oversized_length_prefix_is_refused_before_allocating() {
     let mut client = Client::connect(child.addr).await;
     client.api_versions().await;
 
-    // Control: 64 MiB is under the limit, so the broker allocates the frame
-    // buffer while it waits for the body; the measurement sees it.
+    // Announced, not sent: nothing allocated while the broker waits.
+    let (size_before, _) = child.vm();
+    let mut announced = TcpStream::connect(child.addr).await.unwrap();
+    announced
+        .write_all(&(64 * MIB as i32).to_be_bytes())
+        .await
+        .unwrap();
+    announced.write_all(&[0; 16]).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let grew = child.vm().0.saturating_sub(size_before);
+    assert!(
+        grew < 16 * MIB,
+        "an announced 64 MiB frame with 16 bytes sent grew VmSize by {} MiB",
+        grew / MIB
+    );
+
+    // Control: 48 MiB of a 64 MiB frame sent; the buffer holds what came.
     let (size_before, _) = child.vm();
     let mut pending = TcpStream::connect(child.addr).await.unwrap();
     pending
         .write_all(&(64 * MIB as i32).to_be_bytes())
         .await
         .unwrap();
+    pending
+        .write_all(&vec![0u8; 48 * MIB as usize])
+        .await
+        .unwrap();
     let mut grew = 0;
     for _ in 0..50 {
         tokio::time::sleep(Duration::from_millis(50)).await;
         grew = child.vm().0.saturating_sub(size_before);
-        if grew >= 60 * MIB {
+        if grew >= 40 * MIB {
             break;
         }
     }
     assert!(
-        grew >= 60 * MIB,
-        "control: a 64 MiB frame under the limit should be visible in VmSize, grew {} MiB",
+        grew >= 40 * MIB,
+        "control: 48 MiB of a frame under the limit should be visible in VmSize, grew {} MiB",
         grew / MIB
     );
     drop(pending);
+    drop(announced);
     tokio::time::sleep(Duration::from_millis(200)).await;
 
     // 2 GiB over the limit: refused on the prefix, nothing allocated.

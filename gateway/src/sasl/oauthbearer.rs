@@ -117,12 +117,20 @@ fn time_claim(
     }
 }
 
-/// Validates one client-first message at `now_ms`; the authenticated user.
+/// A token that passed validation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Validated {
+    pub user: String,
+    /// Its `exp` (ms since the epoch): the session ends there (KIP-368).
+    pub expires_ms: i64,
+}
+
+/// Validates one client-first message at `now_ms`.
 pub fn authenticate(
     message: &[u8],
     options: &ValidatorOptions,
     now_ms: i64,
-) -> Result<String, OAuthError> {
+) -> Result<Validated, OAuthError> {
     let token = bearer_token(message)?;
     let parts: Vec<&str> = token.split('.').collect();
     if parts.len() != 3 {
@@ -181,7 +189,10 @@ pub fn authenticate(
             )));
         }
     }
-    Ok(user)
+    Ok(Validated {
+        user,
+        expires_ms: exp,
+    })
 }
 
 /// The user an OAUTHBEARER message claims, for the log of a failure.
@@ -214,7 +225,7 @@ mod tests {
     }
 
     fn check(msg: &[u8]) -> Result<String, OAuthError> {
-        authenticate(msg, &ValidatorOptions::default(), NOW)
+        authenticate(msg, &ValidatorOptions::default(), NOW).map(|v| v.user)
     }
 
     #[test]
@@ -223,6 +234,12 @@ mod tests {
         let msg =
             unsecured(r#"{"iat":1799999999.5,"exp":1800003600,"sub":"alice","scope":["a","b"]}"#);
         assert_eq!(check(&msg).unwrap(), "alice");
+        assert_eq!(
+            authenticate(&msg, &ValidatorOptions::default(), NOW)
+                .unwrap()
+                .expires_ms,
+            1_800_003_600_000
+        );
         assert_eq!(claimed_user(&msg).as_deref(), Some("alice"));
         // Extensions after the token are allowed.
         let with_ext = format!(
@@ -280,7 +297,7 @@ mod tests {
         assert_eq!(o.required_scope, vec!["read", "write"]);
         let msg = unsecured(r#"{"exp":1799999998,"email":"c@x","scope":"read write admin"}"#);
         // Expired by 2 s, within the 5 s skew.
-        assert_eq!(authenticate(&msg, &o, NOW).unwrap(), "c@x");
+        assert_eq!(authenticate(&msg, &o, NOW).unwrap().user, "c@x");
         let narrow = unsecured(r#"{"exp":1800003600,"email":"c@x","scope":["read"]}"#);
         assert!(authenticate(&narrow, &o, NOW)
             .unwrap_err()

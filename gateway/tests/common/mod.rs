@@ -120,12 +120,23 @@ impl WireClient {
         id
     }
 
+    /// A client on a connection opened elsewhere.
+    pub fn from_stream(stream: TcpStream) -> WireClient {
+        WireClient { stream, next_id: 1 }
+    }
+
     /// Whether the broker closed the connection (without sending anything
     /// more) within the I/O timeout.
     pub async fn is_closed(&mut self) -> bool {
-        let mut byte = [0u8; 1];
+        self.is_closed_within(IO_TIMEOUT).await
+    }
+
+    /// Whether the broker closed the connection within `wait` without
+    /// sending anything first (a response that arrives is left unread).
+    pub async fn is_closed_within(&mut self, wait: Duration) -> bool {
+        let mut peek = [0u8; 1];
         matches!(
-            tokio::time::timeout(IO_TIMEOUT, self.stream.read(&mut byte)).await,
+            tokio::time::timeout(wait, self.stream.peek(&mut peek)).await,
             Ok(Ok(0)) | Ok(Err(_))
         )
     }
