@@ -53,3 +53,13 @@ def wait_topic(a: AdminClient, name: str, partitions: int, timeout: float = 30.0
 
 def topic_names(a: AdminClient) -> set[str]:
     return set(a.list_topics(timeout=10).topics)
+
+
+def broker_metric(broker, name: str) -> float:
+    """The sum of a Prometheus counter's samples on a tessera's /metrics."""
+    import urllib.request
+
+    with urllib.request.urlopen(broker.admin_url("/metrics"), timeout=10) as r:
+        text = r.read().decode()
+    return sum(float(line.split()[-1]) for line in text.splitlines()
+               if line.startswith(name) and not line.startswith("#"))

@@ -3,13 +3,17 @@ SASL_PLAINTEXT listener (PLAIN users from the JAAS key, SCRAM users seeded
 with `tessera users add` before start and added with
 AlterUserScramCredentials, OAUTHBEARER with Kafka's unsecured-JWS
 validation). kafka-python over PLAIN and SCRAM, confluent-kafka and kcat
-(librdkafka 2.0.2) over SCRAM, confluent-kafka over OAUTHBEARER."""
+(librdkafka 2.0.2) over SCRAM, confluent-kafka over OAUTHBEARER.
+Re-authentication (KIP-368, `connections.max.reauth.ms`): confluent-kafka
+and kafka-python renew their sessions on open connections (a client that
+cannot is closed at expiry: gateway/tests/sasl.rs)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import subprocess
+import time
 
 import pytest
 from confluent_kafka import Consumer, KafkaException, Producer
@@ -21,7 +25,7 @@ from confluent_kafka.admin import (
 )
 
 from conftest import free_port, tessera_bin
-from helpers import create_topic, unique_topic
+from helpers import broker_metric, create_topic, unique_topic
 
 KCAT = os.environ.get("KCAT") or shutil.which("kcat") or shutil.which("kafkacat")
 
@@ -39,6 +43,10 @@ OAUTH_JAAS = (
 
 @pytest.fixture
 def sasl_broker(broker_factory):
+    return start_sasl_broker(broker_factory)
+
+
+def start_sasl_broker(broker_factory, **extra):
     if os.environ.get("COMPAT_BROKER", "tessera") != "tessera":
         pytest.skip("tessera's SASL setup")
     b = broker_factory(start=False)
@@ -49,6 +57,7 @@ def sasl_broker(broker_factory):
             "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512,OAUTHBEARER",
             "listener.name.sasl_plaintext.plain.sasl.jaas.config": JAAS,
             "listener.name.sasl_plaintext.oauthbearer.sasl.jaas.config": OAUTH_JAAS,
+            **extra,
         }
     )
     # The first SCRAM user, written to the data dir before start.
@@ -230,3 +239,62 @@ def test_kcat_scram(sasl_broker):
     p = subprocess.run([KCAT, *bad, "-L", "-m", "5"], capture_output=True, timeout=60)
     assert p.returncode != 0
     assert b"Authentication failed" in p.stderr, p.stderr
+
+
+def consume_all(b, conf: dict, topic: str, n: int, timeout: float = 60) -> list[bytes]:
+    c = Consumer(dict(conf, **{"group.id": unique_topic("g"), "auto.offset.reset": "earliest"}))
+    c.subscribe([topic])
+    got = []
+    try:
+        deadline = time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            m = c.poll(1.0)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            got.append(m.value())
+    finally:
+        c.close()
+    return got
+
+
+REAUTH_MS = 3000
+
+
+def test_clients_reauthenticate_before_their_session_expires(broker_factory):
+    """confluent-kafka (SCRAM-SHA-512) and kafka-python (PLAIN) keep
+    producing across several session lifetimes: each renews its session on
+    its open connection (KIP-368) and nothing is lost or refused."""
+    from kafka import KafkaProducer
+
+    b = start_sasl_broker(broker_factory, **{"connections.max.reauth.ms": str(REAUTH_MS)})
+    topic = unique_topic("reauth")
+    create_topic(b, topic, partitions=2)
+    conf = confluent_conf(b, "SCRAM-SHA-512", "bob", "bob-secret")
+    errors = []
+    p = Producer(dict(conf, acks="all", **{"enable.idempotence": True}))
+    kp = KafkaProducer(acks="all", **kafka_python_conf(b, "PLAIN", "alice", "alice-secret"))
+    expected = []
+    futures = []
+    deadline = time.monotonic() + 3 * REAUTH_MS / 1000 + 1
+    n = 0
+    while time.monotonic() < deadline:
+        p.produce(topic, value=f"c{n}".encode(),
+                  on_delivery=lambda err, _msg: err and errors.append(err))
+        futures.append(kp.send(topic, f"k{n}".encode()))
+        expected += [f"c{n}".encode(), f"k{n}".encode()]
+        n += 1
+        p.poll(0)
+        time.sleep(0.05)
+    assert p.flush(30) == 0
+    for f in futures:
+        f.get(30)
+    kp.close()
+    assert errors == []
+    got = consume_all(b, conf, topic, len(expected))
+    assert sorted(got) == sorted(expected)
+    renewed = broker_metric(b, "tessera_successful_reauthentication_total")
+    killed = broker_metric(b, "tessera_expired_connections_killed_total")
+    print(f"re-authentications {renewed}, expired connections closed {killed}")
+    # Two clients, three lifetimes each: several renewals at the least.
+    assert renewed >= 2

@@ -2,22 +2,24 @@
 listeners (PEM keystore and truststore made here with the openssl CLI,
 ssl.client.auth=requested). confluent-kafka and kcat over SASL_SSL with
 SCRAM, confluent-kafka over SSL with a client certificate (the broker
-derives the principal from its DN), and a plaintext client on the TLS port
-dropped cleanly while everyone else is served."""
+derives the principal from its DN), a plaintext client on the TLS port
+dropped cleanly while everyone else is served, and certificates rotated
+without a restart (AlterConfigs of ssl.keystore.location)."""
 
 from __future__ import annotations
 
 import os
 import shutil
 import socket
+import ssl
 import struct
 import subprocess
 import time
 import urllib.request
 
 import pytest
-from confluent_kafka import Consumer, Producer
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from conftest import free_port
 from helpers import create_topic, unique_topic
@@ -148,3 +150,76 @@ def test_client_auth_required(broker_factory, tmp_path):
         a.list_topics(timeout=5)
     assert metric(b, "tessera_tls_handshake_failures_total") > before
     roundtrip(b, ssl_conf(b, client_cert=True), n=5)
+
+
+def served_certificate(b, port: int) -> str:
+    """The PEM certificate a TLS listener presents to a new connection."""
+    return ssl.DER_cert_to_PEM_cert(
+        ssl.PEM_cert_to_DER_cert(ssl.get_server_certificate((b.host, port), timeout=10)))
+
+
+def same_cert(pem_a: str, pem_b: str) -> bool:
+    return ssl.PEM_cert_to_DER_cert(pem_a) == ssl.PEM_cert_to_DER_cert(pem_b)
+
+
+def set_broker_config(a: AdminClient, key: str, value: str):
+    resource = ConfigResource(ConfigResource.Type.BROKER, "1", incremental_configs=[
+        ConfigEntry(key, value, incremental_operation=AlterConfigOpType.SET)])
+    for f in a.incremental_alter_configs([resource]).values():
+        f.result(timeout=30)
+
+
+def test_certificates_rotate_without_a_restart(tls_broker, tmp_path_factory):
+    """The SSL listener's keystore is replaced by a per-broker
+    IncrementalAlterConfigs of listener.name.ssl.ssl.keystore.location:
+    new connections get the new certificate (clients trusting the new CA
+    are served), the SASL_SSL listener keeps the old one, a connection
+    opened before keeps working; setting the same path again re-reads the
+    file; a path that does not load is refused and changes nothing; the
+    rotated certificate survives a restart."""
+    b = tls_broker
+    old = (b.certs / "server.pem").read_text()
+    assert same_cert(served_certificate(b, b.ssl_port), old)
+    # A producer connected with the old certificate before the rotation.
+    topic = unique_topic("rotate")
+    create_topic(b, topic)
+    early = Producer(dict(ssl_conf(b, client_cert=False), acks="all"))
+    early.produce(topic, value=b"before")
+    assert early.flush(30) == 0
+
+    rotated = tmp_path_factory.mktemp("rotated")
+    make_certs(rotated)
+    admin = AdminClient({"bootstrap.servers": b.bootstrap})
+    set_broker_config(admin, "listener.name.ssl.ssl.keystore.location", str(rotated / "keystore.pem"))
+    new = (rotated / "server.pem").read_text()
+    assert same_cert(served_certificate(b, b.ssl_port), new)
+    assert same_cert(served_certificate(b, b.sasl_ssl_port), old)
+    # Clients trusting the new CA are served; one trusting only the old
+    # CA is refused on the SSL listener.
+    new_ca = dict(ssl_conf(b, client_cert=False), **{"ssl.ca.location": str(rotated / "ca.pem")})
+    roundtrip(b, new_ca, n=5)
+    stale = Producer(dict(ssl_conf(b, client_cert=False), **{"message.timeout.ms": 5000}))
+    failed = []
+    stale.produce(topic, value=b"stale", on_delivery=lambda err, _m: failed.append(err))
+    stale.flush(15)
+    assert len(failed) == 1 and failed[0] is not None, "a client trusting only the old CA cannot deliver"
+    # The connection opened before still works.
+    early.produce(topic, value=b"after")
+    assert early.flush(30) == 0
+
+    # The same path with a new file behind it: re-set, re-read.
+    third = tmp_path_factory.mktemp("third")
+    make_certs(third)
+    shutil.copy(third / "keystore.pem", rotated / "keystore.pem")
+    set_broker_config(admin, "listener.name.ssl.ssl.keystore.location", str(rotated / "keystore.pem"))
+    newest = (third / "server.pem").read_text()
+    assert same_cert(served_certificate(b, b.ssl_port), newest)
+
+    # A file that does not load: refused, nothing changes.
+    with pytest.raises(KafkaException) as e:
+        set_broker_config(admin, "listener.name.ssl.ssl.keystore.location", str(rotated / "missing.pem"))
+    assert "INVALID_REQUEST" in str(e.value) or "SSLFactory" in str(e.value), e.value
+    assert same_cert(served_certificate(b, b.ssl_port), newest)
+    b.restart()
+    assert same_cert(served_certificate(b, b.ssl_port), newest)
+    assert same_cert(served_certificate(b, b.sasl_ssl_port), old)

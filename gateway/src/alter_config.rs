@@ -57,6 +57,16 @@ pub enum ConfigChange {
     Incremental(Vec<(String, i8, Option<String>)>),
 }
 
+impl ConfigChange {
+    /// The keys the change names.
+    pub fn keys(&self) -> Vec<&str> {
+        match self {
+            ConfigChange::Replace(pairs) => pairs.iter().map(|(k, _)| k.as_str()).collect(),
+            ConfigChange::Incremental(ops) => ops.iter().map(|(k, _, _)| k.as_str()).collect(),
+        }
+    }
+}
+
 /// The checks Kafka's `ConfigAdminManager.preprocess` makes before anything
 /// else: each key once, a value unless deleting, known operations.
 fn preprocess(change: &ConfigChange) -> Result<(), ApiError> {

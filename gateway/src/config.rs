@@ -21,8 +21,9 @@ pub struct BrokerConfig {
     /// `advertised.listeners` and the SASL settings of each).
     pub listeners: Vec<Listener>,
     /// The TLS configuration of SSL and SASL_SSL listeners (None when
-    /// there is none), built from the `ssl.*` keys at startup.
-    pub tls: Option<std::sync::Arc<tokio_rustls::rustls::ServerConfig>>,
+    /// there is none), built from the `ssl.*` keys at startup and
+    /// replaced when certificates rotate (`tls::ListenerTls`).
+    pub tls: Option<std::sync::Arc<crate::tls::ListenerTls>>,
     /// Index in `listeners` of the inter-broker listener.
     pub inter_broker_listener: usize,
     /// The inter-broker listener's address (`inter.broker.listener.name`;
@@ -528,7 +529,15 @@ impl BrokerConfig {
             resolve_listener(l)?;
         }
         let tls = if listeners.iter().any(|l| l.protocol.is_tls()) {
-            Some(crate::tls::TlsSettings::from_map(get).server_config()?)
+            let names: Vec<&str> = listeners
+                .iter()
+                .filter(|l| l.protocol.is_tls())
+                .map(|l| l.name.as_str())
+                .collect();
+            Some(std::sync::Arc::new(crate::tls::ListenerTls::new(
+                crate::tls::TlsSettings::from_map(get),
+                &names,
+            )?))
         } else {
             None
         };

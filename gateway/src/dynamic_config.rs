@@ -94,7 +94,7 @@ pub fn dynamic_keys() -> impl Iterator<Item = &'static str> {
 }
 
 pub fn is_dynamic(key: &str) -> bool {
-    dynamic_keys().any(|k| k == key)
+    dynamic_keys().any(|k| k == key) || crate::tls::is_reloadable(key)
 }
 
 /// The topic config a dynamic broker key is the default of.
@@ -310,6 +310,31 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "socket.request.max.bytes",
         3,
         "The largest request frame accepted; a larger one closes the connection.",
+    ),
+    (
+        "sasl.server.max.receive.size",
+        3,
+        "The largest frame a SASL listener reads before the client has authenticated; a larger one closes the connection.",
+    ),
+    (
+        "connections.max.idle.ms",
+        5,
+        "A connection that completes no request for this long is closed (an idle client, or one sending a request slower than this).",
+    ),
+    (
+        "max.connections",
+        3,
+        "The most connections the broker holds; beyond it new connections wait to be accepted (the inter-broker listener does not wait).",
+    ),
+    (
+        "max.connections.per.ip",
+        3,
+        "The most connections from one client address; a connection beyond it is closed at once.",
+    ),
+    (
+        "connections.max.reauth.ms",
+        5,
+        "The lifetime of an authenticated SASL session (KIP-368, 0: none); a client re-authenticates before it ends or its connection is closed. listener.name.<listener>.<mechanism>.connections.max.reauth.ms overrides it.",
     ),
     (
         "message.max.bytes",

@@ -78,6 +78,22 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
     let specs: Vec<Arc<listeners::Listener>> =
         config.listeners.iter().cloned().map(Arc::new).collect();
     let broker = Broker::start(config).await?;
+    // Certificates rotated by AlterConfigs before a restart are kept.
+    if let Some(tls) = &broker.config.tls {
+        let image = broker.image();
+        if let Some(dynamic) = image
+            .broker_configs
+            .get(&Some(broker.config.node_id))
+            .filter(|d| d.keys().any(|k| tls::is_reloadable(k)))
+        {
+            match tls.prepare(dynamic) {
+                Ok(configs) => tls.install(configs),
+                Err(e) => {
+                    tracing::warn!(error = %e, "the TLS files set by AlterConfigs do not load; serving the static ones")
+                }
+            }
+        }
+    }
     tokio::spawn(admin::serve(admin_listener, broker.clone()));
     tokio::spawn(ranges::run_range_policy(broker.clone()));
     let (shutdown, shutdown_rx) = watch::channel(false);
@@ -92,12 +108,13 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
         tracing::info!(listener = %spec.name, protocol = spec.protocol.name(), addr = %local, "listening");
         listener_addrs.push((spec.name.clone(), local));
         let tls = if spec.protocol.is_tls() {
-            let config = broker
-                .config
-                .tls
-                .clone()
-                .expect("TLS listeners have a TLS config");
-            Some(tokio_rustls::TlsAcceptor::from(config))
+            Some(
+                broker
+                    .config
+                    .tls
+                    .clone()
+                    .expect("TLS listeners have a TLS config"),
+            )
         } else {
             None
         };

@@ -27,6 +27,7 @@ use crate::connection_limits::ConnectionLimits;
 use crate::listeners::Listener;
 use crate::metrics::Metrics;
 use crate::sasl::{Action, Authenticator, Event};
+use crate::tls::ListenerTls;
 
 /// Requests one connection may have in flight before we stop reading from it.
 const MAX_IN_FLIGHT: usize = 256;
@@ -48,7 +49,7 @@ const FIRST_FRAME_BUFFER: usize = 64 * 1024;
 pub async fn serve(
     listener: TcpListener,
     spec: Arc<Listener>,
-    tls: Option<TlsAcceptor>,
+    tls: Option<Arc<ListenerTls>>,
     broker: Arc<Broker>,
     limits: Arc<ConnectionLimits>,
     inter_broker: bool,
@@ -78,7 +79,17 @@ pub async fn serve(
                     tracing::debug!(%peer, "connection accepted");
                     connections.retain(|c: &JoinHandle<()>| !c.is_finished());
                     let (spec, broker, shutdown) = (spec.clone(), broker.clone(), shutdown.clone());
-                    let tls = tls.clone();
+                    // The listener's certificates as of now (they may rotate).
+                    let tls = match &tls {
+                        None => None,
+                        Some(t) => match t.acceptor(&spec.name) {
+                            Some(acceptor) => Some(acceptor),
+                            None => {
+                                tracing::error!(listener = %spec.name, "no TLS configuration for a TLS listener; closing connection");
+                                continue;
+                            }
+                        },
+                    };
                     connections.push(tokio::spawn(async move {
                         let _slot = slot; // held for the connection's life
                         match tls {

@@ -5,8 +5,17 @@
 //! certificates), `ssl.client.auth=none|requested|required`, and the
 //! principal of a client certificate (`User:` + its subject DN in RFC 2253
 //! form, as Kafka's default principal builder gives it).
+//!
+//! Certificates rotate without a restart, Kafka's way: a per-broker
+//! AlterConfigs of `ssl.keystore.location` / `ssl.truststore.location`
+//! (and their `.type`), plain or as `listener.name.<listener>.ssl.*` for
+//! one listener, re-reads the files (setting the same path again reloads
+//! it) and new connections get the new certificates; connections already
+//! open keep theirs. A set that does not load is refused and changes
+//! nothing.
 
-use std::sync::Arc;
+use std::collections::BTreeMap;
+use std::sync::{Arc, RwLock};
 
 use tokio_rustls::rustls;
 use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer};
@@ -184,6 +193,117 @@ impl TlsSettings {
     }
 }
 
+/// The keys a per-broker AlterConfigs may change at runtime (Kafka's
+/// `SslConfigs.RECONFIGURABLE_CONFIGS`, those that name files: PEM text
+/// and passwords are not stored in the metadata log).
+pub const RELOADABLE_KEYS: &[&str] = &[
+    "ssl.keystore.type",
+    "ssl.keystore.location",
+    "ssl.truststore.type",
+    "ssl.truststore.location",
+];
+
+/// Is `key` a reloadable TLS key, plain or `listener.name.<l>.`-prefixed?
+pub fn is_reloadable(key: &str) -> bool {
+    let base = key
+        .strip_prefix("listener.name.")
+        .and_then(|rest| rest.split_once('.'))
+        .map_or(key, |(_, tail)| tail);
+    RELOADABLE_KEYS.contains(&base)
+}
+
+impl TlsSettings {
+    /// The settings of `listener` with a broker's dynamic configs over
+    /// the static ones: `listener.name.<listener>.<key>`, else `<key>`.
+    pub fn with_dynamic(&self, dynamic: &BTreeMap<String, String>, listener: &str) -> TlsSettings {
+        let mut out = self.clone();
+        let prefix = format!("listener.name.{}.", listener.to_ascii_lowercase());
+        let pick = |key: &str, field: &mut String| {
+            if let Some(v) = dynamic
+                .get(&format!("{prefix}{key}"))
+                .or_else(|| dynamic.get(key))
+            {
+                *field = v.clone();
+            }
+        };
+        pick("ssl.keystore.type", &mut out.keystore_type);
+        pick("ssl.keystore.location", &mut out.keystore_location);
+        pick("ssl.truststore.type", &mut out.truststore_type);
+        pick("ssl.truststore.location", &mut out.truststore_location);
+        out
+    }
+}
+
+/// The server configs of the TLS listeners, replaced when certificates
+/// rotate. Each connection takes the current one when it is accepted.
+pub struct ListenerTls {
+    static_settings: TlsSettings,
+    current: RwLock<BTreeMap<String, Arc<rustls::ServerConfig>>>,
+}
+
+impl std::fmt::Debug for ListenerTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenerTls")
+            .field("listeners", &self.current.read().unwrap().keys())
+            .finish()
+    }
+}
+
+impl ListenerTls {
+    /// Loads the static settings for each of `listeners` (startup: an
+    /// error stops the broker).
+    pub fn new(settings: TlsSettings, listeners: &[&str]) -> Result<ListenerTls, ConfigError> {
+        let config = settings.server_config()?;
+        let current = listeners
+            .iter()
+            .map(|l| (l.to_string(), config.clone()))
+            .collect();
+        Ok(ListenerTls {
+            static_settings: settings,
+            current: RwLock::new(current),
+        })
+    }
+
+    /// What a new connection on `listener` handshakes with.
+    pub fn acceptor(&self, listener: &str) -> Option<tokio_rustls::TlsAcceptor> {
+        let current = self.current.read().expect("tls lock");
+        current
+            .get(listener)
+            .map(|c| tokio_rustls::TlsAcceptor::from(c.clone()))
+    }
+
+    /// Builds every TLS listener's config from the static settings and a
+    /// broker's `dynamic` configs, reading the files again; nothing is
+    /// replaced unless all load.
+    pub fn prepare(
+        &self,
+        dynamic: &BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, Arc<rustls::ServerConfig>>, ConfigError> {
+        let listeners: Vec<String> = self
+            .current
+            .read()
+            .expect("tls lock")
+            .keys()
+            .cloned()
+            .collect();
+        listeners
+            .into_iter()
+            .map(|l| {
+                let config = self
+                    .static_settings
+                    .with_dynamic(dynamic, &l)
+                    .server_config()?;
+                Ok((l, config))
+            })
+            .collect()
+    }
+
+    /// Replaces the configs with ones from [`prepare`](Self::prepare).
+    pub fn install(&self, configs: BTreeMap<String, Arc<rustls::ServerConfig>>) {
+        *self.current.write().expect("tls lock") = configs;
+    }
+}
+
 /// Kafka's principal for a client certificate: `User:` and the subject DN
 /// in RFC 2253 form (most specific RDN first, `CN=client,O=Org`).
 pub fn principal_of(cert: &[u8]) -> Option<String> {
@@ -268,5 +388,39 @@ mod tests {
         assert_eq!(escape_rfc2253("a,b"), "a\\,b");
         assert_eq!(escape_rfc2253(" x "), "\\ x\\ ");
         assert_eq!(escape_rfc2253("plain"), "plain");
+    }
+
+    #[test]
+    fn reloadable_keys_and_their_precedence() {
+        assert!(is_reloadable("ssl.keystore.location"));
+        assert!(is_reloadable(
+            "listener.name.external.ssl.truststore.location"
+        ));
+        assert!(!is_reloadable("ssl.keystore.key"));
+        assert!(!is_reloadable("ssl.client.auth"));
+        assert!(!is_reloadable("listener.name.external.ssl.key.password"));
+        let base = TlsSettings {
+            keystore_location: "/static.pem".into(),
+            truststore_location: "/ca.pem".into(),
+            ..Default::default()
+        };
+        let dynamic: BTreeMap<String, String> = [
+            ("ssl.keystore.location", "/broker.pem"),
+            (
+                "listener.name.external.ssl.keystore.location",
+                "/external.pem",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        let external = base.with_dynamic(&dynamic, "EXTERNAL");
+        assert_eq!(external.keystore_location, "/external.pem");
+        assert_eq!(external.truststore_location, "/ca.pem");
+        assert_eq!(
+            base.with_dynamic(&dynamic, "SSL").keystore_location,
+            "/broker.pem"
+        );
+        assert_eq!(base.with_dynamic(&BTreeMap::new(), "SSL"), base);
     }
 }

@@ -412,6 +412,20 @@ async fn dynamic_broker_configs_apply_and_survive_a_restart() {
         let r = incremental(&mut client, 1, BROKER, name, &ops, false).await;
         assert_eq!(r.0, INVALID_REQUEST, "{name:?} {ops:?}: {r:?}");
     }
+    // Certificates: per broker only, and only where a TLS listener is.
+    for (name, expected) in [
+        ("", "default cluster level"),
+        ("1", "no SSL or SASL_SSL listener"),
+    ] {
+        let ops = [(
+            "listener.name.ssl.ssl.keystore.location",
+            SET,
+            Some("/k.pem"),
+        )];
+        let r = incremental(&mut client, 1, BROKER, name, &ops, false).await;
+        assert_eq!(r.0, INVALID_REQUEST, "{name:?}: {r:?}");
+        assert!(r.1.as_deref().unwrap_or("").contains(expected), "{r:?}");
+    }
     let r = alter(
         &mut client,
         2,

@@ -308,6 +308,64 @@ async fn listeners_plain_scram_and_bad_input() {
     running.shutdown().await;
 }
 
+/// KIP-368 over the wire: a listener with `connections.max.reauth.ms`
+/// tells a v2 client its session lifetime; the client re-authenticates on
+/// its open connection and is served past the first lifetime; a client
+/// that authenticated with SaslAuthenticate v0 (it cannot re-authenticate)
+/// is closed at its first request after expiry, and counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_expire_unless_renewed() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path());
+    for l in &mut config.listeners {
+        l.reauth_ms.insert("PLAIN".into(), 800);
+    }
+    let running = tessera_gateway::start(config).await.unwrap();
+    let sasl = addr(&running, "SASL_PLAINTEXT");
+
+    let mut renewing = WireClient::connect(sasl).await;
+    handshake(&mut renewing, "PLAIN", 1).await;
+    let r = renewing
+        .call(
+            2,
+            &SaslAuthenticateRequest::default()
+                .with_auth_bytes(Bytes::from_static(b"\0alice\0alice-pw")),
+        )
+        .await;
+    assert_eq!((r.error_code, r.session_lifetime_ms), (0, 800));
+
+    let mut legacy = WireClient::connect(sasl).await;
+    handshake(&mut legacy, "PLAIN", 1).await;
+    let r = legacy
+        .call(
+            0,
+            &SaslAuthenticateRequest::default()
+                .with_auth_bytes(Bytes::from_static(b"\0alice\0alice-pw")),
+        )
+        .await;
+    assert_eq!(r.error_code, 0);
+    metadata_port(&mut legacy).await;
+
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    handshake(&mut renewing, "PLAIN", 1).await;
+    let (code, _, _) = authenticate(&mut renewing, b"\0alice\0alice-pw").await;
+    assert_eq!(code, 0);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // 1 s after the first login: the renewed session serves, the other is over.
+    metadata_port(&mut renewing).await;
+    legacy.send(9, &MetadataRequest::default()).await;
+    assert!(legacy.is_closed().await);
+    assert_eq!(
+        metric(&running, "tessera_successful_reauthentication_total").await,
+        1
+    );
+    assert_eq!(
+        metric(&running, "tessera_expired_connections_killed_total").await,
+        1
+    );
+    running.shutdown().await;
+}
+
 fn config_again(dir: &std::path::Path) -> BrokerConfig {
     config(dir)
 }

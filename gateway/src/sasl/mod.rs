@@ -9,9 +9,11 @@
 //! listener's `connections.max.reauth.ms`, bounded by an OAUTHBEARER
 //! token's `exp`), told to the client in SaslAuthenticate v1+'s
 //! `session_lifetime_ms`. A client that authenticated with v1+ may send
-//! SaslHandshake again on the authenticated connection and run the same
-//! mechanism for the same principal; a request other than that after the
-//! session expired closes the connection.
+//! SaslHandshake again on the authenticated connection (at most once a
+//! second) and run the same mechanism for the same principal; a request
+//! other than that after the session expired closes the connection. A
+//! session without a lifetime cannot re-authenticate (its handshake gets
+//! ILLEGAL_SASL_STATE, as in Kafka).
 
 pub mod credentials;
 pub mod oauthbearer;
@@ -228,6 +230,8 @@ pub struct Authenticator {
     can_reauthenticate: bool,
     /// A re-authentication is under way.
     reauthenticating: bool,
+    /// When the last re-authentication began (at most one a second).
+    last_reauth_start_ms: Option<i64>,
     /// A re-authentication asked for another mechanism: its token is
     /// refused with this message (Kafka's REAUTH_BAD_MECHANISM).
     bad_mechanism: Option<String>,
@@ -257,8 +261,18 @@ impl Authenticator {
     ) -> (Action, Option<Event>) {
         match std::mem::replace(&mut self.state, State::Done) {
             State::Done => {
-                if self.can_reauthenticate && starts_reauthentication(frame) {
+                // Kafka's `maybeBeginServerReauthentication`: only a session
+                // with a lifetime, from a client that knows KIP-368, at most
+                // once a second; otherwise the handshake is served as a
+                // request (ILLEGAL_SASL_STATE).
+                let may_reauthenticate = self.can_reauthenticate
+                    && self.session_expires_ms.is_some()
+                    && self
+                        .last_reauth_start_ms
+                        .is_none_or(|last| now_ms - last >= 1_000);
+                if may_reauthenticate && starts_reauthentication(frame) {
                     self.reauthenticating = true;
+                    self.last_reauth_start_ms = Some(now_ms);
                     return self.on_request(
                         State::Handshake,
                         frame.clone(),
@@ -941,5 +955,36 @@ mod tests {
         let mut a = Authenticator::default();
         let (r, _) = login(&mut a, &l, "OAUTHBEARER", token.as_bytes(), NOW);
         assert_eq!(r.session_lifetime_ms, 10_000);
+    }
+
+    #[test]
+    fn reauthentication_needs_a_lifetime_and_a_second_between_starts() {
+        let img = MetadataImage::default();
+        // No lifetime: a second handshake is a request like any other.
+        let l = listener(&["PLAIN"]);
+        let mut a = Authenticator::default();
+        login(&mut a, &l, "PLAIN", b"\0alice\0pw", NOW);
+        assert!(matches!(
+            a.on_frame(&handshake("PLAIN", 1), &l, &img, NOW + 5).0,
+            Action::Dispatch
+        ));
+        // With one: the first starts at once, the next only a second later.
+        let l = with_reauth(listener(&["PLAIN"]), "PLAIN", 60_000);
+        let mut a = Authenticator::default();
+        login(&mut a, &l, "PLAIN", b"\0alice\0pw", NOW);
+        login(&mut a, &l, "PLAIN", b"\0alice\0pw", NOW + 5);
+        assert!(matches!(
+            a.on_frame(&handshake("PLAIN", 1), &l, &img, NOW + 500).0,
+            Action::Dispatch
+        ));
+        let (r, event) = login(&mut a, &l, "PLAIN", b"\0alice\0pw", NOW + 1_005);
+        assert_eq!(r.error_code, 0);
+        assert!(matches!(
+            event,
+            Some(Event::Succeeded {
+                reauthentication: true,
+                ..
+            })
+        ));
     }
 }
