@@ -178,6 +178,17 @@ impl Broker {
                 log.close();
                 self.logs.write().remove(&range.id);
                 tracing::info!(range = range.id, primary = ?last.primary(), "no longer primary of the range");
+                if primary_here && !last.is_sealed() && log.is_sealed() {
+                    // A seal-by-quorum fenced the active segment here (a
+                    // re-placement keeping this broker primary, or a
+                    // failover racing it) and its entry is not in this
+                    // image yet. Its fencer records the seal; the files
+                    // its fence left (the producer snapshot where the
+                    // next segment starts) are what the next log opens
+                    // on. Only if the seal never comes is it sealed here.
+                    tokio::spawn(seal_if_still_fenced(self.weak(), last.id));
+                    continue;
+                }
             }
             let dir = self.range_dir(topic, range.id);
             let replicated = last.replicas.len() > 1;
@@ -352,6 +363,25 @@ impl Broker {
         (0..topic.partitions as i32)
             .filter(|p| self.route(image, topic, *p).is_ok())
             .collect()
+    }
+}
+
+/// How long a segment fenced by another broker's seal-by-quorum may stay
+/// unrecorded before its primary seals it itself.
+const FENCED_SEAL_WAIT: Duration = Duration::from_secs(5);
+
+/// See the fenced case in `reconcile_logs`.
+async fn seal_if_still_fenced(broker: Weak<Broker>, segment: SegmentId) {
+    tokio::time::sleep(FENCED_SEAL_WAIT).await;
+    let Some(b) = broker.upgrade() else { return };
+    let image = b.image();
+    let unsealed = image
+        .segments
+        .get(&segment)
+        .is_some_and(|s| !s.is_sealed() && s.primary() == Some(b.config.node_id));
+    if unsealed && b.log_of(segment.range).is_none() {
+        tracing::info!(%segment, "a fenced segment's seal was not recorded; sealing it by quorum");
+        b.seal_by_quorum(segment);
     }
 }
 

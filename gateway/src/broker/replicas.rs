@@ -122,7 +122,7 @@ impl Broker {
         let _ = self.replicas.me.set(Arc::downgrade(self));
     }
 
-    fn weak(&self) -> Weak<Broker> {
+    pub(super) fn weak(&self) -> Weak<Broker> {
         self.replicas.me.get().cloned().unwrap_or_default()
     }
 
