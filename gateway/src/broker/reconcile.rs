@@ -45,6 +45,9 @@ pub(super) struct Reconciler {
     led: parking_lot::Mutex<Led>,
     /// Set at shutdown: no pass runs after it.
     stopped: AtomicBool,
+    /// Active segments this broker is primary of that another broker's
+    /// seal-by-quorum fenced, whose entry the image does not show yet.
+    fenced_unrecorded: parking_lot::Mutex<HashMap<SegmentId, std::time::Instant>>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -186,7 +189,21 @@ impl Broker {
                     // its fence left (the producer snapshot where the
                     // next segment starts) are what the next log opens
                     // on. Only if the seal never comes is it sealed here.
+                    self.reconciler
+                        .fenced_unrecorded
+                        .lock()
+                        .insert(last.id, std::time::Instant::now());
                     tokio::spawn(seal_if_still_fenced(self.weak(), last.id));
+                }
+            }
+            if primary_here && !last.is_sealed() && self.log_of(range.id).is_none() {
+                let waiting = self
+                    .reconciler
+                    .fenced_unrecorded
+                    .lock()
+                    .get(&last.id)
+                    .is_some_and(|t| t.elapsed() < FENCED_SEAL_WAIT);
+                if waiting {
                     continue;
                 }
             }
@@ -255,6 +272,9 @@ impl Broker {
             }
             self.logs.write().insert(range.id, log);
         }
+        self.reconciler.fenced_unrecorded.lock().retain(|id, _| {
+            image.segments.get(id).is_some_and(|s| !s.is_sealed())
+        });
         self.apply_log_starts(image)?;
         if !missing_records.is_empty() {
             self.controller.write(missing_records).await?;
@@ -374,6 +394,7 @@ const FENCED_SEAL_WAIT: Duration = Duration::from_secs(5);
 async fn seal_if_still_fenced(broker: Weak<Broker>, segment: SegmentId) {
     tokio::time::sleep(FENCED_SEAL_WAIT).await;
     let Some(b) = broker.upgrade() else { return };
+    b.reconciler.fenced_unrecorded.lock().remove(&segment);
     let image = b.image();
     let unsealed = image
         .segments
