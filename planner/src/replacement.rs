@@ -114,9 +114,7 @@ fn best_swap(
             }
             let after = racks(
                 image,
-                replicas
-                    .iter()
-                    .map(|&r| if r == from { to } else { r }),
+                replicas.iter().map(|&r| if r == from { to } else { r }),
             );
             let rack_gain = after - before;
             let load_gain = load[&from] - to_load;

@@ -1035,7 +1035,10 @@ fn joined(initial: i32, total: i32, topics: usize, rf: i16) -> MetadataImage {
         assert_eq!(commit(&mut image, &records), 0);
     }
     for b in initial + 1..=total {
-        assert_eq!(commit(&mut image, &register_broker(registration(b, None))), 0);
+        assert_eq!(
+            commit(&mut image, &register_broker(registration(b, None))),
+            0
+        );
     }
     image
 }
@@ -1147,7 +1150,10 @@ fn no_ping_pong_a_swap_is_never_undone() {
 fn fenced_replicas_or_brokers_are_left_to_failover() {
     let mut image = joined(3, 4, 4, 3);
     fence(&mut image, 4);
-    assert!(plan_replacements(&image, 10).is_empty(), "broker 4 is fenced");
+    assert!(
+        plan_replacements(&image, 10).is_empty(),
+        "broker 4 is fenced"
+    );
     // Ranges on brokers 1-4 (each leaves one out), broker 5 joins, 2 dies.
     let mut image = joined(4, 5, 8, 3);
     fence(&mut image, 2);

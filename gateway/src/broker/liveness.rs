@@ -138,10 +138,8 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
 /// One look for ranges to re-place (`tessera_planner::plan_replacements`),
 /// each carried out by a seal-by-quorum onto its planned replicas.
 fn rebalance(b: &Broker, image: &tessera_metadata::MetadataImage) {
-    let plans = tessera_planner::plan_replacements(
-        image,
-        b.config.replica_placement_rebalance_max_ranges,
-    );
+    let plans =
+        tessera_planner::plan_replacements(image, b.config.replica_placement_rebalance_max_ranges);
     if plans.is_empty() {
         return;
     }

@@ -272,9 +272,10 @@ impl Broker {
             }
             self.logs.write().insert(range.id, log);
         }
-        self.reconciler.fenced_unrecorded.lock().retain(|id, _| {
-            image.segments.get(id).is_some_and(|s| !s.is_sealed())
-        });
+        self.reconciler
+            .fenced_unrecorded
+            .lock()
+            .retain(|id, _| image.segments.get(id).is_some_and(|s| !s.is_sealed()));
         self.apply_log_starts(image)?;
         if !missing_records.is_empty() {
             self.controller.write(missing_records).await?;
