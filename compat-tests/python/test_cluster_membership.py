@@ -3,7 +3,8 @@
 A broker-only node (`process.roles=broker`) follows the metadata log as a
 learner of the controller quorum: it registers, heartbeats, serves clients
 and takes new segments at once (placement prefers the least loaded broker),
-while nothing already stored is copied to it. When it dies, the sealed
+including the next segments of existing ranges (re-placement moves followers
+to it at a segment boundary), while nothing already stored is copied to it. When it dies, the sealed
 segments it held heal back to three copies on the others."""
 
 from __future__ import annotations
