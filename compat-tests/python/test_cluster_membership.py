@@ -3,7 +3,8 @@
 A broker-only node (`process.roles=broker`) follows the metadata log as a
 learner of the controller quorum: it registers, heartbeats, serves clients
 and takes new segments at once (placement prefers the least loaded broker),
-while nothing already stored is copied to it. When it dies, the sealed
+including the next segments of existing ranges (re-placement moves followers
+to it at a segment boundary), while nothing already stored is copied to it. When it dies, the sealed
 segments it held heal back to three copies on the others."""
 
 from __future__ import annotations
@@ -165,3 +166,148 @@ def test_a_fourth_broker_joins_takes_new_segments_and_heals_away_when_removed(cl
     eventually("sealed segments of broker 4 healed to three copies", healed, timeout=90)
     assert consume_all(boot, topic, 2, len(acked)) == acked
     assert consume_all(boot, "before-join", 1, len(before)) == before
+
+
+def read_to_end(bootstrap: str, topic: str, partitions: int) -> dict[int, list[tuple[int, bytes]]]:
+    """Every record of every partition up to its high watermark, in order."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": f"exact-{topic}",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    def end(p):
+        for _ in range(20):
+            w = c.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+            if w is not None:
+                return w[1]
+            time.sleep(0.5)
+        raise AssertionError(f"no high watermark for {topic}/{p}")
+
+    ends = {p: end(p) for p in range(partitions)}
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got: dict[int, list[tuple[int, bytes]]] = {p: [] for p in range(partitions)}
+    deadline = time.monotonic() + 90
+    while any((got[p][-1][0] + 1 if got[p] else 0) < ends[p] for p in got) \
+            and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            got[m.partition()].append((m.offset(), m.value()))
+    c.close()
+    return got
+
+
+def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
+    """Issue 9: a broker that joins gets new segments of ranges that existed
+    before it (not only new topics), within a minute, with nothing copied to
+    it; idempotent acks=all producers keep every record exactly once."""
+    import threading
+
+    boot = ",".join(cluster["bootstrap"])
+    admin1 = cluster["admin"][0]
+    topics = [f"steady-{i}" for i in range(4)]
+    for t in topics:
+        create_replicated(boot, t, 2, 3, {"min.insync.replicas": "2"})
+
+    # Steady produce to every existing topic, before, during and after the join.
+    acked: dict[str, dict[int, list[tuple[int, bytes]]]] = {t: {0: [], 1: []} for t in topics}
+    errors: list = []
+    stop = threading.Event()
+
+    def producer():
+        p = Producer({"bootstrap.servers": boot, "acks": "all", "enable.idempotence": True,
+                      "linger.ms": 5, "message.timeout.ms": 120000})
+
+        def on_delivery(err, msg):
+            if err is not None:
+                errors.append(err)
+            else:
+                acked[msg.topic()][msg.partition()].append((msg.offset(), msg.value()))
+
+        i = 0
+        while not stop.is_set():
+            for t in topics:
+                p.produce(t, value=f"{t}-{i}".encode(), partition=i % 2, on_delivery=on_delivery)
+            i += 1
+            p.poll(0.005)
+        assert p.flush(120) == 0
+
+    thread = threading.Thread(target=producer, daemon=True)
+    thread.start()
+    time.sleep(3)
+
+    # The segments as they are before the join: their replicas never change.
+    before = {(s["range"], s["seq"]): s for s in http(admin1 + "/segments") if s["topic"] in topics}
+    newest_before = {}
+    for (rng, seq) in before:
+        newest_before[rng] = max(seq, newest_before.get(rng, -1))
+    assert all(4 not in s["replicas"] for s in before.values())
+
+    port, admin_port = free_port(), free_port()
+    workdir = cluster["workdir"]
+    cmd = [
+        str(tessera_bin()),
+        "--data-dir", str(workdir / "cluster" / "node-4"),
+        "--node-id", "4",
+        "--listeners", f"PLAINTEXT://127.0.0.1:{port}",
+        "--admin-listener", f"127.0.0.1:{admin_port}",
+        "-o", f"controller.quorum.voters={cluster['voters']}",
+        "-o", "process.roles=broker",
+        *[a for k, v in cluster["overrides"].items() for a in ("-o", f"{k}={v}")],
+    ]
+    log = open(workdir / "node-4.log", "ab")
+    started = time.monotonic()
+    procguard.spawn(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+    admin4 = f"http://127.0.0.1:{admin_port}"
+    eventually("broker 4 joined", lambda: http_ready(admin4), timeout=60)
+    ready = time.monotonic()
+
+    def existing_on_4():
+        return [s for s in http(admin1 + "/segments")
+                if s["topic"] in topics and 4 in s["replicas"]]
+
+    try:
+        eventually("a new segment of an existing range on broker 4", existing_on_4, timeout=60)
+    finally:
+        landed = time.monotonic()
+        print(f"broker 4 ready {ready - started:.2f} s after start; first new segment of an "
+              f"existing range on it {landed - started:.2f} s after start "
+              f"({landed - ready:.2f} s after ready)")
+    # Metadata shows it too: broker 4 is a replica of an existing partition.
+    md = AdminClient({"bootstrap.servers": boot}).list_topics(timeout=10)
+    assert any(4 in p.replicas for t in topics for p in md.topics[t].partitions.values())
+
+    time.sleep(5)  # keep producing into the re-placed segments
+    stop.set()
+    thread.join(180)
+    assert not thread.is_alive()
+    assert errors == []
+
+    # Only segments opened after the join are on broker 4; history stayed
+    # where it was and nothing of it was copied to broker 4.
+    now = {(s["range"], s["seq"]): s for s in http(admin1 + "/segments") if s["topic"] in topics}
+    on_4 = [k for k, s in now.items() if 4 in s["replicas"]]
+    assert on_4
+    for (rng, seq) in on_4:
+        assert seq > newest_before[rng], f"segment {rng}/{seq} existed before the join"
+    for key, s in before.items():
+        if key in now:
+            assert now[key]["replicas"] == s["replicas"], f"segment {key} changed replicas"
+    for s in http(admin4 + "/segments"):
+        if s["topic"] in topics and 4 not in s["replicas"]:
+            assert s["local_bytes"] is None, f"history copied to broker 4: {s}"
+    assert any(s["local_bytes"] for s in http(admin4 + "/segments")
+               if s["topic"] in topics and 4 in s["replicas"]), "nothing written to broker 4"
+
+    # Every acknowledged record exactly once, in order, at its offset.
+    for t in topics:
+        got = read_to_end(boot, t, 2)
+        for p in (0, 1):
+            want = sorted(acked[t][p])
+            assert want, f"nothing acknowledged on {t}/{p}"
+            if got[p] != want:
+                gv = [v for _, v in got[p]]
+                dups = sorted({v for v in gv if gv.count(v) > 1})
+                for d in dups[:4]:
+                    print("dup", t, p, d, [o for o, v in got[p] if v == d], [o for o, v in want if v == d])
+                print("workdir", workdir)
+            assert got[p] == want, f"{t}/{p}: {len(got[p])} read, {len(want)} acknowledged"
+            # Produce order = offset order (one producer, idempotent).
+            seq = [int(v.rsplit(b"-", 1)[1]) for _, v in got[p]]
+            assert seq == sorted(seq) and len(set(seq)) == len(seq)

@@ -115,6 +115,15 @@ pub struct BrokerConfig {
     /// `replica.heal.max.bytes.per.sec`: the rate at which this broker
     /// copies segments for healing and repair.
     pub replica_heal_max_bytes_per_sec: u64,
+    /// `replica.placement.rebalance.enable`: the active controller moves
+    /// the next segments of existing ranges onto less loaded brokers (a
+    /// broker that joined) at a segment boundary. Tessera's own key.
+    pub replica_placement_rebalance_enable: bool,
+    /// `replica.placement.rebalance.interval.ms`: how often it looks.
+    pub replica_placement_rebalance_interval_ms: u64,
+    /// `replica.placement.rebalance.max.ranges`: the most ranges it
+    /// re-places per look.
+    pub replica_placement_rebalance_max_ranges: usize,
     /// `quota.window.num`: the samples client quotas are measured over.
     pub quota_window_num: usize,
     /// `quota.window.size.seconds`: the length of one quota sample.
@@ -271,6 +280,9 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("replica.lag.time.max.ms", "30000"),
     ("replica.heal.delay.ms", "300000"),
     ("replica.heal.max.bytes.per.sec", "52428800"),
+    ("replica.placement.rebalance.enable", "true"),
+    ("replica.placement.rebalance.interval.ms", "10000"),
+    ("replica.placement.rebalance.max.ranges", "4"),
     ("quota.window.num", "11"),
     ("quota.window.size.seconds", "1"),
     ("replica.selector.class", ""),
@@ -618,6 +630,16 @@ impl BrokerConfig {
             replica_lag_time_max_ms: parse(map, "replica.lag.time.max.ms")?,
             replica_heal_delay_ms: parse(map, "replica.heal.delay.ms")?,
             replica_heal_max_bytes_per_sec: parse(map, "replica.heal.max.bytes.per.sec")?,
+            replica_placement_rebalance_enable: parse(map, "replica.placement.rebalance.enable")?,
+            replica_placement_rebalance_interval_ms: parse::<u64>(
+                map,
+                "replica.placement.rebalance.interval.ms",
+            )?
+            .max(1),
+            replica_placement_rebalance_max_ranges: parse(
+                map,
+                "replica.placement.rebalance.max.ranges",
+            )?,
             // Kafka's minimums (`atLeast(1)`).
             quota_window_num: parse::<usize>(map, "quota.window.num")?.max(1),
             quota_window_size_seconds: parse::<u64>(map, "quota.window.size.seconds")?.max(1),

@@ -382,6 +382,21 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "The rate at which this broker copies segments for healing and repair.",
     ),
     (
+        "replica.placement.rebalance.enable",
+        1,
+        "The active controller moves the next segments of existing ranges onto less loaded brokers (one that joined), at a segment boundary.",
+    ),
+    (
+        "replica.placement.rebalance.interval.ms",
+        5,
+        "How often the active controller looks for ranges to re-place.",
+    ),
+    (
+        "replica.placement.rebalance.max.ranges",
+        3,
+        "The most ranges re-placed per look.",
+    ),
+    (
         "quota.window.num",
         3,
         "The number of samples to retain in memory for client quotas.",

@@ -22,6 +22,10 @@ pub struct Metrics {
     pub rejected_frames: AtomicU64,
     pub range_splits: AtomicU64,
     pub range_merges: AtomicU64,
+    /// Ranges whose next segment opened on a new replica set (re-placement).
+    pub segments_replaced: AtomicU64,
+    /// Re-placements planned by the active controller.
+    pub replacements_planned: AtomicU64,
     /// SASL authentications that succeeded / failed.
     pub authentications_succeeded: AtomicU64,
     pub authentications_failed: AtomicU64,
@@ -66,6 +70,8 @@ impl Default for Metrics {
             rejected_frames: AtomicU64::new(0),
             range_splits: AtomicU64::new(0),
             range_merges: AtomicU64::new(0),
+            segments_replaced: AtomicU64::new(0),
+            replacements_planned: AtomicU64::new(0),
             authentications_succeeded: AtomicU64::new(0),
             authentications_failed: AtomicU64::new(0),
             tls_handshake_failures: AtomicU64::new(0),
@@ -241,6 +247,16 @@ impl Metrics {
                 "tessera_range_merges_total",
                 "Range pairs merged by the automatic policy.",
                 &self.range_merges,
+            ),
+            (
+                "tessera_segments_replaced_total",
+                "Ranges whose next segment this node opened on a new replica set (re-placement at a segment boundary: a follower moved to a less loaded broker).",
+                &self.segments_replaced,
+            ),
+            (
+                "tessera_segment_replacements_planned_total",
+                "Re-placements this node planned as the active controller (some end as plain seals when the image moved on).",
+                &self.replacements_planned,
             ),
             (
                 "tessera_cleaner_passes_total",

@@ -715,6 +715,9 @@ pub fn merge_ranges(
     })
 }
 
+mod replacement;
+pub use replacement::{plan_replacements, replica_load, seal_and_replace, Replacement};
+
 #[cfg(test)]
 mod tests;
 

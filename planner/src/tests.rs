@@ -1023,3 +1023,206 @@ fn retention_plans_nothing_for_unknown_or_sealed_ranges() {
     commit(&mut image, &[MetadataRecord::DeleteTopic { topic_id: id }]);
     assert!(plan_retention(&image, range, &retention(0, 0, &[0, 0, 0, 0])).is_empty());
 }
+
+// ---- re-placement at a segment boundary ----
+
+/// `topics` RF=`rf` topics created while brokers `1..=initial` were the
+/// only ones, then brokers `initial+1..=total` registered (they joined).
+fn joined(initial: i32, total: i32, topics: usize, rf: i16) -> MetadataImage {
+    let mut image = cluster(initial);
+    for i in 0..topics {
+        let records = create_topic(&image, spec(&format!("t{i}"), 4, rf)).unwrap();
+        assert_eq!(commit(&mut image, &records), 0);
+    }
+    for b in initial + 1..=total {
+        assert_eq!(
+            commit(&mut image, &register_broker(registration(b, None))),
+            0
+        );
+    }
+    image
+}
+
+/// Carries out `plans` as if every replica answered the fence with the
+/// primary holding the end.
+fn replace(image: &mut MetadataImage, plans: &[Replacement]) {
+    for p in plans {
+        let q = QuorumSeal {
+            segment: p.segment,
+            size_bytes: 10,
+            spans: vec![],
+            holder: p.current[0],
+        };
+        let records = seal_and_replace(image, &q, p).unwrap();
+        assert_eq!(commit(image, &records), 0);
+    }
+}
+
+#[test]
+fn a_joined_broker_gets_followers_of_existing_ranges_bounded_per_pass() {
+    // 4 RF=3 ranges on brokers 1-3 (load 4 each), broker 4 joins (load 0).
+    let mut image = joined(3, 4, 4, 3);
+    assert_eq!(
+        replica_load(&image),
+        BTreeMap::from([(1, 4), (2, 4), (3, 4), (4, 0)])
+    );
+    let plans = plan_replacements(&image, 2);
+    assert_eq!(plans.len(), 2, "bounded by max_ranges");
+    for p in &plans {
+        assert_eq!(p.to, 4);
+        assert_eq!(p.replicas[0], p.current[0], "the primary stays");
+        assert_ne!(p.from, p.current[0]);
+        assert!(p.replicas.contains(&4) && !p.replicas.contains(&p.from));
+    }
+    let epochs: Vec<i32> = plans
+        .iter()
+        .map(|p| image.segments[&p.segment].leader_epoch)
+        .collect();
+    replace(&mut image, &plans);
+    for (p, epoch) in plans.iter().zip(epochs) {
+        let sealed = &image.segments[&p.segment];
+        assert!(sealed.is_sealed());
+        assert_eq!(sealed.replicas, p.current, "sealed data stays where it is");
+        let next = image.active_segment(p.segment.range).unwrap();
+        assert_eq!(next.id.seq, p.segment.seq + 1);
+        assert_eq!(next.replicas, p.replicas);
+        assert_eq!(next.leader_epoch, epoch, "leadership did not move");
+    }
+    // Later passes finish the job, then nothing moves any more: 12
+    // replicas over 4 brokers end at 3 each.
+    let mut passes = 1;
+    loop {
+        let plans = plan_replacements(&image, 2);
+        if plans.is_empty() {
+            break;
+        }
+        replace(&mut image, &plans);
+        passes += 1;
+        assert!(passes < 10, "re-placement does not settle");
+    }
+    assert_eq!(
+        replica_load(&image),
+        BTreeMap::from([(1, 3), (2, 3), (3, 3), (4, 3)])
+    );
+    assert!(plan_replacements(&image, 100).is_empty());
+}
+
+#[test]
+fn a_balanced_or_full_cluster_never_re_places() {
+    // One node.
+    let image = joined(1, 1, 3, 1);
+    assert!(plan_replacements(&image, 10).is_empty());
+    // RF = N of N.
+    let image = joined(3, 3, 5, 3);
+    assert!(plan_replacements(&image, 10).is_empty());
+    // RF=1 ranges: the primary never moves.
+    let image = joined(3, 4, 6, 1);
+    assert!(plan_replacements(&image, 10).is_empty());
+    // One RF=3 range on 4 brokers: moving a follower to broker 4 would only
+    // leave another broker with none (load 1,1,1 vs 0: no gain).
+    let image = joined(3, 4, 1, 3);
+    assert!(plan_replacements(&image, 10).is_empty());
+}
+
+#[test]
+fn no_ping_pong_a_swap_is_never_undone() {
+    let mut image = joined(3, 5, 7, 3);
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..20 {
+        let plans = plan_replacements(&image, 3);
+        if plans.is_empty() {
+            break;
+        }
+        for p in &plans {
+            // The reverse of a swap already made on this range never comes.
+            assert!(!seen.contains(&(p.segment.range, p.to, p.from)));
+            seen.insert((p.segment.range, p.from, p.to));
+        }
+        replace(&mut image, &plans);
+    }
+    assert!(plan_replacements(&image, 3).is_empty());
+    let load = replica_load(&image);
+    let (min, max) = (load.values().min().unwrap(), load.values().max().unwrap());
+    assert!(max - min <= 1, "balanced: {load:?}");
+}
+
+#[test]
+fn fenced_replicas_or_brokers_are_left_to_failover() {
+    let mut image = joined(3, 4, 4, 3);
+    fence(&mut image, 4);
+    assert!(
+        plan_replacements(&image, 10).is_empty(),
+        "broker 4 is fenced"
+    );
+    // Ranges on brokers 1-4 (each leaves one out), broker 5 joins, 2 dies.
+    let mut image = joined(4, 5, 8, 3);
+    fence(&mut image, 2);
+    let plans = plan_replacements(&image, 10);
+    assert!(!plans.is_empty());
+    assert!(plans.iter().all(|p| !p.current.contains(&2)));
+}
+
+#[test]
+fn re_placement_keeps_and_improves_rack_spread() {
+    // Brokers 1, 2 in rack a, 3 in rack b; RF=2 ranges. Broker 4 joins in
+    // rack c.
+    let mut image = MetadataImage::empty();
+    for (b, rack) in [(1, "a"), (2, "a"), (3, "b")] {
+        commit(&mut image, &register_broker(registration(b, Some(rack))));
+    }
+    for i in 0..6 {
+        let records = create_topic(&image, spec(&format!("t{i}"), 1, 2)).unwrap();
+        assert_eq!(commit(&mut image, &records), 0);
+    }
+    commit(&mut image, &register_broker(registration(4, Some("a"))));
+    let rack = |b: i32| image.brokers[&b].registration.rack.clone().unwrap();
+    for p in plan_replacements(&image, 10) {
+        let before: std::collections::BTreeSet<_> = p.current.iter().map(|b| rack(*b)).collect();
+        let after: std::collections::BTreeSet<_> = p.replicas.iter().map(|b| rack(*b)).collect();
+        assert!(after.len() >= before.len(), "{p:?} loses rack spread");
+    }
+    // A same-load swap that adds a rack is worth it on its own.
+    let mut image = MetadataImage::empty();
+    for (b, rack) in [(1, "a"), (2, "a"), (3, "b")] {
+        commit(&mut image, &register_broker(registration(b, Some(rack))));
+    }
+    let records = create_topic(&image, spec("t", 1, 2)).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    let seg = image.segments.values().next().unwrap().clone();
+    // Force the set onto one rack: [1, 2].
+    let q = QuorumSeal {
+        segment: seg.id,
+        size_bytes: 0,
+        spans: vec![],
+        holder: seg.replicas[0],
+    };
+    let mut records = seal_by_quorum(&image, &q).unwrap();
+    if let MetadataRecord::OpenSegment(o) = &mut records[1] {
+        o.replicas = vec![1, 2];
+    }
+    assert_eq!(commit(&mut image, &records), 0);
+    let plans = plan_replacements(&image, 10);
+    assert_eq!(plans.len(), 1);
+    assert_eq!(plans[0].replicas, vec![1, 3]);
+}
+
+#[test]
+fn a_stale_replacement_seals_as_a_failover() {
+    let mut image = joined(3, 4, 4, 3);
+    let plan = plan_replacements(&image, 1).remove(0);
+    // The new broker is fenced between the plan and the seal.
+    fence(&mut image, plan.to);
+    let q = QuorumSeal {
+        segment: plan.segment,
+        size_bytes: 5,
+        spans: vec![],
+        holder: plan.current[0],
+    };
+    let records = seal_and_replace(&image, &q, &plan).unwrap();
+    assert_eq!(records, seal_by_quorum(&image, &q).unwrap());
+    assert_eq!(commit(&mut image, &records), 0);
+    let next = image.active_segment(plan.segment.range).unwrap();
+    assert!(!next.replicas.contains(&plan.to));
+    // Sealed already: refused (the seal task then stops, as the image shows it sealed).
+    assert!(seal_and_replace(&image, &q, &plan).is_err());
+}

@@ -40,6 +40,8 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
     let started = Instant::now();
     // When this controller first saw each broker fenced (for healing).
     let mut fenced_since: HashMap<i32, Instant> = HashMap::new();
+    // When this controller last looked for ranges to re-place.
+    let mut last_rebalance: Option<Instant> = None;
     loop {
         let Some(b) = broker.upgrade() else { return };
         let interval = Duration::from_millis(b.config.broker_heartbeat_interval_ms.max(1));
@@ -112,11 +114,51 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
                     tracing::warn!(error = %e, "could not record healing");
                 }
             }
+            // Re-placement: ranges whose active segment sits on brokers
+            // holding clearly more than another live broker (one that just
+            // joined) open their next segment there, a few a look.
+            let every = Duration::from_millis(b.config.replica_placement_rebalance_interval_ms);
+            if b.config.replica_placement_rebalance_enable
+                && started.elapsed() >= session
+                && last_rebalance.is_none_or(|t| t.elapsed() >= every)
+                && b.seals_in_flight() == 0
+            {
+                last_rebalance = Some(Instant::now());
+                rebalance(&b, &image);
+            }
         } else {
             fenced_since.clear();
+            last_rebalance = None;
         }
         drop(b);
         tokio::time::sleep(interval).await;
+    }
+}
+
+/// One look for ranges to re-place (`tessera_planner::plan_replacements`),
+/// each carried out by a seal-by-quorum onto its planned replicas.
+fn rebalance(b: &Broker, image: &tessera_metadata::MetadataImage) {
+    let plans =
+        tessera_planner::plan_replacements(image, b.config.replica_placement_rebalance_max_ranges);
+    if plans.is_empty() {
+        return;
+    }
+    tracing::info!(
+        ranges = plans.len(),
+        load = ?tessera_planner::replica_load(image),
+        "re-placement: moving the next segments of ranges to less loaded brokers"
+    );
+    for plan in plans {
+        tracing::info!(
+            segment = %plan.segment,
+            from = plan.from,
+            to = plan.to,
+            replicas = ?plan.replicas,
+            "re-placement planned"
+        );
+        if b.replace_segment(plan) {
+            crate::metrics::Metrics::add(&b.metrics.replacements_planned, 1);
+        }
     }
 }
 

@@ -45,6 +45,9 @@ pub(super) struct Reconciler {
     led: parking_lot::Mutex<Led>,
     /// Set at shutdown: no pass runs after it.
     stopped: AtomicBool,
+    /// Active segments this broker is primary of that another broker's
+    /// seal-by-quorum fenced, whose entry the image does not show yet.
+    fenced_unrecorded: parking_lot::Mutex<HashMap<SegmentId, std::time::Instant>>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -178,6 +181,31 @@ impl Broker {
                 log.close();
                 self.logs.write().remove(&range.id);
                 tracing::info!(range = range.id, primary = ?last.primary(), "no longer primary of the range");
+                if primary_here && !last.is_sealed() && log.is_sealed() {
+                    // A seal-by-quorum fenced the active segment here (a
+                    // re-placement keeping this broker primary, or a
+                    // failover racing it) and its entry is not in this
+                    // image yet. Its fencer records the seal; the files
+                    // its fence left (the producer snapshot where the
+                    // next segment starts) are what the next log opens
+                    // on. Only if the seal never comes is it sealed here.
+                    self.reconciler
+                        .fenced_unrecorded
+                        .lock()
+                        .insert(last.id, std::time::Instant::now());
+                    tokio::spawn(seal_if_still_fenced(self.weak(), last.id));
+                }
+            }
+            if primary_here && !last.is_sealed() && self.log_of(range.id).is_none() {
+                let waiting = self
+                    .reconciler
+                    .fenced_unrecorded
+                    .lock()
+                    .get(&last.id)
+                    .is_some_and(|t| t.elapsed() < FENCED_SEAL_WAIT);
+                if waiting {
+                    continue;
+                }
             }
             let dir = self.range_dir(topic, range.id);
             let replicated = last.replicas.len() > 1;
@@ -244,6 +272,10 @@ impl Broker {
             }
             self.logs.write().insert(range.id, log);
         }
+        self.reconciler
+            .fenced_unrecorded
+            .lock()
+            .retain(|id, _| image.segments.get(id).is_some_and(|s| !s.is_sealed()));
         self.apply_log_starts(image)?;
         if !missing_records.is_empty() {
             self.controller.write(missing_records).await?;
@@ -352,6 +384,26 @@ impl Broker {
         (0..topic.partitions as i32)
             .filter(|p| self.route(image, topic, *p).is_ok())
             .collect()
+    }
+}
+
+/// How long a segment fenced by another broker's seal-by-quorum may stay
+/// unrecorded before its primary seals it itself.
+const FENCED_SEAL_WAIT: Duration = Duration::from_secs(5);
+
+/// See the fenced case in `reconcile_logs`.
+async fn seal_if_still_fenced(broker: Weak<Broker>, segment: SegmentId) {
+    tokio::time::sleep(FENCED_SEAL_WAIT).await;
+    let Some(b) = broker.upgrade() else { return };
+    b.reconciler.fenced_unrecorded.lock().remove(&segment);
+    let image = b.image();
+    let unsealed = image
+        .segments
+        .get(&segment)
+        .is_some_and(|s| !s.is_sealed() && s.primary() == Some(b.config.node_id));
+    if unsealed && b.log_of(segment.range).is_none() {
+        tracing::info!(%segment, "a fenced segment's seal was not recorded; sealing it by quorum");
+        b.seal_by_quorum(segment);
     }
 }
 

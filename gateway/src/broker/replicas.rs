@@ -122,7 +122,7 @@ impl Broker {
         let _ = self.replicas.me.set(Arc::downgrade(self));
     }
 
-    fn weak(&self) -> Weak<Broker> {
+    pub(super) fn weak(&self) -> Weak<Broker> {
         self.replicas.me.get().cloned().unwrap_or_default()
     }
 
@@ -340,8 +340,27 @@ impl Broker {
     /// controlled shutdown moves leadership off the broker that stops).
     pub(crate) fn seal_by_quorum_avoiding(&self, segment: SegmentId, avoid: Option<i32>) {
         if self.replicas.sealing.lock().insert(segment) {
-            tokio::spawn(seal_task(self.weak(), segment, avoid));
+            tokio::spawn(seal_task(self.weak(), segment, SealFor::Failover { avoid }));
         }
+    }
+
+    /// Re-places a range at a segment boundary (planned by
+    /// `tessera_planner::plan_replacements`): its active segment is sealed
+    /// by quorum, preferring the primary as the holder, and the next one
+    /// opens on the planned replicas. False if a seal of that segment is
+    /// already running.
+    pub(crate) fn replace_segment(&self, plan: tessera_planner::Replacement) -> bool {
+        let segment = plan.segment;
+        if !self.replicas.sealing.lock().insert(segment) {
+            return false;
+        }
+        tokio::spawn(seal_task(self.weak(), segment, SealFor::Replace(plan)));
+        true
+    }
+
+    /// Seals by quorum running on this broker (failovers, moves).
+    pub(crate) fn seals_in_flight(&self) -> usize {
+        self.replicas.sealing.lock().len()
     }
 
     /// The ranges this broker ships to followers, with their logs.
@@ -425,11 +444,21 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
     }
 }
 
+/// Why a segment is sealed by quorum.
+#[derive(Clone, Debug)]
+enum SealFor {
+    /// Its primary is lost or stopping: the next segment opens on the
+    /// holder of the end (preferring any replica but `avoid`).
+    Failover { avoid: Option<i32> },
+    /// Re-placement: the next segment opens on the planned replicas.
+    Replace(tessera_planner::Replacement),
+}
+
 /// Fences the replicas of `segment`, and once a quorum has reported, seals
 /// it at the largest durable end among them and opens the next segment on
 /// the replica holding that end (one metadata entry). Retried until the
 /// image shows the segment sealed.
-async fn seal_task(broker: Weak<Broker>, id: SegmentId, avoid: Option<i32>) {
+async fn seal_task(broker: Weak<Broker>, id: SegmentId, purpose: SealFor) {
     loop {
         let Some(b) = broker.upgrade() else { return };
         let image = b.image();
@@ -437,7 +466,7 @@ async fn seal_task(broker: Weak<Broker>, id: SegmentId, avoid: Option<i32>) {
             Some(s) if !s.is_sealed() => s.clone(),
             _ => break,
         };
-        match b.try_seal(&image, &seg, avoid).await {
+        match b.try_seal(&image, &seg, &purpose).await {
             Ok(()) => {}
             Err(e) => {
                 tracing::info!(segment = %id, error = %e, "seal-by-quorum not done yet; retrying")
@@ -456,8 +485,12 @@ impl Broker {
         &self,
         image: &MetadataImage,
         seg: &SegmentImage,
-        avoid: Option<i32>,
+        purpose: &SealFor,
     ) -> anyhow::Result<()> {
+        let (avoid, prefer) = match purpose {
+            SealFor::Failover { avoid } => (*avoid, None),
+            SealFor::Replace(plan) => (None, plan.current.first().copied()),
+        };
         let me = self.config.node_id;
         let k = key(seg.id);
         let view = View(self.weak());
@@ -536,6 +569,7 @@ impl Broker {
             (
                 fenced(&r.replica),
                 Some(r.replica) == avoid,
+                prefer.is_some_and(|p| p != r.replica),
                 r.replica != me,
             )
         });
@@ -561,9 +595,32 @@ impl Broker {
                 .collect(),
             holder: point.replica,
         };
-        let records = tessera_planner::seal_by_quorum(image, &seal)?;
-        tracing::info!(segment = %seg.id, size = point.end, next_primary = point.replica, "sealing by quorum");
-        self.controller.write(records).await?;
+        let records = match purpose {
+            SealFor::Failover { .. } => tessera_planner::seal_by_quorum(image, &seal)?,
+            SealFor::Replace(plan) => tessera_planner::seal_and_replace(image, &seal, plan)?,
+        };
+        let next_replicas = records.iter().find_map(|r| match r {
+            tessera_metadata::MetadataRecord::OpenSegment(o) => Some(o.replicas.clone()),
+            _ => None,
+        });
+        tracing::info!(segment = %seg.id, size = point.end, next_primary = point.replica, ?next_replicas, "sealing by quorum");
+        let outcome = self.controller.write_detailed(records).await?;
+        if let SealFor::Replace(plan) = purpose {
+            if !outcome.skipped.is_empty() {
+                tracing::info!(segment = %seg.id, "re-placement: lost a race with another seal of the segment");
+            } else if next_replicas.as_ref() == Some(&plan.replicas) {
+                crate::metrics::Metrics::add(&self.metrics.segments_replaced, 1);
+                tracing::info!(
+                    segment = %seg.id,
+                    from = plan.from,
+                    to = plan.to,
+                    replicas = ?plan.replicas,
+                    "re-placement: the range's next segment opened on the new replicas"
+                );
+            } else {
+                tracing::info!(segment = %seg.id, "re-placement: the image moved on; sealed as a failover instead");
+            }
+        }
         Ok(())
     }
 }
