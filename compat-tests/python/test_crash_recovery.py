@@ -1,6 +1,8 @@
 """kill -9 during a sustained acks=all load, restart on the same data dir and
 port: every acknowledged record is at its original offset with its value, no
-value appears twice, and producing again appends at the next offset."""
+value appears twice, and producing again appends at the next offset. Also
+with a topic that recompresses on append (`compression.type=zstd` under an
+lz4 producer), so the broker-side rewrite is under the same promise."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ import threading
 import time
 from collections import defaultdict
 
+import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
 from helpers import admin, create_topic, unique_topic, wait_topic
@@ -22,10 +25,11 @@ class Load:
     over the partitions from a background thread, recording every
     delivery-reported (partition, offset, value)."""
 
-    def __init__(self, bootstrap: str, topic: str):
+    def __init__(self, bootstrap: str, topic: str, codec: str = "none"):
         self.topic = topic
         self.p = Producer(
             {
+                "compression.type": codec,
                 "bootstrap.servers": bootstrap,
                 "acks": "all",
                 "linger.ms": 2,
@@ -99,12 +103,18 @@ def watermarks(bootstrap: str, topic: str) -> dict[int, tuple[int, int]]:
         c.close()
 
 
-def test_kill9_under_acks_all_load(broker):
+@pytest.mark.parametrize(
+    "topic_codec,producer_codec",
+    [(None, "none"), ("zstd", "lz4")],
+    ids=["stored-as-sent", "recompressed-zstd"],
+)
+def test_kill9_under_acks_all_load(broker, topic_codec, producer_codec):
     broker.require_persistence()
     topic = unique_topic("crash")
-    create_topic(broker, topic, partitions=PARTITIONS)
+    config = {"compression.type": topic_codec} if topic_codec else None
+    create_topic(broker, topic, partitions=PARTITIONS, config=config)
 
-    load = Load(broker.bootstrap, topic)
+    load = Load(broker.bootstrap, topic, producer_codec)
     load.thread.start()
     t0 = time.monotonic()
     while (time.monotonic() - t0 < LOAD_BEFORE_KILL_S or load.n_acked() < MIN_ACKED_BEFORE_KILL) \
