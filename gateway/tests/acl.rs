@@ -861,3 +861,102 @@ async fn allow_everyone_if_no_acl_found() {
     assert_eq!(fetch(&mut bob, "open").await, TOPIC_DENIED);
     running.shutdown().await;
 }
+
+/// Many clients at once through authentication, the authorizer and the
+/// connection limits: 60 SASL connections (alice allowed, bob denied)
+/// produce concurrently while 40 slow connections trickle frames that never
+/// finish. Every allowed produce lands (the high watermark counts them
+/// all), every denied one is TOPIC_AUTHORIZATION_FAILED, the slow ones are
+/// closed by `connections.max.idle.ms`, and nothing else is disturbed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_clients_authenticate_and_are_authorized_concurrently() {
+    use tokio::io::AsyncWriteExt;
+    const CLIENTS: usize = 60;
+    const BATCHES: usize = 10;
+    const TOPICS: usize = 3;
+    let dir = tempfile::tempdir().unwrap();
+    let mut config = config(dir.path(), true);
+    config.connections_max_idle_ms = 2_000;
+    let running = std::sync::Arc::new(tessera_gateway::start(config).await.unwrap());
+    let mut admin = login(&running, "admin").await;
+    for t in 0..TOPICS {
+        assert_eq!(create_topic(&mut admin, &format!("s-{t}")).await, 0);
+    }
+    let acls = CreateAclsRequest::default().with_creations(vec![creation(
+        TOPIC,
+        "s-",
+        PREFIXED,
+        "User:alice",
+        WRITE,
+        ALLOW,
+    )]);
+    let r = admin.call(3, &acls).await;
+    assert!(r.results.iter().all(|r| r.error_code == 0));
+
+    let sasl = addr(&running, "SASL_PLAINTEXT");
+    let slow: Vec<_> = (0..40)
+        .map(|_| {
+            tokio::spawn(async move {
+                let mut s = tokio::net::TcpStream::connect(sasl).await.unwrap();
+                s.write_all(&(4_000i32).to_be_bytes()).await.unwrap();
+                for _ in 0..100 {
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                    if s.write_all(&[0]).await.is_err() {
+                        return true;
+                    }
+                }
+                false
+            })
+        })
+        .collect();
+    let clients: Vec<_> = (0..CLIENTS)
+        .map(|i| {
+            let running = running.clone();
+            tokio::spawn(async move {
+                let user = if i % 3 == 0 { "bob" } else { "alice" };
+                let mut c = login(&running, user).await;
+                let mut codes = Vec::new();
+                for b in 0..BATCHES {
+                    codes.push(produce(&mut c, &format!("s-{}", (i + b) % TOPICS)).await);
+                }
+                (user, codes)
+            })
+        })
+        .collect();
+    let mut allowed = 0;
+    for c in clients {
+        let (user, codes) = c.await.unwrap();
+        let expected = if user == "alice" { 0 } else { TOPIC_DENIED };
+        assert!(codes.iter().all(|c| *c == expected), "{user}: {codes:?}");
+        if user == "alice" {
+            allowed += codes.len();
+        }
+    }
+    for s in slow {
+        assert!(s.await.unwrap(), "a slow connection was closed");
+    }
+    // Each allowed produce appended one 2-record batch.
+    let mut records = 0;
+    let mut internal = WireClient::connect(running.kafka_addr).await;
+    for t in 0..TOPICS {
+        let r = internal
+            .call(
+                7,
+                &ListOffsetsRequest::default()
+                    .with_replica_id(kafka_protocol::messages::BrokerId(-1))
+                    .with_topics(vec![ListOffsetsTopic::default()
+                        .with_name(topic_name(&format!("s-{t}")))
+                        .with_partitions(vec![ListOffsetsPartition::default()
+                            .with_partition_index(0)
+                            .with_timestamp(-1)])]),
+            )
+            .await;
+        records += r.topics[0].partitions[0].offset;
+    }
+    assert_eq!(records as usize, 2 * allowed);
+    assert!(metric(&running, "tessera_connections_idle_closed_total").await >= 40);
+    assert_eq!(
+        metric(&running, "tessera_authorization_denied_total").await as usize,
+        CLIENTS / 3 * BATCHES
+    );
+}
