@@ -63,3 +63,24 @@ def broker_metric(broker, name: str) -> float:
         text = r.read().decode()
     return sum(float(line.split()[-1]) for line in text.splitlines()
                if line.startswith(name) and not line.startswith("#"))
+
+
+def consume_values(conf: dict, topic: str, n: int, timeout: float = 60) -> list[bytes]:
+    """Up to `n` values read from the start of `topic` by a new
+    confluent-kafka group member with `conf`; any message error fails."""
+    from confluent_kafka import Consumer
+
+    c = Consumer(dict(conf, **{"group.id": unique_topic("g"), "auto.offset.reset": "earliest"}))
+    c.subscribe([topic])
+    got = []
+    try:
+        deadline = time.monotonic() + timeout
+        while len(got) < n and time.monotonic() < deadline:
+            m = c.poll(1.0)
+            if m is None:
+                continue
+            assert m.error() is None, m.error()
+            got.append(m.value())
+    finally:
+        c.close()
+    return got

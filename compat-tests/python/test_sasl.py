@@ -16,7 +16,7 @@ import subprocess
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import (
     AdminClient,
     ScramCredentialInfo,
@@ -25,7 +25,7 @@ from confluent_kafka.admin import (
 )
 
 from conftest import free_port, tessera_bin
-from helpers import broker_metric, create_topic, unique_topic
+from helpers import broker_metric, consume_values, create_topic, unique_topic
 
 KCAT = os.environ.get("KCAT") or shutil.which("kcat") or shutil.which("kafkacat")
 
@@ -91,21 +91,7 @@ def roundtrip_confluent(b, conf: dict, n: int = 50):
     for i in range(n):
         p.produce(topic, key=str(i).encode(), value=f"v{i}".encode())
     assert p.flush(30) == 0
-    c = Consumer(dict(conf, **{"group.id": unique_topic("g"), "auto.offset.reset": "earliest"}))
-    c.subscribe([topic])
-    got = []
-    try:
-        import time
-
-        deadline = time.monotonic() + 60
-        while len(got) < n and time.monotonic() < deadline:
-            m = c.poll(1.0)
-            if m is None:
-                continue
-            assert m.error() is None, m.error()
-            got.append(m.value())
-    finally:
-        c.close()
+    got = consume_values(conf, topic, n)
     assert sorted(got) == sorted(f"v{i}".encode() for i in range(n))
 
 
@@ -241,23 +227,6 @@ def test_kcat_scram(sasl_broker):
     assert b"Authentication failed" in p.stderr, p.stderr
 
 
-def consume_all(b, conf: dict, topic: str, n: int, timeout: float = 60) -> list[bytes]:
-    c = Consumer(dict(conf, **{"group.id": unique_topic("g"), "auto.offset.reset": "earliest"}))
-    c.subscribe([topic])
-    got = []
-    try:
-        deadline = time.monotonic() + timeout
-        while len(got) < n and time.monotonic() < deadline:
-            m = c.poll(1.0)
-            if m is None:
-                continue
-            assert m.error() is None, m.error()
-            got.append(m.value())
-    finally:
-        c.close()
-    return got
-
-
 REAUTH_MS = 3000
 
 
@@ -291,7 +260,7 @@ def test_clients_reauthenticate_before_their_session_expires(broker_factory):
         f.get(30)
     kp.close()
     assert errors == []
-    got = consume_all(b, conf, topic, len(expected))
+    got = consume_values(conf, topic, len(expected))
     assert sorted(got) == sorted(expected)
     renewed = broker_metric(b, "tessera_successful_reauthentication_total")
     killed = broker_metric(b, "tessera_expired_connections_killed_total")

@@ -14,15 +14,13 @@ import socket
 import ssl
 import struct
 import subprocess
-import time
-import urllib.request
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer
+from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
 
 from conftest import free_port
-from helpers import create_topic, unique_topic
+from helpers import broker_metric, consume_values, create_topic, unique_topic
 from tls_setup import make_certs, needs_openssl, sasl_ssl_conf, ssl_conf, start_tls_broker
 
 KCAT = os.environ.get("KCAT") or shutil.which("kcat") or shutil.which("kafkacat")
@@ -41,19 +39,7 @@ def roundtrip(b, conf: dict, n: int = 30):
     for i in range(n):
         p.produce(topic, value=f"v{i}".encode())
     assert p.flush(30) == 0
-    c = Consumer(dict(conf, **{"group.id": unique_topic("g"), "auto.offset.reset": "earliest"}))
-    c.subscribe([topic])
-    got = []
-    deadline = time.monotonic() + 60
-    try:
-        while len(got) < n and time.monotonic() < deadline:
-            m = c.poll(1.0)
-            if m is None:
-                continue
-            assert m.error() is None, m.error()
-            got.append(m.value())
-    finally:
-        c.close()
+    got = consume_values(conf, topic, n)
     assert sorted(got) == sorted(f"v{i}".encode() for i in range(n))
 
 
@@ -90,16 +76,8 @@ def test_kcat_sasl_ssl_scram(tls_broker):
     assert p.stdout.split(b"\n")[:-1] == lines
 
 
-def metric(b, name: str) -> int:
-    with urllib.request.urlopen(b.admin_url("/metrics"), timeout=5) as r:
-        for line in r.read().decode().splitlines():
-            if line.startswith(name + " "):
-                return int(line.split()[1])
-    return 0
-
-
 def test_plaintext_client_on_tls_port_is_dropped(tls_broker):
-    before = metric(tls_broker, "tessera_tls_handshake_failures_total")
+    before = broker_metric(tls_broker, "tessera_tls_handshake_failures_total")
     # An ApiVersions v0 request in plaintext.
     body = struct.pack(">hhih", 18, 0, 1, 4) + b"test"
     with socket.create_connection((tls_broker.host, tls_broker.ssl_port), timeout=10) as s:
@@ -111,7 +89,7 @@ def test_plaintext_client_on_tls_port_is_dropped(tls_broker):
         while data:
             assert data[:1] in (b"\x15", b"\x16"), data[:16]
             data = s.recv(4096)
-    assert metric(tls_broker, "tessera_tls_handshake_failures_total") == before + 1
+    assert broker_metric(tls_broker, "tessera_tls_handshake_failures_total") == before + 1
     assert "TLS handshake failed" in tls_broker.log_path.read_text(errors="replace")
     # Everyone else is served.
     roundtrip(tls_broker, sasl_ssl_conf(tls_broker, "SCRAM-SHA-256"), n=5)
@@ -142,13 +120,13 @@ def test_client_auth_required(broker_factory, tmp_path):
         }
     )
     b.start()
-    before = metric(b, "tessera_tls_handshake_failures_total")
+    before = broker_metric(b, "tessera_tls_handshake_failures_total")
     a = AdminClient(ssl_conf(b, client_cert=False))
     from confluent_kafka import KafkaException
 
     with pytest.raises(KafkaException):
         a.list_topics(timeout=5)
-    assert metric(b, "tessera_tls_handshake_failures_total") > before
+    assert broker_metric(b, "tessera_tls_handshake_failures_total") > before
     roundtrip(b, ssl_conf(b, client_cert=True), n=5)
 
 

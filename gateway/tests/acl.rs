@@ -6,10 +6,8 @@
 
 mod common;
 
-use std::net::SocketAddr;
-
 use bytes::Bytes;
-use common::{fetch_request, test_config, topic_name, WireClient};
+use common::{fetch_request, listener_addr as addr, topic_name, WireClient};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::create_acls_request::AclCreation;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;
@@ -21,8 +19,7 @@ use kafka_protocol::messages::{
     CreateAclsRequest, CreateTopicsRequest, DeleteAclsRequest, DescribeAclsRequest,
     DescribeClusterRequest, DescribeGroupsRequest, FindCoordinatorRequest, GroupId,
     InitProducerIdRequest, JoinGroupRequest, ListOffsetsRequest, MetadataRequest,
-    OffsetFetchRequest, ProduceRequest, SaslAuthenticateRequest, SaslHandshakeRequest,
-    TransactionalId,
+    OffsetFetchRequest, ProduceRequest, TransactionalId,
 };
 use kafka_protocol::protocol::StrBytes;
 use tessera_gateway::{BrokerConfig, Running};
@@ -54,15 +51,7 @@ fn s(v: &str) -> StrBytes {
 }
 
 fn config(dir: &std::path::Path, authorizer: bool) -> BrokerConfig {
-    let mut extra = vec![
-        (
-            "listeners",
-            "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
-        ),
-        ("sasl.enabled.mechanisms", "PLAIN"),
-        ("listener.name.sasl_plaintext.plain.sasl.jaas.config", JAAS),
-        ("auto.create.topics.enable", "true"),
-    ];
+    let mut extra = vec![("auto.create.topics.enable", "true")];
     if authorizer {
         extra.push((
             "authorizer.class.name",
@@ -70,37 +59,12 @@ fn config(dir: &std::path::Path, authorizer: bool) -> BrokerConfig {
         ));
         extra.push(("super.users", "User:admin;User:nobody"));
     }
-    test_config(dir, &extra)
-}
-
-fn addr(running: &Running, name: &str) -> SocketAddr {
-    running
-        .listener_addrs
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, a)| *a)
-        .expect("listener")
+    common::sasl_plain_config(dir, JAAS, &extra)
 }
 
 /// A connection authenticated as `user` (PLAIN, password `<user>-pw`).
 async fn login(running: &Running, user: &str) -> WireClient {
-    let mut c = WireClient::connect(addr(running, "SASL_PLAINTEXT")).await;
-    let r = c
-        .call(
-            1,
-            &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")),
-        )
-        .await;
-    assert_eq!(r.error_code, 0);
-    let token = format!("\0{user}\0{user}-pw");
-    let r = c
-        .call(
-            2,
-            &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token.into_bytes())),
-        )
-        .await;
-    assert_eq!(r.error_code, 0, "login {user}");
-    c
+    common::plain_login(addr(running, "SASL_PLAINTEXT"), user, &format!("{user}-pw")).await
 }
 
 /// A DeleteAcls filter matching every ACL of `resource_type` and `pattern`.

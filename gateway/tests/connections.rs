@@ -110,24 +110,9 @@ async fn connections_over_the_per_ip_limit_are_closed() {
 async fn a_large_frame_before_sasl_authentication_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let jaas = "org.apache.kafka.common.security.plain.PlainLoginModule required user_a=\"p\";";
-    let config = test_config(
-        dir.path(),
-        &[
-            (
-                "listeners",
-                "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
-            ),
-            ("sasl.enabled.mechanisms", "PLAIN"),
-            ("listener.name.sasl_plaintext.plain.sasl.jaas.config", jaas),
-        ],
-    );
+    let config = common::sasl_plain_config(dir.path(), jaas, &[]);
     let running = tessera_gateway::start(config).await.unwrap();
-    let sasl = running
-        .listener_addrs
-        .iter()
-        .find(|(n, _)| n == "SASL_PLAINTEXT")
-        .unwrap()
-        .1;
+    let sasl = common::listener_addr(&running, "SASL_PLAINTEXT");
     // 600 KB announced before authenticating: over Kafka's 512 KB default.
     let mut s = TcpStream::connect(sasl).await.unwrap();
     s.write_all(&(600 * 1024i32).to_be_bytes()).await.unwrap();

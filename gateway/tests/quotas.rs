@@ -536,48 +536,19 @@ async fn fetch_over_quota_is_throttled_and_empty() {
 /// client-id quota. The sensor is the user's (tags user=alice, client "").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn user_quota_follows_the_principal() {
-    use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
     let dir = tempfile::tempdir().unwrap();
     let jaas =
         "org.apache.kafka.common.security.plain.PlainLoginModule required user_alice=\"alice-pw\";";
-    let config = common::test_config(
-        dir.path(),
-        &[
-            (
-                "listeners",
-                "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
-            ),
-            ("sasl.enabled.mechanisms", "PLAIN"),
-            ("listener.name.sasl_plaintext.plain.sasl.jaas.config", jaas),
-        ],
-    );
+    let config = common::sasl_plain_config(dir.path(), jaas, &[]);
     let running = tessera_gateway::start(config).await.unwrap();
     create(&running, "t").await;
-    let addr = |name: &str| {
-        running
-            .listener_addrs
-            .iter()
-            .find(|(n, _)| n == name)
-            .map(|(_, a)| *a)
-            .unwrap()
-    };
-    let mut plain = WireClient::connect(addr("PLAINTEXT")).await;
-    let mut alice = WireClient::connect(addr("SASL_PLAINTEXT")).await;
-    let r = alice
-        .call(
-            1,
-            &SaslHandshakeRequest::default().with_mechanism(s("PLAIN")),
-        )
-        .await;
-    assert_eq!(r.error_code, 0);
-    let r = alice
-        .call(
-            2,
-            &SaslAuthenticateRequest::default()
-                .with_auth_bytes(Bytes::from_static(b"\0alice\0alice-pw")),
-        )
-        .await;
-    assert_eq!(r.error_code, 0);
+    let mut plain = WireClient::connect(common::listener_addr(&running, "PLAINTEXT")).await;
+    let mut alice = common::plain_login(
+        common::listener_addr(&running, "SASL_PLAINTEXT"),
+        "alice",
+        "alice-pw",
+    )
+    .await;
 
     set(
         &mut plain,

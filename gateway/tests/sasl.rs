@@ -6,10 +6,8 @@
 
 mod common;
 
-use std::net::SocketAddr;
-
 use bytes::Bytes;
-use common::{test_config, WireClient};
+use common::{listener_addr as addr, test_config, WireClient};
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::alter_user_scram_credentials_request::ScramCredentialUpsertion;
 use kafka_protocol::messages::describe_user_scram_credentials_request::UserName;
@@ -39,15 +37,6 @@ fn config(dir: &std::path::Path) -> BrokerConfig {
             ("listener.name.sasl_plaintext.plain.sasl.jaas.config", JAAS),
         ],
     )
-}
-
-fn addr(running: &Running, name: &str) -> SocketAddr {
-    running
-        .listener_addrs
-        .iter()
-        .find(|(n, _)| n == name)
-        .map(|(_, a)| *a)
-        .expect("listener")
 }
 
 async fn handshake(client: &mut WireClient, mechanism: &str, version: i16) -> (i16, Vec<String>) {

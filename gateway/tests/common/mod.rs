@@ -31,6 +31,54 @@ pub fn test_config(dir: &Path, extra: &[(&str, &str)]) -> BrokerConfig {
     BrokerConfig::from_map(&map).expect("test config")
 }
 
+/// A config with a PLAINTEXT (inter-broker) and a SASL_PLAINTEXT listener,
+/// PLAIN users from `jaas` (a PlainLoginModule line), plus `extra`.
+pub fn sasl_plain_config(dir: &Path, jaas: &str, extra: &[(&str, &str)]) -> BrokerConfig {
+    let mut all = vec![
+        (
+            "listeners",
+            "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+        ),
+        ("sasl.enabled.mechanisms", "PLAIN"),
+        ("listener.name.sasl_plaintext.plain.sasl.jaas.config", jaas),
+    ];
+    all.extend_from_slice(extra);
+    test_config(dir, &all)
+}
+
+/// Where the running broker's listener `name` is bound.
+pub fn listener_addr(running: &tessera_gateway::Running, name: &str) -> SocketAddr {
+    running
+        .listener_addrs
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, a)| *a)
+        .unwrap_or_else(|| panic!("no listener {name}"))
+}
+
+/// A connection on `addr` authenticated with SASL PLAIN (handshake v1,
+/// SaslAuthenticate v2) as `user`/`password`.
+pub async fn plain_login(addr: SocketAddr, user: &str, password: &str) -> WireClient {
+    use kafka_protocol::messages::{SaslAuthenticateRequest, SaslHandshakeRequest};
+    let mut c = WireClient::connect(addr).await;
+    let r = c
+        .call(
+            1,
+            &SaslHandshakeRequest::default().with_mechanism(StrBytes::from_static_str("PLAIN")),
+        )
+        .await;
+    assert_eq!(r.error_code, 0);
+    let token = format!("\0{user}\0{password}");
+    let r = c
+        .call(
+            2,
+            &SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token.into_bytes())),
+        )
+        .await;
+    assert_eq!(r.error_code, 0, "login {user}");
+    c
+}
+
 /// A topic's name as requests carry it.
 pub fn topic_name(topic: &str) -> TopicName {
     TopicName(StrBytes::from_string(topic.to_string()))
