@@ -820,7 +820,18 @@ pub fn seal_by_quorum(
             }
         }
     }
-    Ok(vec![
+    Ok(seal_and_open_next(seal, replicas, segment.leader_epoch + 1))
+}
+
+/// A quorum seal of a segment and the opening of the range's next segment
+/// on `replicas` with `leader_epoch` (one metadata entry: nobody sees the
+/// range without an active segment).
+pub(crate) fn seal_and_open_next(
+    seal: &QuorumSeal,
+    replicas: Vec<i32>,
+    leader_epoch: i32,
+) -> Vec<MetadataRecord> {
+    vec![
         MetadataRecord::SealSegment(SegmentSealRecord {
             segment: seal.segment,
             size_bytes: seal.size_bytes,
@@ -829,9 +840,9 @@ pub fn seal_by_quorum(
         open_segment(
             SegmentId::new(seal.segment.range, seal.segment.seq + 1),
             replicas,
-            segment.leader_epoch + 1,
+            leader_epoch,
         ),
-    ])
+    ]
 }
 
 /// Healing: every sealed segment with a copy on a broker in `gone` (fenced

@@ -30,10 +30,10 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tessera_metadata::{MetadataImage, MetadataRecord, SegmentId, SegmentSealRecord};
+use tessera_metadata::{MetadataImage, MetadataRecord, SegmentId};
 use tessera_replication::{place_replicas, BrokerCandidate};
 
-use crate::{open_segment, seal_by_quorum, PlanError, QuorumSeal};
+use crate::{seal_by_quorum, PlanError, QuorumSeal};
 
 /// One range's next segment re-placed: its active `segment` is sealed by
 /// quorum and the next one opens on `replicas` (the same primary, follower
@@ -245,16 +245,9 @@ pub fn seal_and_replace(
             "a span of a partition outside the range".into(),
         ));
     }
-    Ok(vec![
-        MetadataRecord::SealSegment(SegmentSealRecord {
-            segment: seal.segment,
-            size_bytes: seal.size_bytes,
-            spans: seal.spans.clone(),
-        }),
-        open_segment(
-            SegmentId::new(seal.segment.range, seal.segment.seq + 1),
-            plan.replicas.clone(),
-            segment.leader_epoch,
-        ),
-    ])
+    Ok(crate::seal_and_open_next(
+        seal,
+        plan.replicas.clone(),
+        segment.leader_epoch,
+    ))
 }
