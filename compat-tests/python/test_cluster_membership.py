@@ -17,7 +17,7 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
-from confluent_kafka.admin import AdminClient, NewTopic
+from confluent_kafka.admin import AdminClient
 
 import procguard
 from conftest import tessera_bin
@@ -68,6 +68,26 @@ def produce(bootstrap: str, topic: str, partitions: int, count: int) -> dict[tup
     return acked
 
 
+def start_fourth_broker(cluster) -> tuple[int, str]:
+    """Starts node 4 by hand as a broker-only node of the running cluster;
+    its Kafka port and admin URL."""
+    port, admin_port = free_port(), free_port()
+    workdir = cluster["workdir"]
+    cmd = [
+        str(tessera_bin()),
+        "--data-dir", str(workdir / "cluster" / "node-4"),
+        "--node-id", "4",
+        "--listeners", f"PLAINTEXT://127.0.0.1:{port}",
+        "--admin-listener", f"127.0.0.1:{admin_port}",
+        "-o", f"controller.quorum.voters={cluster['voters']}",
+        "-o", "process.roles=broker",
+        *[a for k, v in cluster["overrides"].items() for a in ("-o", f"{k}={v}")],
+    ]
+    log = open(workdir / "node-4.log", "ab")
+    procguard.spawn(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
+    return port, f"http://127.0.0.1:{admin_port}"
+
+
 @pytest.mark.cluster_nodes(4)
 def test_a_broker_only_node_serves_clients_and_survives_kill_9(cluster):
     boot = cluster["bootstrap"]
@@ -112,22 +132,8 @@ def test_a_fourth_broker_joins_takes_new_segments_and_heals_away_when_removed(cl
     create_replicated(boot, "before-join", 1, 3, {})
     before = produce(boot, "before-join", 1, 2000)
 
-    port, admin_port = free_port(), free_port()
-    workdir = cluster["workdir"]
-    cmd = [
-        str(tessera_bin()),
-        "--data-dir", str(workdir / "cluster" / "node-4"),
-        "--node-id", "4",
-        "--listeners", f"PLAINTEXT://127.0.0.1:{port}",
-        "--admin-listener", f"127.0.0.1:{admin_port}",
-        "-o", f"controller.quorum.voters={cluster['voters']}",
-        "-o", "process.roles=broker",
-        *[a for k, v in cluster["overrides"].items() for a in ("-o", f"{k}={v}")],
-    ]
-    log = open(workdir / "node-4.log", "ab")
     started = time.monotonic()
-    procguard.spawn(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
-    admin4 = f"http://127.0.0.1:{admin_port}"
+    port, admin4 = start_fourth_broker(cluster)
     # Within a minute: registered, seen by every client, ready.
     eventually("broker 4 joined", lambda: http_ready(admin4)
                and brokers_seen(boot) == [1, 2, 3, 4], timeout=60)
@@ -156,7 +162,7 @@ def test_a_fourth_broker_joins_takes_new_segments_and_heals_away_when_removed(cl
     assert sealed, "expected rolled (sealed) segments on broker 4"
 
     # Remove it (kill -9): its sealed copies heal back to three on 1, 2, 3.
-    os.kill(node_pid(workdir, 4), signal.SIGKILL)
+    os.kill(node_pid(cluster["workdir"], 4), signal.SIGKILL)
 
     def healed():
         now = [s for s in http(cluster["admin"][0] + "/segments")
@@ -239,22 +245,8 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
         newest_before[rng] = max(seq, newest_before.get(rng, -1))
     assert all(4 not in s["replicas"] for s in before.values())
 
-    port, admin_port = free_port(), free_port()
-    workdir = cluster["workdir"]
-    cmd = [
-        str(tessera_bin()),
-        "--data-dir", str(workdir / "cluster" / "node-4"),
-        "--node-id", "4",
-        "--listeners", f"PLAINTEXT://127.0.0.1:{port}",
-        "--admin-listener", f"127.0.0.1:{admin_port}",
-        "-o", f"controller.quorum.voters={cluster['voters']}",
-        "-o", "process.roles=broker",
-        *[a for k, v in cluster["overrides"].items() for a in ("-o", f"{k}={v}")],
-    ]
-    log = open(workdir / "node-4.log", "ab")
     started = time.monotonic()
-    procguard.spawn(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
-    admin4 = f"http://127.0.0.1:{admin_port}"
+    port, admin4 = start_fourth_broker(cluster)
     eventually("broker 4 joined", lambda: http_ready(admin4), timeout=60)
     ready = time.monotonic()
 
@@ -306,7 +298,7 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
                 dups = sorted({v for v in gv if gv.count(v) > 1})
                 for d in dups[:4]:
                     print("dup", t, p, d, [o for o, v in got[p] if v == d], [o for o, v in want if v == d])
-                print("workdir", workdir)
+                print("workdir", cluster["workdir"])
             assert got[p] == want, f"{t}/{p}: {len(got[p])} read, {len(want)} acknowledged"
             # Produce order = offset order (one producer, idempotent).
             seq = [int(v.rsplit(b"-", 1)[1]) for _, v in got[p]]
