@@ -77,6 +77,9 @@ pub struct BrokerConfig {
     pub max_connections: usize,
     /// `max.connections.per.ip`: a client address beyond it is closed at once.
     pub max_connections_per_ip: usize,
+    /// `max.connections.per.ip.overrides` (`host:count,...`; hostnames
+    /// resolved at startup).
+    pub max_connections_per_ip_overrides: std::collections::BTreeMap<std::net::IpAddr, usize>,
     /// `connections.max.reauth.ms` (KIP-368): the session lifetime of a
     /// SASL connection, 0 for none; `listener.name.<l>.<mechanism>.`
     /// prefixes are read per listener (see `Listener::reauth_ms`).
@@ -262,6 +265,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("connections.max.idle.ms", "600000"),
     ("max.connections", "2147483647"),
     ("max.connections.per.ip", "2147483647"),
+    ("max.connections.per.ip.overrides", ""),
     ("connections.max.reauth.ms", "0"),
     ("message.max.bytes", "1048588"),
     ("log.segment.bytes", "1073741824"),
@@ -465,6 +469,37 @@ fn parse_authorizer(
     }))
 }
 
+/// `max.connections.per.ip.overrides`: `host:count` pairs, comma-separated
+/// (Kafka's form; a host is an IP address or a name resolved now).
+fn parse_ip_overrides(
+    raw: &str,
+) -> Result<std::collections::BTreeMap<std::net::IpAddr, usize>, ConfigError> {
+    use std::net::ToSocketAddrs;
+    let key = "max.connections.per.ip.overrides";
+    let mut out = std::collections::BTreeMap::new();
+    for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
+        let bad = || ConfigError::InvalidValue {
+            key: key.into(),
+            value: entry.to_string(),
+        };
+        let (host, count) = entry.rsplit_once(':').ok_or_else(bad)?;
+        let count: usize = count.trim().parse().map_err(|_| bad())?;
+        let host = host.trim().trim_start_matches('[').trim_end_matches(']');
+        let ips: Vec<std::net::IpAddr> = match host.parse() {
+            Ok(ip) => vec![ip],
+            Err(_) => (host, 0)
+                .to_socket_addrs()
+                .map_err(|_| bad())?
+                .map(|a| a.ip())
+                .collect(),
+        };
+        for ip in ips {
+            out.insert(ip, count);
+        }
+    }
+    Ok(out)
+}
+
 /// `PLAINTEXT://host:port` or `host:port` -> (host, port), for the admin
 /// HTTP listener.
 fn parse_listener(key: &str, raw: &str) -> Result<(String, u16), ConfigError> {
@@ -615,6 +650,9 @@ impl BrokerConfig {
             connections_max_idle_ms: parse::<u64>(map, "connections.max.idle.ms")?.max(1),
             max_connections: parse::<usize>(map, "max.connections")?.max(1),
             max_connections_per_ip: parse::<usize>(map, "max.connections.per.ip")?.max(1),
+            max_connections_per_ip_overrides: parse_ip_overrides(&get(
+                "max.connections.per.ip.overrides",
+            ))?,
             connections_max_reauth_ms: parse(map, "connections.max.reauth.ms")?,
             message_max_bytes: parse(map, "message.max.bytes")?,
             log_segment_bytes: parse(map, "log.segment.bytes")?,
@@ -744,6 +782,18 @@ impl BrokerConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn per_ip_overrides_parse_as_kafka_writes_them() {
+        let o = parse_ip_overrides("127.0.0.1:200, 10.0.0.1:0,[::1]:5").unwrap();
+        let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+        assert_eq!(o[&ip("127.0.0.1")], 200);
+        assert_eq!(o[&ip("10.0.0.1")], 0);
+        assert_eq!(o[&ip("::1")], 5);
+        assert!(parse_ip_overrides("").unwrap().is_empty());
+        assert!(parse_ip_overrides("10.0.0.1").is_err());
+        assert!(parse_ip_overrides("10.0.0.1:many").is_err());
+    }
 
     #[test]
     fn defaults_match_kafka() {

@@ -6,7 +6,7 @@
 //! `max.connections` (brokers must reach each other), but counts against
 //! `max.connections.per.ip` as every listener does.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
@@ -15,6 +15,8 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 pub struct ConnectionLimits {
     total: Arc<Semaphore>,
     per_ip_max: usize,
+    /// `max.connections.per.ip.overrides`.
+    per_ip_overrides: BTreeMap<IpAddr, usize>,
     per_ip: Mutex<HashMap<IpAddr, usize>>,
 }
 
@@ -26,12 +28,17 @@ pub struct Slot {
 }
 
 impl ConnectionLimits {
-    pub fn new(max_connections: usize, max_connections_per_ip: usize) -> Arc<ConnectionLimits> {
+    pub fn new(
+        max_connections: usize,
+        max_connections_per_ip: usize,
+        per_ip_overrides: BTreeMap<IpAddr, usize>,
+    ) -> Arc<ConnectionLimits> {
         Arc::new(ConnectionLimits {
             total: Arc::new(Semaphore::new(
                 max_connections.clamp(1, Semaphore::MAX_PERMITS),
             )),
             per_ip_max: max_connections_per_ip.max(1),
+            per_ip_overrides,
             per_ip: Mutex::new(HashMap::new()),
         })
     }
@@ -55,8 +62,9 @@ impl ConnectionLimits {
         permit: Option<OwnedSemaphorePermit>,
     ) -> Option<Slot> {
         let mut per_ip = self.per_ip.lock().expect("connection counts lock");
+        let limit = self.limit_for(ip);
         let count = per_ip.entry(ip).or_insert(0);
-        if *count >= self.per_ip_max {
+        if *count >= limit {
             return None;
         }
         *count += 1;
@@ -65,6 +73,15 @@ impl ConnectionLimits {
             ip,
             _permit: permit,
         })
+    }
+
+    /// `max.connections.per.ip` for `ip` (its override, if any; an
+    /// override of 0 refuses the address).
+    pub fn limit_for(&self, ip: IpAddr) -> usize {
+        self.per_ip_overrides
+            .get(&ip)
+            .copied()
+            .unwrap_or(self.per_ip_max)
     }
 
     /// Open connections from `ip`.
@@ -92,9 +109,20 @@ mod tests {
 
     #[tokio::test]
     async fn per_ip_limit_refuses_and_frees_on_close() {
-        let limits = ConnectionLimits::new(10, 2);
+        let c: IpAddr = [10, 0, 0, 3].into();
+        let d: IpAddr = [10, 0, 0, 4].into();
+        let limits = ConnectionLimits::new(10, 2, BTreeMap::from([(c, 3), (d, 0)]));
         let a: IpAddr = [10, 0, 0, 1].into();
         let b: IpAddr = [10, 0, 0, 2].into();
+        // Overrides: three from c, none from d.
+        let _c: Vec<Slot> = (0..3)
+            .map(|_| {
+                let permit = limits.total.clone().try_acquire_owned().unwrap();
+                limits.admit(c, Some(permit)).unwrap()
+            })
+            .collect();
+        assert!(limits.admit(c, None).is_none());
+        assert!(limits.admit(d, None).is_none());
         let first = limits
             .admit(a, Some(limits.wait_for_capacity().await))
             .unwrap();
@@ -117,7 +145,7 @@ mod tests {
 
     #[tokio::test]
     async fn total_limit_waits_for_a_close() {
-        let limits = ConnectionLimits::new(1, 5);
+        let limits = ConnectionLimits::new(1, 5, BTreeMap::new());
         let ip: IpAddr = [10, 0, 0, 1].into();
         let held = limits
             .admit(ip, Some(limits.wait_for_capacity().await))

@@ -332,6 +332,11 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "The most connections from one client address; a connection beyond it is closed at once.",
     ),
     (
+        "max.connections.per.ip.overrides",
+        2,
+        "Per-address exceptions to max.connections.per.ip: host:count pairs, comma-separated (a hostname is resolved at startup).",
+    ),
+    (
         "connections.max.reauth.ms",
         5,
         "The lifetime of an authenticated SASL session (KIP-368, 0: none); a client re-authenticates before it ends or its connection is closed. listener.name.<listener>.<mechanism>.connections.max.reauth.ms overrides it.",

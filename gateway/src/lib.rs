@@ -101,6 +101,7 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
     let limits = connection_limits::ConnectionLimits::new(
         broker.config.max_connections,
         broker.config.max_connections_per_ip,
+        broker.config.max_connections_per_ip_overrides.clone(),
     );
     let inter_broker_name = broker.config.listeners[inter].name.clone();
     let mut listener_addrs = Vec::new();

@@ -71,7 +71,7 @@ pub async fn serve(
                 Ok((stream, peer)) => {
                     let Some(slot) = limits.admit(peer.ip(), permit) else {
                         Metrics::add(&broker.metrics.connections_rejected, 1);
-                        tracing::info!(%peer, listener = %spec.name, limit = broker.config.max_connections_per_ip, "closing connection: its address is at max.connections.per.ip");
+                        tracing::info!(%peer, listener = %spec.name, limit = limits.limit_for(peer.ip()), "closing connection: its address is at max.connections.per.ip");
                         continue;
                     };
                     let _ = stream.set_nodelay(true);

@@ -1,8 +1,8 @@
 //! What one connection may hold, against an in-process broker over raw
 //! sockets: `connections.max.idle.ms` closes an idle connection and one
 //! trickling a request byte by byte (slowloris) while a busy client on the
-//! same broker is served throughout; `max.connections.per.ip` closes the
-//! connection over the limit at once; `sasl.server.max.receive.size` caps
+//! same broker is served throughout; `max.connections.per.ip` (with its
+//! per-address overrides) closes the connection over the limit at once; `sasl.server.max.receive.size` caps
 //! what a client may send before it authenticates.
 
 mod common;
@@ -63,7 +63,14 @@ async fn idle_and_slow_connections_are_closed_and_others_are_served() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_over_the_per_ip_limit_are_closed() {
     let dir = tempfile::tempdir().unwrap();
-    let config = test_config(dir.path(), &[("max.connections.per.ip", "3")]);
+    // One per address, but three for loopback (Kafka's override form).
+    let config = test_config(
+        dir.path(),
+        &[
+            ("max.connections.per.ip", "1"),
+            ("max.connections.per.ip.overrides", "127.0.0.1:3,10.1.1.1:0"),
+        ],
+    );
     let running = tessera_gateway::start(config).await.unwrap();
     let addr = running.kafka_addr;
     let mut held = Vec::new();
