@@ -420,7 +420,10 @@ fn xxh32(input: &[u8]) -> u32 {
     let mut chunks = input.chunks_exact(4);
     for c in &mut chunks {
         let v = u32::from_le_bytes([c[0], c[1], c[2], c[3]]);
-        h = h.wrapping_add(v.wrapping_mul(P3)).rotate_left(17).wrapping_mul(P4);
+        h = h
+            .wrapping_add(v.wrapping_mul(P3))
+            .rotate_left(17)
+            .wrapping_mul(P4);
     }
     for &b in chunks.remainder() {
         h = h
@@ -501,7 +504,14 @@ pub(crate) mod tests {
     use kafka_protocol::records::RecordBatchDecoder;
     use proptest::prelude::*;
 
-    pub fn msg(offset: i64, magic: i8, attributes: u8, ts: i64, key: &[u8], value: &[u8]) -> Message {
+    pub fn msg(
+        offset: i64,
+        magic: i8,
+        attributes: u8,
+        ts: i64,
+        key: &[u8],
+        value: &[u8],
+    ) -> Message {
         Message {
             offset,
             magic,
@@ -587,7 +597,10 @@ pub(crate) mod tests {
         let v2 = to_v2(&recs, Compression::None).unwrap();
         let h = batch::validate(&v2).unwrap();
         assert_eq!((h.base_offset, h.last_offset(), h.record_count), (5, 7, 2));
-        assert_eq!((h.producer_id, h.producer_epoch, h.base_sequence), (-1, -1, -1));
+        assert_eq!(
+            (h.producer_id, h.producer_epoch, h.base_sequence),
+            (-1, -1, -1)
+        );
         let back = decode_v2(&v2);
         assert_eq!(back[0].offset, 5);
         assert_eq!(back[0].timestamp, -1);
@@ -615,15 +628,22 @@ pub(crate) mod tests {
             let v2 = to_v2(&recs, c).unwrap();
             let h = batch::validate(&v2).unwrap();
             assert_eq!(h.compression_codec(), codec as i16);
-            assert_eq!((h.base_offset, h.last_offset(), h.record_count), (17, 20, 3));
+            assert_eq!(
+                (h.base_offset, h.last_offset(), h.record_count),
+                (17, 20, 3)
+            );
             assert!(!h.is_log_append_time());
             let back = decode_v2(&v2);
-            assert_eq!(back.iter().map(|r| r.offset).collect::<Vec<_>>(), vec![17, 18, 20]);
+            assert_eq!(
+                back.iter().map(|r| r.offset).collect::<Vec<_>>(),
+                vec![17, 18, 20]
+            );
             // LogAppendTime: every inner record takes the wrapper's time.
             let w = wrapper(20, 1, codec | TIMESTAMP_TYPE_BIT, 999, &inner);
             let (recs, c) = deep_records(&w).unwrap();
-            assert!(recs.iter().all(|r| r.timestamp == 999
-                && r.timestamp_type == TimestampType::LogAppend));
+            assert!(recs
+                .iter()
+                .all(|r| r.timestamp == 999 && r.timestamp_type == TimestampType::LogAppend));
             let v2 = to_v2(&recs, c).unwrap();
             let h = batch::validate(&v2).unwrap();
             assert!(h.is_log_append_time());
@@ -668,7 +688,9 @@ pub(crate) mod tests {
         assert!(deep_records(&wrapper(1, 1, 1, 0, &[nested]))
             .unwrap_err()
             .contains("compressed inner"));
-        assert!(deep_records(&wrapper(1, 1, 1, 0, &[])).unwrap_err().contains("no message"));
+        assert!(deep_records(&wrapper(1, 1, 1, 0, &[]))
+            .unwrap_err()
+            .contains("no message"));
         let mut null = wrapper(1, 1, 1, 0, &inner);
         null.value = None;
         assert!(deep_records(&null).is_err());
@@ -693,7 +715,11 @@ pub(crate) mod tests {
             .prop_map(|(offset, magic, lat, ts, key, value)| Message {
                 offset,
                 magic,
-                attributes: if lat && magic == 1 { TIMESTAMP_TYPE_BIT } else { 0 },
+                attributes: if lat && magic == 1 {
+                    TIMESTAMP_TYPE_BIT
+                } else {
+                    0
+                },
                 timestamp: if magic == 0 { NO_TIMESTAMP } else { ts },
                 key: key.map(Bytes::from),
                 value: value.map(Bytes::from),

@@ -261,10 +261,14 @@ fn chunk_of(records: &Bytes, batches: &[plan::SourceBatch]) -> Bytes {
     let contiguous = batches
         .windows(2)
         .all(|w| matches!((&w[0].raw, &w[1].raw), (Some(a), Some(b)) if a.end == b.start));
-    match (batches.first().and_then(|b| b.raw.clone()), batches.last().and_then(|b| b.raw.clone())) {
+    match (
+        batches.first().and_then(|b| b.raw.clone()),
+        batches.last().and_then(|b| b.raw.clone()),
+    ) {
         (Some(first), Some(last)) if contiguous => records.slice(first.start..last.end),
         _ => {
-            let mut out = bytes::BytesMut::with_capacity(batches.iter().map(|b| b.bytes.len()).sum());
+            let mut out =
+                bytes::BytesMut::with_capacity(batches.iter().map(|b| b.bytes.len()).sum());
             for b in batches {
                 out.extend_from_slice(&b.bytes);
             }

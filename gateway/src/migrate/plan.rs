@@ -490,7 +490,13 @@ mod tests {
             msg(2, 1, 0, 2_002, b"k7", b"v7"),
         ];
         bytes.extend(wrapper(7, 1, 1, 3_000, &inner).encode()); // 5..=7, 4 a gap
-        let mut v2 = encode(&[record(8, vec![8], None, true), record(9, vec![9], None, false)], Compression::None);
+        let mut v2 = encode(
+            &[
+                record(8, vec![8], None, true),
+                record(9, vec![9], None, false),
+            ],
+            Compression::None,
+        );
         batch::set_partition_leader_epoch(&mut v2, 3);
         bytes.extend(v2);
         bytes.extend(msg(10, 1, 8, 4_000, b"k10", b"v10").encode());
@@ -505,7 +511,14 @@ mod tests {
         let batches = source_batches(&bytes).unwrap();
         let spans: Vec<(i64, i64, i32, bool)> = batches
             .iter()
-            .map(|b| (b.header.base_offset, b.header.last_offset(), b.header.record_count, b.raw.is_some()))
+            .map(|b| {
+                (
+                    b.header.base_offset,
+                    b.header.last_offset(),
+                    b.header.record_count,
+                    b.raw.is_some(),
+                )
+            })
             .collect();
         assert_eq!(
             spans,
@@ -526,7 +539,13 @@ mod tests {
         for b in &batches {
             let mut buf = b.bytes.clone();
             let set = RecordBatchDecoder::decode(&mut buf).unwrap();
-            all = Bytes::from([all.to_vec(), set.records.iter().map(|r| r.offset as u8).collect()].concat());
+            all = Bytes::from(
+                [
+                    all.to_vec(),
+                    set.records.iter().map(|r| r.offset as u8).collect(),
+                ]
+                .concat(),
+            );
         }
         assert_eq!(&all[..], &[0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12]);
         // Resuming within the run or after the wrapper.
@@ -537,7 +556,10 @@ mod tests {
     #[test]
     fn legacy_digests_match_what_the_target_holds_and_catch_tampering() {
         let bytes = mixed_partition();
-        let span = Span { start: 0, end: i64::MAX };
+        let span = Span {
+            start: 0,
+            end: i64::MAX,
+        };
         let source = digest(&bytes, span).unwrap();
         assert_eq!(source.records, 12);
         // The target holds the up-converted batches (its own leader epoch).
@@ -550,7 +572,13 @@ mod tests {
         assert_eq!(digest(&target, span).unwrap(), source);
         // Read in two fetches cut between messages: same digest.
         let first_len = legacy::parse_message(&bytes).unwrap().unwrap().1;
-        let (a, b) = bytes.split_at(first_len + legacy::parse_message(&bytes[first_len..]).unwrap().unwrap().1);
+        let (a, b) = bytes.split_at(
+            first_len
+                + legacy::parse_message(&bytes[first_len..])
+                    .unwrap()
+                    .unwrap()
+                    .1,
+        );
         let mut split = digest(a, span).unwrap();
         let rest = digest(b, span).unwrap();
         split.records += rest.records;
@@ -573,7 +601,10 @@ mod tests {
         other.extend_from_slice(&bytes[first_len..]);
         assert_ne!(digest(&other, span).unwrap(), source);
         // Only some offsets.
-        assert_eq!(digest(&bytes, Span { start: 5, end: 9 }).unwrap().records, 4);
+        assert_eq!(
+            digest(&bytes, Span { start: 5, end: 9 }).unwrap().records,
+            4
+        );
     }
 
     #[test]
