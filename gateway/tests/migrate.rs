@@ -181,13 +181,13 @@ async fn stored_batches(conn: &mut Conn, topic: &str, partition: i32) -> Vec<(i6
     let (records, _) = partition::fetch(conn, topic, partition, 0, 0)
         .await
         .unwrap();
-    plan::whole_batches(&records)
+    plan::source_batches(&records)
         .unwrap()
         .into_iter()
-        .map(|(h, r)| {
-            let mut b = records[r].to_vec();
+        .map(|sb| {
+            let mut b = sb.bytes.to_vec();
             batch::set_partition_leader_epoch(&mut b, 0);
-            (h.base_offset, b)
+            (sb.header.base_offset, b)
         })
         .collect()
 }

@@ -405,6 +405,7 @@ pub async fn cluster_view(
 ) -> Result<ClusterView, MigrateError> {
     use kafka_protocol::messages::metadata_request::MetadataRequestTopic;
     use kafka_protocol::messages::TopicName;
+    let version = conn.version(ApiKey::Metadata)?;
     let request = MetadataRequest::default()
         .with_topics(topics.map(|t| {
             t.iter()
@@ -414,8 +415,9 @@ pub async fn cluster_view(
                 })
                 .collect()
         }))
-        .with_allow_auto_topic_creation(false);
-    let response: MetadataResponse = conn.call(&request).await?;
+        // v4+ (a v1-v3 broker never creates topics on Metadata anyway).
+        .with_allow_auto_topic_creation(version < 4);
+    let response: MetadataResponse = conn.call_at(&request, version).await?;
     let mut view = ClusterView {
         security: conn.security.clone(),
         ..ClusterView::default()

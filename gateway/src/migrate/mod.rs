@@ -15,6 +15,7 @@
 
 pub mod client;
 pub mod groups;
+pub mod legacy;
 pub mod partition;
 pub mod plan;
 pub mod progress;
@@ -404,27 +405,36 @@ async fn check_same_data(
         return Ok(());
     }
     for at in [lo, target_span.end - 1] {
-        let span = Span {
-            start: at,
-            end: target_span.end,
-        };
-        let first_batch = |records: bytes::Bytes| -> Result<Option<bytes::Bytes>, String> {
-            let batches = plan::whole_batches(&records)?;
-            Ok(batches.first().map(|(_, r)| records.slice(r.clone())))
-        };
-        let digest = |batch: Option<bytes::Bytes>| -> Result<plan::Digest, String> {
-            let mut d = plan::Digest::default();
-            if let Some(b) = batch {
-                d.add_batch(&b, span)?;
-            }
-            Ok(d)
+        let first_batch = |records: bytes::Bytes| -> Result<Option<plan::SourceBatch>, String> {
+            Ok(plan::source_batches(&records)?.into_iter().next())
         };
         let (s, _) =
             partition::fetch(source, topic, partition, at, partition::DATA_WAIT_MS).await?;
         let (t, _) =
             partition::fetch(target, topic, partition, at, partition::DATA_WAIT_MS).await?;
-        let s = first_batch(s).and_then(digest);
-        let t = first_batch(t).and_then(digest);
+        // Over the offsets both first batches cover (an up-converted legacy
+        // source groups its records in batches of its own).
+        let compare = |s: Option<plan::SourceBatch>, t: Option<plan::SourceBatch>| {
+            let end = [&s, &t]
+                .iter()
+                .filter_map(|b| b.as_ref().map(|b| b.header.last_offset() + 1))
+                .min()
+                .unwrap_or(at)
+                .min(target_span.end);
+            let span = Span { start: at, end };
+            let digest = |b: Option<plan::SourceBatch>| -> Result<plan::Digest, String> {
+                let mut d = plan::Digest::default();
+                if let Some(b) = b {
+                    d.add_batch(&b.bytes, span)?;
+                }
+                Ok(d)
+            };
+            (digest(s), digest(t))
+        };
+        let (s, t) = match (first_batch(s), first_batch(t)) {
+            (Ok(s), Ok(t)) => compare(s, t),
+            (s, t) => (s.map(|_| Default::default()), t.map(|_| Default::default())),
+        };
         if s.is_err() || t.is_err() || s != t {
             return Err(MigrateError::TargetConflict {
                 topic: topic.to_string(),

@@ -204,14 +204,14 @@ pub async fn copy(
             let wait = if end.is_some() { DATA_WAIT_MS } else { 200 };
             let (records, hw) = fetch(&mut source, topic, partition, at, wait).await?;
             progress.source_end.fetch_max(hw, Ordering::Relaxed);
-            let batches = plan::whole_batches(&records)
-                .and_then(|b| plan::batches_from(&b, at))
+            let batches = plan::source_batches(&records)
+                .and_then(|b| plan::batches_from(b, at))
                 .map_err(|e| partition_error(topic, partition, e))?;
             let bounded: Vec<_> = batches
                 .into_iter()
-                .filter(|(h, _)| end.is_none_or(|e| h.base_offset < e))
+                .filter(|b| end.is_none_or(|e| b.header.base_offset < e))
                 .collect();
-            let (Some((_, first)), Some((last_h, last))) = (bounded.first(), bounded.last()) else {
+            let Some(last) = bounded.last() else {
                 // Nothing to send: below a fixed end, batches past it (or
                 // repeated empty answers) mean every batch up to it is
                 // copied and the rest is a gap; tailing, the long poll
@@ -225,10 +225,10 @@ pub async fn copy(
             empty = 0;
             let records_count = bounded
                 .iter()
-                .map(|(h, _)| h.record_count.max(0) as u64)
+                .map(|b| b.header.record_count.max(0) as u64)
                 .sum();
-            let chunk = records.slice(first.start..last.end);
-            at = last_h.last_offset() + 1;
+            at = last.header.last_offset() + 1;
+            let chunk = chunk_of(&records, &bounded);
             if tx.send((chunk, at, records_count)).await.is_err() {
                 break;
             }
@@ -254,6 +254,29 @@ pub async fn copy(
     Ok(appended)
 }
 
+/// The bytes to append for `batches`: a slice of the fetched bytes when
+/// all were fetched as they are and lie back to back, else the v2 batches
+/// (some up-converted) one after the other.
+fn chunk_of(records: &Bytes, batches: &[plan::SourceBatch]) -> Bytes {
+    let contiguous = batches
+        .windows(2)
+        .all(|w| matches!((&w[0].raw, &w[1].raw), (Some(a), Some(b)) if a.end == b.start));
+    match (
+        batches.first().and_then(|b| b.raw.clone()),
+        batches.last().and_then(|b| b.raw.clone()),
+    ) {
+        (Some(first), Some(last)) if contiguous => records.slice(first.start..last.end),
+        _ => {
+            let mut out =
+                bytes::BytesMut::with_capacity(batches.iter().map(|b| b.bytes.len()).sum());
+            for b in batches {
+                out.extend_from_slice(&b.bytes);
+            }
+            out.freeze()
+        }
+    }
+}
+
 /// Digest of the records of `topic`/`partition` over `span`, read from the
 /// broker at `conn`.
 pub async fn digest(
@@ -268,7 +291,7 @@ pub async fn digest(
     while at < span.end {
         let (records, _) = fetch(conn, topic, partition, at, DATA_WAIT_MS).await?;
         let batches =
-            plan::whole_batches(&records).map_err(|e| partition_error(topic, partition, e))?;
+            plan::source_batches(&records).map_err(|e| partition_error(topic, partition, e))?;
         if batches.is_empty() {
             empty += 1;
             if empty >= EMPTY_FETCHES {
@@ -277,12 +300,13 @@ pub async fn digest(
             continue;
         }
         empty = 0;
-        for (h, r) in batches {
+        for b in batches {
+            let h = b.header;
             if h.base_offset >= span.end {
                 at = span.end;
                 break;
             }
-            digest.add_batch(&records[r], span).map_err(|e| {
+            digest.add_batch(&b.bytes, span).map_err(|e| {
                 partition_error(
                     topic,
                     partition,

@@ -7,9 +7,11 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 
 use bytes::Bytes;
-use kafka_protocol::records::RecordBatchDecoder;
+use kafka_protocol::records::{Compression, Record, RecordBatchDecoder, TimestampType};
 use regex::Regex;
 use tessera_log::batch::{self, BatchHeader, LOG_OVERHEAD};
+
+use super::legacy;
 
 /// A regex that must match the whole name (as Kafka's `--include` does).
 pub fn whole_match(pattern: &str) -> Result<Regex, regex::Error> {
@@ -51,46 +53,136 @@ pub fn resume_point(source: Span, target_end: i64) -> Result<i64, String> {
     Ok(target_end.max(source.start))
 }
 
-/// Whole v2 batches in fetched bytes (a fetch may end with a partial
-/// batch, which is left for the next fetch). A batch in another format
-/// (magic 0 or 1) is an error: it cannot be stored as it is.
-pub fn whole_batches(records: &[u8]) -> Result<Vec<(BatchHeader, Range<usize>)>, String> {
-    let mut out = Vec::new();
-    let mut at = 0usize;
-    while records.len() - at >= batch::BATCH_HEADER_LEN {
-        let rest = &records[at..];
-        let length = i32::from_be_bytes(rest[8..12].try_into().unwrap());
-        let magic = rest[16] as i8;
-        if magic != 2 {
-            let offset = i64::from_be_bytes(rest[0..8].try_into().unwrap());
-            return Err(format!(
-                "the batch at offset {offset} has message format v{magic}; only v2 \
-                 (Kafka 0.11+) batches can be copied as they are"
-            ));
-        }
-        if length < (batch::BATCH_HEADER_LEN - LOG_OVERHEAD) as i32 {
-            return Err("a record batch shorter than its header".into());
-        }
-        let total = length as usize + LOG_OVERHEAD;
-        if total > rest.len() {
-            break;
-        }
-        let header = batch::parse_header(&rest[..total]).map_err(|e| e.to_string())?;
-        out.push((header, at..at + total));
-        at += total;
+/// Records bytes per v2 batch made of a run of uncompressed legacy
+/// messages (well below any max.message.bytes).
+const LEGACY_RUN_BYTES: usize = 256 << 10;
+
+/// One source batch as the target stores it: a v2 batch, either fetched
+/// (`raw`: where it lies in the fetched bytes, copied byte for byte) or
+/// up-converted from legacy messages (message format v0/v1).
+#[derive(Clone, Debug)]
+pub struct SourceBatch {
+    pub header: BatchHeader,
+    pub bytes: Bytes,
+    pub raw: Option<Range<usize>>,
+}
+
+/// Uncompressed legacy messages waiting to become one v2 batch.
+#[derive(Default)]
+struct Run {
+    records: Vec<Record>,
+    bytes: usize,
+}
+
+impl Run {
+    /// Whether `r` may join the run: a v2 batch has one timestamp type,
+    /// and under LogAppendTime one timestamp for all its records.
+    fn fits(&self, r: &Record, size: usize) -> bool {
+        self.records.last().is_none_or(|last| {
+            last.timestamp_type == r.timestamp_type
+                && (r.timestamp_type != TimestampType::LogAppend || last.timestamp == r.timestamp)
+                && r.offset - self.records[0].offset <= i32::MAX as i64
+                && self.bytes + size <= LEGACY_RUN_BYTES
+        })
     }
+
+    fn flush(&mut self, out: &mut Vec<SourceBatch>) -> Result<(), String> {
+        if self.records.is_empty() {
+            return Ok(());
+        }
+        out.push(converted(&self.records, Compression::None)?);
+        self.records.clear();
+        self.bytes = 0;
+        Ok(())
+    }
+}
+
+fn converted(records: &[Record], compression: Compression) -> Result<SourceBatch, String> {
+    let bytes = legacy::to_v2(records, compression)?;
+    let header = batch::parse_header(&bytes).map_err(|e| e.to_string())?;
+    Ok(SourceBatch {
+        header,
+        bytes,
+        raw: None,
+    })
+}
+
+/// The whole batches in fetched bytes, as v2 batches (a fetch may end with
+/// a partial batch or message, which is left for the next fetch). v2
+/// batches are taken as they are; legacy messages (magic 0 or 1) are
+/// up-converted keeping every record's offset: a compressed wrapper
+/// becomes one v2 batch with the same codec, a run of uncompressed
+/// messages one uncompressed batch. A legacy message that does not decode
+/// (CRC, codec, framing) is an error.
+pub fn source_batches(records: &Bytes) -> Result<Vec<SourceBatch>, String> {
+    let mut out = Vec::new();
+    let mut run = Run::default();
+    let mut at = 0usize;
+    let mut last_offset = None::<i64>;
+    while records.len() - at > 16 {
+        let rest = &records[at..];
+        let magic = rest[16] as i8;
+        if magic == 2 {
+            if rest.len() < batch::BATCH_HEADER_LEN {
+                break;
+            }
+            let length = i32::from_be_bytes(rest[8..12].try_into().unwrap());
+            if length < (batch::BATCH_HEADER_LEN - LOG_OVERHEAD) as i32 {
+                return Err("a record batch shorter than its header".into());
+            }
+            let total = length as usize + LOG_OVERHEAD;
+            if total > rest.len() {
+                break;
+            }
+            run.flush(&mut out)?;
+            let header = batch::parse_header(&rest[..total]).map_err(|e| e.to_string())?;
+            last_offset = Some(header.last_offset());
+            out.push(SourceBatch {
+                header,
+                bytes: records.slice(at..at + total),
+                raw: Some(at..at + total),
+            });
+            at += total;
+            continue;
+        }
+        let Some((message, len)) = legacy::parse_message(rest)? else {
+            break;
+        };
+        let (deep, compression) = legacy::deep_records(&message)?;
+        if let (Some(last), Some(first)) = (last_offset, deep.first()) {
+            if first.offset <= last {
+                return Err(format!(
+                    "the message at offset {} follows offset {last}: out of order",
+                    first.offset
+                ));
+            }
+        }
+        last_offset = deep.last().map(|r| r.offset);
+        if compression == Compression::None {
+            for r in deep {
+                if !run.fits(&r, len) {
+                    run.flush(&mut out)?;
+                }
+                run.records.push(r);
+                run.bytes += len;
+            }
+        } else {
+            run.flush(&mut out)?;
+            out.push(converted(&deep, compression)?);
+        }
+        at += len;
+    }
+    run.flush(&mut out)?;
     Ok(out)
 }
 
 /// Which fetched batches to send when the partition's next offset is
 /// `next`: those at or after it, in order. A batch that straddles `next`
 /// means the two sides' batch boundaries differ.
-pub fn batches_from(
-    batches: &[(BatchHeader, Range<usize>)],
-    next: i64,
-) -> Result<Vec<(BatchHeader, Range<usize>)>, String> {
+pub fn batches_from(batches: Vec<SourceBatch>, next: i64) -> Result<Vec<SourceBatch>, String> {
     let mut out = Vec::new();
-    for (h, r) in batches {
+    for b in batches {
+        let h = &b.header;
         if h.last_offset() < next {
             continue;
         }
@@ -102,7 +194,7 @@ pub fn batches_from(
                 h.last_offset()
             ));
         }
-        out.push((*h, r.clone()));
+        out.push(b);
     }
     Ok(out)
 }
@@ -111,7 +203,10 @@ pub fn batches_from(
 /// span, independent of how they are grouped into batches and of the
 /// fields a broker rewrites (partition leader epoch): offset, timestamp
 /// and its type, key, value, headers, producer id/epoch/sequence, and the
-/// transactional and control flags of each record.
+/// transactional and control flags of each record. Legacy (v0/v1) source
+/// records count as their up-converted v2 records (what the target
+/// holds): no producer (-1), no headers, no timestamp (-1) for v0; so the
+/// checksum covers their offset, timestamp and type, key and value.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Digest {
     pub records: u64,
@@ -122,8 +217,12 @@ impl Digest {
     /// Adds the records of one whole batch whose offsets lie in `span`.
     /// A batch that does not decode (bad CRC, truncated) is an error.
     pub fn add_batch(&mut self, batch_bytes: &[u8], span: Span) -> Result<(), String> {
+        let header = batch::parse_header(batch_bytes).map_err(|e| e.to_string())?;
         let mut buf = Bytes::copy_from_slice(batch_bytes);
         let set = RecordBatchDecoder::decode(&mut buf).map_err(|e| e.to_string())?;
+        // No base sequence (-1, Kafka's NO_SEQUENCE): no record has one
+        // (the decoder would count on from -1).
+        let no_sequence = header.base_sequence == -1;
         let mut canonical = Vec::with_capacity(128);
         for r in &set.records {
             if r.offset < span.start || r.offset >= span.end {
@@ -135,7 +234,8 @@ impl Digest {
             canonical.push(r.timestamp_type as u8);
             canonical.extend_from_slice(&r.producer_id.to_be_bytes());
             canonical.extend_from_slice(&r.producer_epoch.to_be_bytes());
-            canonical.extend_from_slice(&r.sequence.to_be_bytes());
+            let sequence = if no_sequence { -1 } else { r.sequence };
+            canonical.extend_from_slice(&sequence.to_be_bytes());
             canonical.push(u8::from(r.transactional) | (u8::from(r.control) << 1));
             push_opt(&mut canonical, r.key.as_deref());
             push_opt(&mut canonical, r.value.as_deref());
@@ -267,8 +367,8 @@ mod tests {
 
     fn digest(bytes: &[u8], span: Span) -> Result<Digest, String> {
         let mut d = Digest::default();
-        for (_, r) in whole_batches(bytes)? {
-            d.add_batch(&bytes[r], span)?;
+        for b in source_batches(&Bytes::copy_from_slice(bytes))? {
+            d.add_batch(&b.bytes, span)?;
         }
         Ok(d)
     }
@@ -330,6 +430,13 @@ mod tests {
             prop_assert!(digest(&tampered, span).is_err());
         }
 
+        /// Fetched bytes of any shape never panic the batch walker.
+        #[test]
+        fn source_batches_never_panic(mut bytes in prop::collection::vec(any::<u8>(), 0..400), magic in 0u8..4) {
+            if bytes.len() > 16 { bytes[16] = magic; }
+            let _ = source_batches(&Bytes::from(bytes));
+        }
+
         /// Batches before the resume point are skipped, the rest kept in order.
         #[test]
         fn batches_from_never_resends(sizes in prop::collection::vec(1i64..5, 1..10), next_at in 0usize..10) {
@@ -343,9 +450,9 @@ mod tests {
                 offset += s + 1; // a gap after every batch
             }
             let next = bases.get(next_at).copied().unwrap_or(offset);
-            let all = whole_batches(&bytes).unwrap();
-            let sent = batches_from(&all, next).unwrap();
-            prop_assert!(sent.iter().all(|(h, _)| h.base_offset >= next));
+            let all = source_batches(&Bytes::from(bytes)).unwrap();
+            let sent = batches_from(all, next).unwrap();
+            prop_assert!(sent.iter().all(|b| b.header.base_offset >= next));
             prop_assert_eq!(sent.len(), bases.iter().filter(|b| **b >= next).count());
         }
     }
@@ -359,21 +466,154 @@ mod tests {
             Compression::None,
         ));
         two.truncate(two.len() - 3);
-        assert_eq!(whole_batches(&two).unwrap().len(), 1);
+        assert_eq!(source_batches(&Bytes::from(two)).unwrap().len(), 1);
+        // A v2 batch read as a legacy message fails its CRC.
         let mut old = one.clone();
         old[16] = 1;
-        assert!(whole_batches(&old)
+        assert!(source_batches(&Bytes::from(old))
             .unwrap_err()
-            .contains("message format v1"));
+            .contains("CRC"));
+    }
+
+    /// v0, v1, a gzip v1 wrapper, a v2 batch and LogAppendTime v1 messages
+    /// in one fetch: one v2 batch per wrapper or run, offsets kept.
+    fn mixed_partition() -> Vec<u8> {
+        use super::legacy::tests::{msg, wrapper};
+        let mut bytes = Vec::new();
+        bytes.extend(msg(0, 0, 0, 0, b"k0", b"v0").encode());
+        bytes.extend(msg(1, 0, 0, 0, b"", b"v1").encode());
+        bytes.extend(msg(2, 1, 0, 1_000, b"k2", b"v2").encode());
+        bytes.extend(msg(3, 1, 0, 1_001, b"k3", b"v3").encode());
+        let inner = [
+            msg(0, 1, 0, 2_000, b"k5", b"v5"),
+            msg(1, 1, 0, 2_001, b"k6", b"v6"),
+            msg(2, 1, 0, 2_002, b"k7", b"v7"),
+        ];
+        bytes.extend(wrapper(7, 1, 1, 3_000, &inner).encode()); // 5..=7, 4 a gap
+        let mut v2 = encode(
+            &[
+                record(8, vec![8], None, true),
+                record(9, vec![9], None, false),
+            ],
+            Compression::None,
+        );
+        batch::set_partition_leader_epoch(&mut v2, 3);
+        bytes.extend(v2);
+        bytes.extend(msg(10, 1, 8, 4_000, b"k10", b"v10").encode());
+        bytes.extend(msg(11, 1, 8, 4_000, b"k11", b"v11").encode());
+        bytes.extend(msg(12, 1, 8, 4_001, b"k12", b"v12").encode());
+        bytes
+    }
+
+    #[test]
+    fn legacy_batches_are_up_converted_in_place() {
+        let bytes = Bytes::from(mixed_partition());
+        let batches = source_batches(&bytes).unwrap();
+        let spans: Vec<(i64, i64, i32, bool)> = batches
+            .iter()
+            .map(|b| {
+                (
+                    b.header.base_offset,
+                    b.header.last_offset(),
+                    b.header.record_count,
+                    b.raw.is_some(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            spans,
+            vec![
+                (0, 3, 4, false),
+                (5, 7, 3, false),
+                (8, 9, 2, true),
+                (10, 11, 2, false),
+                (12, 12, 1, false)
+            ]
+        );
+        for b in &batches {
+            batch::validate(&b.bytes).unwrap();
+        }
+        assert_eq!(batches[1].header.compression_codec(), 1);
+        assert!(batches[3].header.is_log_append_time());
+        let mut all = Bytes::new();
+        for b in &batches {
+            let mut buf = b.bytes.clone();
+            let set = RecordBatchDecoder::decode(&mut buf).unwrap();
+            all = Bytes::from(
+                [
+                    all.to_vec(),
+                    set.records.iter().map(|r| r.offset as u8).collect(),
+                ]
+                .concat(),
+            );
+        }
+        assert_eq!(&all[..], &[0, 1, 2, 3, 5, 6, 7, 8, 9, 10, 11, 12]);
+        // Resuming within the run or after the wrapper.
+        assert_eq!(batches_from(batches.clone(), 8).unwrap().len(), 3);
+        assert!(batches_from(batches, 6).is_err());
+    }
+
+    #[test]
+    fn legacy_digests_match_what_the_target_holds_and_catch_tampering() {
+        let bytes = mixed_partition();
+        let span = Span {
+            start: 0,
+            end: i64::MAX,
+        };
+        let source = digest(&bytes, span).unwrap();
+        assert_eq!(source.records, 12);
+        // The target holds the up-converted batches (its own leader epoch).
+        let mut target = Vec::new();
+        for b in source_batches(&Bytes::from(bytes.clone())).unwrap() {
+            let mut v = b.bytes.to_vec();
+            batch::set_partition_leader_epoch(&mut v, 9);
+            target.extend(v);
+        }
+        assert_eq!(digest(&target, span).unwrap(), source);
+        // Read in two fetches cut between messages: same digest.
+        let first_len = legacy::parse_message(&bytes).unwrap().unwrap().1;
+        let (a, b) = bytes.split_at(
+            first_len
+                + legacy::parse_message(&bytes[first_len..])
+                    .unwrap()
+                    .unwrap()
+                    .1,
+        );
+        let mut split = digest(a, span).unwrap();
+        let rest = digest(b, span).unwrap();
+        split.records += rest.records;
+        // The checksum chains records in order: recompute over both parts.
+        let mut d = Digest::default();
+        for part in [a, b] {
+            for sb in source_batches(&Bytes::copy_from_slice(part)).unwrap() {
+                d.add_batch(&sb.bytes, span).unwrap();
+            }
+        }
+        assert_eq!(d, source);
+        assert_eq!(split.records, source.records);
+        // A changed value on the source fails its CRC; a re-checksummed one
+        // (a different record) changes the digest.
+        let mut tampered = bytes.clone();
+        let at = first_len - 1;
+        tampered[at] ^= 1;
+        assert!(digest(&tampered, span).unwrap_err().contains("CRC"));
+        let mut other = super::legacy::tests::msg(0, 0, 0, 0, b"k0", b"vX").encode();
+        other.extend_from_slice(&bytes[first_len..]);
+        assert_ne!(digest(&other, span).unwrap(), source);
+        // Only some offsets.
+        assert_eq!(
+            digest(&bytes, Span { start: 5, end: 9 }).unwrap().records,
+            4
+        );
     }
 
     #[test]
     fn a_straddling_batch_is_refused() {
         let recs: Vec<Record> = (0..3).map(|o| record(o, vec![1], None, false)).collect();
         let bytes = encode(&recs, Compression::None);
-        let all = whole_batches(&bytes).unwrap();
-        assert!(batches_from(&all, 1).is_err());
-        assert_eq!(batches_from(&all, 3).unwrap().len(), 0);
+        let all = source_batches(&Bytes::from(bytes)).unwrap();
+        assert!(batches_from(all.clone(), 1).is_err());
+        assert_eq!(batches_from(all, 3).unwrap().len(), 0);
     }
 
     #[test]
