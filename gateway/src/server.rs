@@ -39,8 +39,11 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// Kafka's principal of a connection nobody authenticated.
 const ANONYMOUS: &str = "User:ANONYMOUS";
 
-/// A frame's buffer starts at most this large and doubles as bytes arrive.
-const FIRST_FRAME_BUFFER: usize = 64 * 1024;
+/// A frame's buffer starts at most this large and doubles as bytes arrive:
+/// the usual request (a produce of up to `message.max.bytes`) is allocated
+/// once, while a client announcing a huge frame holds no more than this
+/// until it actually sends the bytes.
+const FIRST_FRAME_BUFFER: usize = 1024 * 1024;
 
 /// Accepts connections until `shutdown` turns true; returns the handles of
 /// the live connections so the caller can let them finish.
