@@ -199,6 +199,27 @@ def legacy_partition(tamper: bool = False) -> tuple[list[Entry], list[tuple]]:
     return entries, expect
 
 
+def more_legacy(start: int, n: int) -> tuple[list[Entry], list[tuple]]:
+    """n more records from offset `start` as a source still written by old
+    clients stores them: v1 gzip wrappers of three, then v0 messages."""
+    entries, expect = [], []
+    at = start
+    while at < start + n:
+        count = min(3, start + n - at)
+        if count == 3:
+            inner = [(r, f"k{at + r}".encode(), f"more-{at + r}".encode(), 1_700_000_000_000 + at + r)
+                     for r in range(3)]
+            entries.append(Entry(at + 2, wrapper(at + 2, 1, 1, [message(r, 1, k, v, t) for r, k, v, t in inner],
+                                                 1_700_000_000_000 + at + 2)))
+            expect.extend((at + r, k, v, t, []) for r, k, v, t in inner)
+        else:
+            for o in range(at, at + count):
+                entries.append(Entry(o, message(o, 0, f"k{o}".encode(), f"more-{o}".encode())))
+                expect.append((o, f"k{o}".encode(), f"more-{o}".encode(), -1, []))
+        at += count
+    return entries, expect
+
+
 # ---------------------------------------------------------------- server
 
 API_VERSIONS, METADATA, LIST_OFFSETS, FETCH, DESCRIBE_CONFIGS = 18, 3, 2, 1, 32

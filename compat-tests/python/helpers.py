@@ -65,6 +65,44 @@ def broker_metric(broker, name: str) -> float:
                if line.startswith(name) and not line.startswith("#"))
 
 
+def sasl_conf(b, mechanism: str, user: str, password: str, **extra) -> dict:
+    """confluent-kafka settings for `b`'s SASL_PLAINTEXT listener."""
+    return {
+        "bootstrap.servers": b.sasl_bootstrap,
+        "security.protocol": "SASL_PLAINTEXT",
+        "sasl.mechanisms": mechanism,
+        "sasl.username": user,
+        "sasl.password": password,
+        **extra,
+    }
+
+
+def kafka_python_sasl_conf(b, mechanism: str, user: str, password: str) -> dict:
+    """kafka-python settings for `b`'s SASL_PLAINTEXT listener."""
+    return {
+        "bootstrap_servers": b.sasl_bootstrap,
+        "security_protocol": "SASL_PLAINTEXT",
+        "sasl_mechanism": mechanism,
+        "sasl_plain_username": user,
+        "sasl_plain_password": password,
+    }
+
+
+def poll_until_idle(consumer, idle: int):
+    """The messages `consumer` polls (errors skipped) until `idle` polls of
+    one second in a row return nothing; the caller closes the consumer."""
+    quiet = 0
+    while quiet < idle:
+        m = consumer.poll(1.0)
+        if m is None:
+            quiet += 1
+            continue
+        if m.error():
+            continue
+        quiet = 0
+        yield m
+
+
 def consume_values(conf: dict, topic: str, n: int, timeout: float = 60) -> list[bytes]:
     """Up to `n` values read from the start of `topic` by a new
     confluent-kafka group member with `conf`; any message error fails."""

@@ -24,7 +24,7 @@ from confluent_kafka.admin import (
 )
 
 from conftest import free_port
-from helpers import create_topic, unique_topic
+from helpers import create_topic, kafka_python_sasl_conf, sasl_conf, unique_topic
 
 JAAS = (
     "org.apache.kafka.common.security.plain.PlainLoginModule required "
@@ -53,25 +53,12 @@ def acl_broker(broker_factory):
 
 
 def conf(b, user: str, **extra) -> dict:
-    c = {
-        "bootstrap.servers": b.sasl_bootstrap,
-        "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanisms": "PLAIN",
-        "sasl.username": user,
-        "sasl.password": f"{user}-secret",
-    }
-    c.update(extra)
-    return c
+    """PLAIN as `user`, whose password is `<user>-secret`."""
+    return sasl_conf(b, "PLAIN", user, f"{user}-secret", **extra)
 
 
 def kafka_python_conf(b, user: str) -> dict:
-    return {
-        "bootstrap_servers": b.sasl_bootstrap,
-        "security_protocol": "SASL_PLAINTEXT",
-        "sasl_mechanism": "PLAIN",
-        "sasl_plain_username": user,
-        "sasl_plain_password": f"{user}-secret",
-    }
+    return kafka_python_sasl_conf(b, "PLAIN", user, f"{user}-secret")
 
 
 def grant_alice(b, group: str):

@@ -25,7 +25,8 @@ from confluent_kafka.admin import (
 )
 
 from conftest import free_port, tessera_bin
-from helpers import broker_metric, consume_values, create_topic, unique_topic
+from helpers import (broker_metric, consume_values, create_topic, kafka_python_sasl_conf,
+                     sasl_conf, unique_topic)
 
 KCAT = os.environ.get("KCAT") or shutil.which("kcat") or shutil.which("kafkacat")
 
@@ -72,18 +73,6 @@ def start_sasl_broker(broker_factory, **extra):
     return b
 
 
-def confluent_conf(b, mechanism: str, user: str, password: str, **extra) -> dict:
-    conf = {
-        "bootstrap.servers": b.sasl_bootstrap,
-        "security.protocol": "SASL_PLAINTEXT",
-        "sasl.mechanisms": mechanism,
-        "sasl.username": user,
-        "sasl.password": password,
-    }
-    conf.update(extra)
-    return conf
-
-
 def roundtrip_confluent(b, conf: dict, n: int = 50):
     topic = unique_topic("sasl")
     create_topic(b, topic, partitions=2)
@@ -96,12 +85,12 @@ def roundtrip_confluent(b, conf: dict, n: int = 50):
 
 
 def test_confluent_scram_sha512_and_sha256(sasl_broker):
-    roundtrip_confluent(sasl_broker, confluent_conf(sasl_broker, "SCRAM-SHA-512", "bob", "bob-secret"))
-    roundtrip_confluent(sasl_broker, confluent_conf(sasl_broker, "SCRAM-SHA-256", "bob", "bob-secret"))
+    roundtrip_confluent(sasl_broker, sasl_conf(sasl_broker, "SCRAM-SHA-512", "bob", "bob-secret"))
+    roundtrip_confluent(sasl_broker, sasl_conf(sasl_broker, "SCRAM-SHA-256", "bob", "bob-secret"))
 
 
 def test_confluent_metadata_advertises_the_sasl_listener(sasl_broker):
-    a = AdminClient(confluent_conf(sasl_broker, "PLAIN", "alice", "alice-secret"))
+    a = AdminClient(sasl_conf(sasl_broker, "PLAIN", "alice", "alice-secret"))
     md = a.list_topics(timeout=20)
     [broker] = md.brokers.values()
     assert (broker.host, broker.port) == (sasl_broker.host, sasl_broker.sasl_port)
@@ -112,12 +101,12 @@ def test_confluent_metadata_advertises_the_sasl_listener(sasl_broker):
 
 
 def test_confluent_wrong_password_fails(sasl_broker):
-    a = AdminClient(confluent_conf(sasl_broker, "SCRAM-SHA-256", "bob", "wrong"))
+    a = AdminClient(sasl_conf(sasl_broker, "SCRAM-SHA-256", "bob", "wrong"))
     with pytest.raises(KafkaException) as e:
         a.list_topics(timeout=5)
     print(e.value)
     # The broker is unharmed.
-    roundtrip_confluent(sasl_broker, confluent_conf(sasl_broker, "SCRAM-SHA-256", "bob", "bob-secret"), n=5)
+    roundtrip_confluent(sasl_broker, sasl_conf(sasl_broker, "SCRAM-SHA-256", "bob", "bob-secret"), n=5)
 
 
 def oauth_conf(b, jwt: str) -> dict:
@@ -155,17 +144,7 @@ def test_confluent_alter_user_scram_credentials(sasl_broker):
     described = a.describe_user_scram_credentials(["carol"])["carol"].result(timeout=30)
     infos = described.scram_credential_infos
     assert [(i.mechanism, i.iterations) for i in infos] == [(ScramMechanism.SCRAM_SHA_256, 8192)]
-    roundtrip_confluent(sasl_broker, confluent_conf(sasl_broker, "SCRAM-SHA-256", "carol", "carol-secret"), n=5)
-
-
-def kafka_python_conf(b, mechanism: str, user: str, password: str) -> dict:
-    return {
-        "bootstrap_servers": b.sasl_bootstrap,
-        "security_protocol": "SASL_PLAINTEXT",
-        "sasl_mechanism": mechanism,
-        "sasl_plain_username": user,
-        "sasl_plain_password": password,
-    }
+    roundtrip_confluent(sasl_broker, sasl_conf(sasl_broker, "SCRAM-SHA-256", "carol", "carol-secret"), n=5)
 
 
 @pytest.mark.parametrize(
@@ -181,7 +160,7 @@ def test_kafka_python_sasl_plaintext(sasl_broker, mechanism, user, password):
 
     topic = unique_topic("kp-sasl")
     create_topic(sasl_broker, topic)
-    conf = kafka_python_conf(sasl_broker, mechanism, user, password)
+    conf = kafka_python_sasl_conf(sasl_broker, mechanism, user, password)
     p = KafkaProducer(acks="all", **conf)
     for i in range(20):
         p.send(topic, f"m{i}".encode()).get(30)
@@ -197,7 +176,7 @@ def test_kafka_python_wrong_password(sasl_broker):
     from kafka import KafkaProducer
     from kafka.errors import KafkaError
 
-    conf = kafka_python_conf(sasl_broker, "PLAIN", "alice", "nope")
+    conf = kafka_python_sasl_conf(sasl_broker, "PLAIN", "alice", "nope")
     with pytest.raises(KafkaError) as e:
         KafkaProducer(max_block_ms=5000, **conf)
     print(repr(e.value))
@@ -239,10 +218,10 @@ def test_clients_reauthenticate_before_their_session_expires(broker_factory):
     b = start_sasl_broker(broker_factory, **{"connections.max.reauth.ms": str(REAUTH_MS)})
     topic = unique_topic("reauth")
     create_topic(b, topic, partitions=2)
-    conf = confluent_conf(b, "SCRAM-SHA-512", "bob", "bob-secret")
+    conf = sasl_conf(b, "SCRAM-SHA-512", "bob", "bob-secret")
     errors = []
     p = Producer(dict(conf, acks="all", **{"enable.idempotence": True}))
-    kp = KafkaProducer(acks="all", **kafka_python_conf(b, "PLAIN", "alice", "alice-secret"))
+    kp = KafkaProducer(acks="all", **kafka_python_sasl_conf(b, "PLAIN", "alice", "alice-secret"))
     expected = []
     futures = []
     deadline = time.monotonic() + 3 * REAUTH_MS / 1000 + 1

@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 from confluent_kafka import KafkaException, Producer
-from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource
+from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource
 
 from conftest import free_port
 from helpers import broker_metric, consume_values, create_topic, unique_topic
@@ -192,6 +192,15 @@ def test_certificates_rotate_without_a_restart(tls_broker, tmp_path_factory):
     set_broker_config(admin, "listener.name.ssl.ssl.keystore.location", str(rotated / "keystore.pem"))
     newest = (third / "server.pem").read_text()
     assert same_cert(served_certificate(b, b.ssl_port), newest)
+    # DescribeConfigs lists the override as Kafka does: dynamic, with the
+    # unprefixed key among its synonyms.
+    described = admin.describe_configs([ConfigResource(ConfigResource.Type.BROKER, "1")])
+    [configs] = [f.result(timeout=30) for f in described.values()]
+    override = configs["listener.name.ssl.ssl.keystore.location"]
+    assert override.value == str(rotated / "keystore.pem")
+    assert override.source == ConfigSource.DYNAMIC_BROKER_CONFIG.value
+    assert [s.name for s in override.synonyms.values()] == [
+        "listener.name.ssl.ssl.keystore.location", "ssl.keystore.location"]
 
     # A file that does not load: refused, nothing changes.
     with pytest.raises(KafkaException) as e:

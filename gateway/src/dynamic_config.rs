@@ -51,7 +51,7 @@ impl<'a> BrokerView<'a> {
         let mut out = Vec::new();
         let mut push = |value: &str, source| {
             out.push(ConfigSynonym {
-                name,
+                name: name.into(),
                 value: value.to_string(),
                 source,
             })
@@ -570,7 +570,8 @@ pub fn describe_broker_configs(view: &BrokerView<'_>, per_broker: bool) -> Vec<D
     let mut names: Vec<&'static str> = static_keys().chain(dynamic_keys()).collect();
     names.sort_unstable();
     names.dedup();
-    names
+    let overrides = listener_overrides(view, per_broker);
+    let mut described: Vec<DescribedConfig> = names
         .into_iter()
         .filter_map(|name| {
             let mut synonyms = view.sources(name);
@@ -585,7 +586,7 @@ pub fn describe_broker_configs(view: &BrokerView<'_>, per_broker: bool) -> Vec<D
                 });
             let (config_type, doc) = broker_key_info(name);
             Some(DescribedConfig {
-                name,
+                name: name.into(),
                 value,
                 source,
                 config_type,
@@ -594,6 +595,50 @@ pub fn describe_broker_configs(view: &BrokerView<'_>, per_broker: bool) -> Vec<D
                 synonyms,
                 doc,
             })
+        })
+        .collect();
+    described.extend(overrides);
+    described.sort_by(|a, b| a.name.cmp(&b.name));
+    described
+}
+
+/// The stored keys no fixed name covers, the listener overrides
+/// (`listener.name.<l>.ssl.keystore.location`), as Kafka lists them: the
+/// override first among its synonyms, then the unprefixed key's sources.
+fn listener_overrides(view: &BrokerView<'_>, per_broker: bool) -> Vec<DescribedConfig> {
+    let level = per_broker.then_some(view.config.node_id);
+    let source = if per_broker {
+        SOURCE_DYNAMIC_BROKER
+    } else {
+        SOURCE_DYNAMIC_DEFAULT_BROKER
+    };
+    view.image
+        .broker_configs
+        .get(&level)
+        .into_iter()
+        .flatten()
+        .filter(|(key, _)| broker_key_name(key).is_none())
+        .map(|(key, value)| {
+            let base = crate::tls::unprefixed(key);
+            let mut synonyms = vec![ConfigSynonym {
+                name: key.clone().into(),
+                value: value.clone(),
+                source,
+            }];
+            if per_broker {
+                synonyms.extend(view.sources(base));
+            }
+            let (config_type, doc) = broker_key_info(base);
+            DescribedConfig {
+                name: key.clone().into(),
+                value: value.clone(),
+                source,
+                config_type,
+                read_only: false,
+                sensitive: false,
+                synonyms,
+                doc,
+            }
         })
         .collect()
 }
@@ -710,6 +755,11 @@ mod tests {
             (Some(1), "log.retention.ms", "2000"),
             (None, "compression.type", "lz4"),
             (Some(2), "message.max.bytes", "7"),
+            (
+                Some(1),
+                "listener.name.external.ssl.keystore.location",
+                "/new.pem",
+            ),
         ]
         .into_iter()
         .enumerate()
@@ -748,9 +798,31 @@ mod tests {
             all.iter().all(|c| !c.doc.is_empty()),
             "every key documented"
         );
+        // A listener override: listed, then the unprefixed key's sources.
+        let o = get("listener.name.external.ssl.keystore.location");
+        assert_eq!(
+            (o.value.as_str(), o.source, o.read_only),
+            ("/new.pem", SOURCE_DYNAMIC_BROKER, false)
+        );
+        let sources: Vec<(&str, i8)> = o
+            .synonyms
+            .iter()
+            .map(|s| (s.name.as_ref(), s.source))
+            .collect();
+        assert_eq!(
+            sources,
+            vec![
+                (
+                    "listener.name.external.ssl.keystore.location",
+                    SOURCE_DYNAMIC_BROKER
+                ),
+                ("ssl.keystore.location", SOURCE_DEFAULT)
+            ]
+        );
+        assert_eq!(o.doc, get("ssl.keystore.location").doc);
         // The cluster-wide resource: only the dynamic defaults.
         let defaults = describe_broker_configs(&view, false);
-        let names: Vec<&str> = defaults.iter().map(|c| c.name).collect();
+        let names: Vec<&str> = defaults.iter().map(|c| c.name.as_ref()).collect();
         assert_eq!(names, vec!["compression.type", "log.retention.ms"]);
         assert!(defaults
             .iter()

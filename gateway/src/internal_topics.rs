@@ -5,11 +5,9 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use indexmap::IndexMap;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::{Compression, Record, RecordBatchDecoder, TimestampType};
 use tessera_log::now_ms;
 use tessera_metadata::TopicImage;
 
@@ -106,16 +104,8 @@ impl Broker {
                 headers: IndexMap::new(),
             })
             .collect();
-        let mut buf = BytesMut::new();
-        RecordBatchEncoder::encode(
-            &mut buf,
-            &records,
-            &RecordEncodeOptions {
-                version: 2,
-                compression: Compression::None,
-            },
-        )
-        .map_err(|e| ApiError::Storage(format!("encoding internal records: {e}")))?;
+        let buf = tessera_log::records::encode_v2(&records, Compression::None)
+            .map_err(|e| ApiError::Storage(format!("encoding internal records: {e}")))?;
         let image = self.image();
         let route = self.route(&image, topic, partition)?;
         self.append_durably(&route, partition as u32, buf.to_vec())

@@ -205,11 +205,14 @@ pub const RELOADABLE_KEYS: &[&str] = &[
 
 /// Is `key` a reloadable TLS key, plain or `listener.name.<l>.`-prefixed?
 pub fn is_reloadable(key: &str) -> bool {
-    let base = key
-        .strip_prefix("listener.name.")
+    RELOADABLE_KEYS.contains(&unprefixed(key))
+}
+
+/// `key` without a `listener.name.<l>.` prefix.
+pub fn unprefixed(key: &str) -> &str {
+    key.strip_prefix("listener.name.")
         .and_then(|rest| rest.split_once('.'))
-        .map_or(key, |(_, tail)| tail);
-    RELOADABLE_KEYS.contains(&base)
+        .map_or(key, |(_, tail)| tail)
 }
 
 impl TlsSettings {

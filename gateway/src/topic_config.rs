@@ -1,6 +1,7 @@
 //! Topic names and topic-level configs, validated as Kafka validates them.
 //! Pure functions: no I/O, tested exhaustively below.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use crate::dynamic_config::BrokerView;
@@ -493,7 +494,7 @@ pub const SOURCE_DEFAULT: i8 = 5;
 /// One place a config's value comes from (DescribeConfigs synonyms).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ConfigSynonym {
-    pub name: &'static str,
+    pub name: Cow<'static, str>,
     pub value: String,
     pub source: i8,
 }
@@ -501,7 +502,8 @@ pub struct ConfigSynonym {
 /// One config as DescribeConfigs and CreateTopics (v5+) report it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct DescribedConfig {
-    pub name: &'static str,
+    /// A fixed key's name, or a stored listener override's.
+    pub name: Cow<'static, str>,
     pub value: String,
     pub source: i8,
     /// Kafka's ConfigType code (BOOLEAN 1, STRING 2, INT 3, SHORT 4, LONG 5, DOUBLE 6, LIST 7).
@@ -528,7 +530,7 @@ pub fn describe_topic_configs(
             let mut synonyms = Vec::new();
             if let Some(v) = topic.get(k.name) {
                 synonyms.push(ConfigSynonym {
-                    name: k.name,
+                    name: k.name.into(),
                     value: v.clone(),
                     source: SOURCE_TOPIC,
                 });
@@ -542,7 +544,7 @@ pub fn describe_topic_configs(
                 .map(|s| (s.value.clone(), s.source))
                 .unwrap_or_else(|| (k.default.to_string(), SOURCE_DEFAULT));
             DescribedConfig {
-                name: k.name,
+                name: k.name.into(),
                 value,
                 source,
                 config_type: k.kind.config_type(),
@@ -844,12 +846,12 @@ mod tests {
             r.synonyms,
             vec![
                 ConfigSynonym {
-                    name: "retention.ms",
+                    name: "retention.ms".into(),
                     value: "1000".into(),
                     source: SOURCE_TOPIC
                 },
                 ConfigSynonym {
-                    name: "log.retention.ms",
+                    name: "log.retention.ms".into(),
                     value: "604800000".into(),
                     source: SOURCE_DEFAULT
                 },
@@ -872,7 +874,11 @@ mod tests {
             (s.value.as_str(), s.source),
             ("3000", SOURCE_DYNAMIC_BROKER)
         );
-        let sources: Vec<(&str, i8)> = s.synonyms.iter().map(|s| (s.name, s.source)).collect();
+        let sources: Vec<(&str, i8)> = s
+            .synonyms
+            .iter()
+            .map(|s| (s.name.as_ref(), s.source))
+            .collect();
         assert_eq!(
             sources,
             vec![

@@ -23,9 +23,7 @@ use kafka_protocol::messages::{
     RequestHeader, ResponseHeader, TopicName,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchDecoder, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::{Compression, Record, RecordBatchDecoder, TimestampType};
 use tempfile::TempDir;
 use tessera_gateway::{BrokerConfig, Running};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -378,17 +376,9 @@ fn record(offset: i64, timestamp: i64, key: String, value: Vec<u8>) -> Record {
 }
 
 fn encode_batch(records: &[Record]) -> Bytes {
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        records.iter(),
-        &RecordEncodeOptions {
-            version: 2,
-            compression: Compression::None,
-        },
-    )
-    .expect("record batch encodes");
-    buf.freeze()
+    tessera_log::records::encode_v2(records, Compression::None)
+        .expect("record batch encodes")
+        .freeze()
 }
 
 /// The batch the fixture produces as the `batch`-th one to `partition`.

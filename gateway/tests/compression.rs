@@ -5,12 +5,10 @@
 
 mod common;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::ProduceRequest;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::{Compression, Record, TimestampType};
 use tessera_gateway::broker::NewTopic;
 use tessera_log::batch;
 use tessera_log::records::{codec, decode_records};
@@ -36,17 +34,9 @@ fn batch_of(compression: Compression) -> Vec<u8> {
             delete_horizon: false,
         })
         .collect();
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        &records,
-        &RecordEncodeOptions {
-            version: 2,
-            compression,
-        },
-    )
-    .unwrap();
-    buf.to_vec()
+    tessera_log::records::encode_v2(&records, compression)
+        .unwrap()
+        .to_vec()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,14 +10,12 @@ mod common;
 
 use std::path::Path;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use indexmap::IndexMap;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};
 use kafka_protocol::messages::{ApiVersionsRequest, ProduceRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use kafka_protocol::records::{Compression, Record, TimestampType};
 use tessera_gateway::broker::NewTopic;
 use tessera_gateway::error::MigrateError;
 use tessera_gateway::migrate::client::Conn;
@@ -82,17 +80,9 @@ fn record(offset: i64, value: &str, producer: (i64, i16, i32), transactional: bo
 }
 
 fn encode(records: &[Record], compression: Compression) -> Vec<u8> {
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        records,
-        &RecordEncodeOptions {
-            version: 2,
-            compression,
-        },
-    )
-    .unwrap();
-    buf.to_vec()
+    tessera_log::records::encode_v2(records, compression)
+        .unwrap()
+        .to_vec()
 }
 
 /// A source partition with gaps, compression, an idempotent producer and

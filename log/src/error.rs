@@ -11,6 +11,8 @@ pub enum BatchError {
     CrcMismatch,
     #[error("unsupported record batch magic {0}")]
     UnsupportedMagic(i8),
+    #[error("encoding a record batch: {0}")]
+    Encode(String),
 }
 
 /// Errors of the range log.

@@ -255,15 +255,36 @@ pub fn recompress(batch: &[u8], codec: i16) -> Result<Vec<u8>, BatchError> {
     encode_batch(&target, &records, delete_horizon)
 }
 
+/// Records (kafka-protocol's, with their offsets, timestamps and producer
+/// fields as given) encoded as v2 with `compression`: the batches the
+/// broker writes itself (coordinator records, migration's up-conversion)
+/// and the ones tests build. kafka-protocol's encoder starts a new batch
+/// whenever `offset - sequence` changes, so callers keep that constant to
+/// get one batch.
+pub fn encode_v2(
+    records: &[kafka_protocol::records::Record],
+    compression: kafka_protocol::records::Compression,
+) -> Result<BytesMut, BatchError> {
+    let mut buf = BytesMut::new();
+    kafka_protocol::records::RecordBatchEncoder::encode(
+        &mut buf,
+        records,
+        &kafka_protocol::records::RecordEncodeOptions {
+            version: 2,
+            compression,
+        },
+    )
+    .map_err(|e| BatchError::Encode(e.to_string()))?;
+    Ok(buf)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
 
     fn plain_batch(values: &[Option<Vec<u8>>], codec: i16) -> Vec<u8> {
-        use kafka_protocol::records::{
-            Compression, Record as KRecord, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-        };
+        use kafka_protocol::records::{Compression, Record as KRecord, TimestampType};
         let records: Vec<KRecord> = values
             .iter()
             .enumerate()
@@ -290,17 +311,7 @@ mod tests {
             codec::ZSTD => Compression::Zstd,
             _ => Compression::None,
         };
-        let mut buf = BytesMut::new();
-        RecordBatchEncoder::encode(
-            &mut buf,
-            &records,
-            &RecordEncodeOptions {
-                version: 2,
-                compression,
-            },
-        )
-        .unwrap();
-        buf.to_vec()
+        encode_v2(&records, compression).unwrap().to_vec()
     }
 
     const CODECS: [i16; 5] = [

@@ -158,7 +158,7 @@ fn describe_configs(
     .into_iter()
     .map(|c| {
         CreatableTopicConfigs::default()
-            .with_name(StrBytes::from_static_str(c.name))
+            .with_name(super::config_name(c.name))
             .with_value(Some(StrBytes::from_string(c.value)))
             .with_config_source(c.source)
     })

@@ -77,7 +77,7 @@ fn entry(
     request: &DescribeConfigsRequest,
 ) -> DescribeConfigsResourceResult {
     let mut r = DescribeConfigsResourceResult::default()
-        .with_name(StrBytes::from_static_str(c.name))
+        .with_name(super::config_name(c.name))
         .with_value((!c.sensitive).then(|| StrBytes::from_string(c.value)))
         .with_read_only(c.read_only)
         .with_config_source(c.source)
@@ -88,7 +88,7 @@ fn entry(
                 .into_iter()
                 .map(|s| {
                     DescribeConfigsSynonym::default()
-                        .with_name(StrBytes::from_static_str(s.name))
+                        .with_name(super::config_name(s.name))
                         .with_value((!c.sensitive).then(|| StrBytes::from_string(s.value)))
                         .with_source(s.source)
                 })

@@ -126,6 +126,15 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::AlterClientQuotas, 0, 1),
 ];
 
+/// A config name on the wire: a fixed key without a copy, a stored one
+/// (a listener override) moved.
+pub fn config_name(name: std::borrow::Cow<'static, str>) -> kafka_protocol::protocol::StrBytes {
+    match name {
+        std::borrow::Cow::Borrowed(s) => kafka_protocol::protocol::StrBytes::from_static_str(s),
+        std::borrow::Cow::Owned(s) => kafka_protocol::protocol::StrBytes::from_string(s),
+    }
+}
+
 pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
     SUPPORTED_APIS
         .iter()

@@ -32,10 +32,8 @@
 
 use std::io::Read;
 
-use bytes::{Bytes, BytesMut};
-use kafka_protocol::records::{
-    Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-};
+use bytes::Bytes;
+use kafka_protocol::records::{Compression, Record, TimestampType};
 use tessera_log::batch;
 
 /// Offset, size, CRC and magic: the bytes before a message's attributes.
@@ -477,16 +475,8 @@ pub fn to_v2(records: &[Record], compression: Compression) -> Result<Bytes, Stri
             ..r.clone()
         })
         .collect();
-    let mut buf = BytesMut::new();
-    RecordBatchEncoder::encode(
-        &mut buf,
-        &records,
-        &RecordEncodeOptions {
-            version: 2,
-            compression,
-        },
-    )
-    .map_err(|e| format!("encoding a v2 batch: {e}"))?;
+    let mut buf =
+        tessera_log::records::encode_v2(&records, compression).map_err(|e| e.to_string())?;
     let header = batch::parse_header(&buf).map_err(|e| e.to_string())?;
     if header.total_len() != buf.len() || header.record_count as usize != records.len() {
         return Err("the records do not make one v2 batch".into());

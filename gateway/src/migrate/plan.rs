@@ -318,12 +318,9 @@ pub fn changed_offsets(source: &GroupOffsets, copied: &GroupOffsets) -> GroupOff
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bytes::BytesMut;
     use indexmap::IndexMap;
     use kafka_protocol::protocol::StrBytes;
-    use kafka_protocol::records::{
-        Compression, Record, RecordBatchEncoder, RecordEncodeOptions, TimestampType,
-    };
+    use kafka_protocol::records::{Compression, Record, TimestampType};
     use proptest::prelude::*;
 
     fn record(offset: i64, key: Vec<u8>, value: Option<Vec<u8>>, header: bool) -> Record {
@@ -352,17 +349,9 @@ mod tests {
     }
 
     fn encode(records: &[Record], compression: Compression) -> Vec<u8> {
-        let mut buf = BytesMut::new();
-        RecordBatchEncoder::encode(
-            &mut buf,
-            records,
-            &RecordEncodeOptions {
-                version: 2,
-                compression,
-            },
-        )
-        .unwrap();
-        buf.to_vec()
+        tessera_log::records::encode_v2(records, compression)
+            .unwrap()
+            .to_vec()
     }
 
     fn digest(bytes: &[u8], span: Span) -> Result<Digest, String> {
