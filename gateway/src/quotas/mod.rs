@@ -147,9 +147,11 @@ impl QuotaManager {
         let mut state = self.state.lock();
         if now_ms.saturating_sub(state.last_sweep_ms) >= 60_000 {
             state.last_sweep_ms = now_ms;
-            state
-                .sensors
-                .retain(|_, s| now_ms.saturating_sub(s.last_record_ms) < SENSOR_EXPIRY_MS);
+            let State { sensors, stats, .. } = &mut *state;
+            sensors.retain(|_, s| now_ms.saturating_sub(s.last_record_ms) < SENSOR_EXPIRY_MS);
+            // Their metrics go with them, as Kafka removes an expired
+            // sensor's metrics: client ids come and go.
+            stats.retain(|key, _| sensors.contains_key(key));
         }
         let window = self.window;
         let sensor = state
@@ -480,6 +482,37 @@ mod tests {
             m.max_value_in_window(&q, QuotaKind::Produce, "u", "c"),
             Some(1000.0)
         );
+    }
+
+    #[test]
+    fn idle_sensors_expire_with_their_metrics() {
+        let m = QuotaManager::default();
+        let mut q = quotas("gone", "producer_byte_rate", 1e9);
+        q.extend(quotas("live", "producer_byte_rate", 1e9));
+        m.record_at(&q, QuotaKind::Produce, "u", "gone", 10.0, 0);
+        m.record_at(&q, QuotaKind::Produce, "u", "live", 10.0, 0);
+        m.record_at(
+            &q,
+            QuotaKind::Produce,
+            "u",
+            "live",
+            10.0,
+            SENSOR_EXPIRY_MS - 1,
+        );
+        assert!(m.render().contains("client_id=\"gone\""));
+        m.record_at(
+            &q,
+            QuotaKind::Produce,
+            "u",
+            "live",
+            10.0,
+            SENSOR_EXPIRY_MS + 60_000,
+        );
+        let text = m.render();
+        assert!(!text.contains("client_id=\"gone\""), "{text}");
+        assert!(text.contains(
+            "tessera_quota_bytes_total{kind=\"produce\",user=\"\",client_id=\"live\"} 30"
+        ));
     }
 
     #[test]
