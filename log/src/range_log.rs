@@ -25,6 +25,7 @@ use crate::txn_state::{AbortedTxn, TxnState};
 
 mod cleaning;
 pub use cleaning::{cleaned_path, CleanStats, CleaningView};
+pub use crate::clean_pass::{CleanedCopy, PreparedPass};
 
 /// How a range log is opened.
 #[derive(Clone, Debug)]
