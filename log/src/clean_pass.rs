@@ -144,8 +144,7 @@ pub fn prepare(
                     b
                 }
             };
-            let frame_crc =
-                crc32c::crc32c_append(crc32c::crc32c(&p.to_be_bytes()), &kept);
+            let frame_crc = crc32c::crc32c_append(crc32c::crc32c(&p.to_be_bytes()), &kept);
             let mut header = [0u8; FRAME_HEADER_LEN as usize];
             header[..4].copy_from_slice(&(kept.len() as u32).to_be_bytes());
             header[4..8].copy_from_slice(&p.to_be_bytes());

@@ -24,8 +24,8 @@ use crate::segment::{self, IndexEntry, Segment};
 use crate::txn_state::{AbortedTxn, TxnState};
 
 mod cleaning;
-pub use cleaning::{cleaned_path, CleanStats, CleaningView};
 pub use crate::clean_pass::{CleanedCopy, PreparedPass};
+pub use cleaning::{cleaned_path, CleanStats, CleaningView};
 
 /// How a range log is opened.
 #[derive(Clone, Debug)]

@@ -85,15 +85,15 @@ impl RangeLog {
                         .unwrap_or(-1),
                     stable: !txns.has_open_transaction()
                         && s.index.partitions.iter().all(|(p, entries)| {
-                        let Some(pi) = p.checked_sub(lo) else {
-                            return false;
-                        };
-                        let Some(last) = entries.last() else {
-                            return true;
-                        };
-                        (pi as usize) < inner.partitions.len()
-                            && last.last_offset < inner.offsets(pi as usize).last_stable
-                    }),
+                            let Some(pi) = p.checked_sub(lo) else {
+                                return false;
+                            };
+                            let Some(last) = entries.last() else {
+                                return true;
+                            };
+                            (pi as usize) < inner.partitions.len()
+                                && last.last_offset < inner.offsets(pi as usize).last_stable
+                        }),
                 }
             })
             .collect();
