@@ -770,6 +770,16 @@ impl RangeLog {
             .any(|s| s.seq == seq && s.sealed)
     }
 
+    /// The size of sealed segment `seq`, if this log holds it.
+    pub fn sealed_size(&self, seq: u32) -> Option<u64> {
+        self.inner
+            .lock()
+            .segments
+            .iter()
+            .find(|s| s.seq == seq && s.sealed)
+            .map(|s| s.size)
+    }
+
     /// Seals the active segment now, if it holds anything.
     pub fn roll(&self) -> Result<Option<SealedSegment>, LogError> {
         let mut inner = self.inner.lock();
