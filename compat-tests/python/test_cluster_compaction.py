@@ -208,8 +208,10 @@ def test_consumer_offsets_stays_bounded_on_every_replica(cluster):
         sizes = [disk(n) for n in (1, 2, 3)]
         sealed = sealed_segments(cluster["admin"][0], "__consumer_offsets")
         cleaned = [s for s in sealed.values() if s.get("clean_pass", 0) > 0]
-        print(f"__consumer_offsets on disk per node: {sizes}; sealed {len(sealed)}, cleaned {len(cleaned)}")
-        return cleaned and max(sizes) < 64 * 1024
+        same, why = identical_cleaned_copies(cluster, "__consumer_offsets")
+        print(f"__consumer_offsets on disk per node: {sizes}; sealed {len(sealed)}, "
+              f"cleaned {len(cleaned)}; copies identical: {why[:200]}")
+        return same and max(sizes) < 64 * 1024
 
     eventually("__consumer_offsets cleaned on every broker", bounded, timeout=WAIT)
     c2 = Consumer({"bootstrap.servers": boot, "group.id": "committer", "enable.auto.commit": False})
