@@ -292,16 +292,20 @@ impl Broker {
     }
 }
 
-/// Runs cleaning passes until the broker is gone.
+/// Runs cleaning passes until the broker is gone (with the cleaner
+/// disabled, only applies the passes other primaries recorded).
 pub(super) async fn run(broker: Weak<Broker>) {
     loop {
         let Some(b) = broker.upgrade() else { return };
-        if !b.config.log_cleaner_enable {
-            return;
-        }
         let backoff = Duration::from_millis(b.config.log_cleaner_backoff_ms);
         if b.is_ready() && !b.is_shutting_down() {
-            b.clean_logs().await;
+            if b.config.log_cleaner_enable {
+                b.clean_logs().await;
+            } else {
+                // Passes other primaries recorded still apply to the copies
+                // here (their seals and repairs wait for them).
+                b.catch_up_clean_passes(&b.image());
+            }
         }
         drop(b);
         tokio::time::sleep(backoff).await;
