@@ -1,7 +1,8 @@
 """Log compaction of replicated ranges on a 3-node cluster (issue 8).
 
 * A compacted topic with replication factor 3 and small segments gets many
-  updates to a few keys and tombstones (short ``delete.retention.ms``). The
+  updates to a few keys and tombstones (short ``delete.retention.ms``); a
+  follower is killed -9 while passes run and restarted. The
   primary records each cleaning pass in the metadata log and every replica
   applies it to its own copy: the sealed segments' files end byte-identical
   on the three brokers and as large as the image says, far smaller than
@@ -31,7 +32,7 @@ from confluent_kafka import (
 )
 
 from test_cluster import cluster, eventually, http, node_pid  # noqa: F401 - fixture
-from test_replication import create_replicated, leader_of
+from test_replication import create_replicated, kill_and_restart_later, leader_of
 
 OVERRIDES = {
     "log.cleaner.backoff.ms": "300",
@@ -137,6 +138,12 @@ def test_replicas_of_a_compacted_topic_are_cleaned_alike_and_failover_serves_the
         p.produce(topic, key=f"key-{k}".encode(), value=None, partition=0)
         want[f"key-{k}".encode()] = None
     assert p.flush(60) == 0
+    # A follower is killed -9 while passes run and comes back 3 s later: it
+    # applies the passes it finds pending (or fetches again the copies it
+    # cannot clean to the recorded bytes) and ends identical too.
+    follower = next(n for n in (1, 2, 3) if n != leader_of(admin, topic))
+    kill_and_restart_later(workdir, follower, 3).join()
+    eventually("the follower is back", lambda: node_pid(workdir, follower) is not None, timeout=30)
     # Trickle updates so the active segment rolls and the tombstones' horizon
     # passes while passes keep running.
 
