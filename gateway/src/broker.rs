@@ -6,6 +6,7 @@
 //! makes the open logs and the coordinators follow every image the
 //! controller publishes.
 
+mod clean_passes;
 mod cleaner;
 mod configs;
 mod follower_fetch;

@@ -54,6 +54,9 @@ pub struct SegmentInfo {
     pub sealed_bytes: Option<u64>,
     /// Bytes of the segment's file on this broker (`None`: no file here).
     pub local_bytes: Option<u64>,
+    /// The cleaning pass that last rewrote it (0: none); `sealed_bytes`
+    /// is its size after that pass.
+    pub clean_pass: u64,
 }
 
 impl Broker {
@@ -78,6 +81,7 @@ impl Broker {
                     leader_epoch: s.leader_epoch,
                     sealed_bytes: s.sealed.as_ref().map(|i| i.size_bytes),
                     local_bytes,
+                    clean_pass: s.clean_pass(),
                 })
             })
             .collect()

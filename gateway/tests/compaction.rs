@@ -317,6 +317,18 @@ async fn compacted_topics_keep_the_last_record_of_every_key() {
     }
     assert!(gone, "tombstones past delete.retention.ms are removed");
     check_compacted(&mut client, "both", &both).await;
+    // Each pass is recorded in the metadata log: the image's sealed sizes
+    // are the cleaned files' sizes.
+    common::eventually("the image records the cleaned sizes", || {
+        let sealed: Vec<_> = broker
+            .list_segments()
+            .into_iter()
+            .filter(|s| s.topic == "compacted" && s.sealed_bytes.is_some())
+            .collect();
+        sealed.iter().any(|s| s.clean_pass > 0)
+            && sealed.iter().all(|s| s.sealed_bytes == s.local_bytes)
+    })
+    .await;
 
     // Bad input: a record without a key is refused with INVALID_RECORD
     // (Kafka's "Compacted topic cannot accept message without key"), and the

@@ -21,9 +21,10 @@
 //!    delta, producer id/epoch, base sequence and leader epoch kept and a new
 //!    CRC-32C.
 //!
-//! Every decision depends only on the batches and [`CleanParams`], so two
-//! replicas holding the same bytes and given the same parameters produce the
-//! same cleaned bytes.
+//! Every decision depends only on the batches and [`CleanParams`] (the
+//! aborted transactions and producers' last batches come from the batches
+//! too: [`TxnInputs`]), so two replicas holding the same bytes and given
+//! the same parameters produce the same cleaned bytes.
 
 use std::collections::{HashMap, HashSet};
 
@@ -31,6 +32,7 @@ use bytes::Bytes;
 
 use crate::batch::{self, BatchHeader};
 use crate::error::BatchError;
+use crate::segment::IndexEntry;
 use crate::txn_state::AbortedTxn;
 
 pub use crate::records::{decode_records, encode_batch, Record, DELETE_HORIZON_BIT};
@@ -305,6 +307,56 @@ impl<'m> Pass<'m> {
     }
 }
 
+/// The transaction and producer inputs of a pass, read from the index
+/// entries of the segments being cleaned, in file order (never from a
+/// log's in-memory state, which differs between a primary and its
+/// followers): every replica of the same bytes derives the same.
+#[derive(Default, Debug, Clone, PartialEq, Eq)]
+pub struct TxnInputs {
+    /// Per partition, the transactions whose ABORT marker is in the pass.
+    pub aborted: HashMap<u32, Vec<AbortedTxn>>,
+    /// `(partition, producer id)` -> last offset of the producer's last
+    /// data batch in the pass (kept, empty if need be, as Kafka keeps an
+    /// active producer's last batch).
+    pub last_batches: HashMap<(u32, i64), i64>,
+    /// `(partition, producer id)` -> first offset of a transaction with
+    /// no marker yet.
+    open: HashMap<(u32, i64), i64>,
+}
+
+impl TxnInputs {
+    /// The next batch of `partition` (each partition's in offset order).
+    pub fn add(&mut self, partition: u32, e: &IndexEntry) {
+        use crate::txn_state::{FLAG_COMMIT, FLAG_CONTROL, FLAG_TRANSACTIONAL};
+        if e.producer_id < 0 {
+            return;
+        }
+        let key = (partition, e.producer_id);
+        if e.flags & FLAG_CONTROL != 0 {
+            if let Some(first_offset) = self.open.remove(&key) {
+                if e.flags & FLAG_COMMIT == 0 {
+                    self.aborted.entry(partition).or_default().push(AbortedTxn {
+                        producer_id: e.producer_id,
+                        first_offset,
+                        last_offset: e.last_offset,
+                    });
+                }
+            }
+            return;
+        }
+        self.last_batches.insert(key, e.last_offset);
+        if e.flags & FLAG_TRANSACTIONAL != 0 {
+            self.open.entry(key).or_insert(e.base_offset);
+        }
+    }
+
+    /// A transaction begun in the batches so far has no marker yet: a
+    /// pass must not end here (its data would be judged without its outcome).
+    pub fn has_open_transaction(&self) -> bool {
+        !self.open.is_empty()
+    }
+}
+
 /// What the planner of a pass knows about one sealed segment.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct SegmentStat {
@@ -317,7 +369,9 @@ pub struct SegmentStat {
     /// `getFirstBatchTimestamp`, which `max.compaction.lag.ms` measures.
     pub first_batch_timestamp: i64,
     /// Every batch in it is below its partition's last stable offset (no
-    /// open transaction reaches into it).
+    /// open transaction reaches into it), and no transaction of the
+    /// segments up to it is still open at its end (a pass ending here
+    /// would not see the transaction's outcome: [`TxnInputs`]).
     pub stable: bool,
 }
 

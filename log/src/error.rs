@@ -36,6 +36,8 @@ pub enum LogError {
     Closed,
     #[error("the segment is sealed and takes no appends")]
     SegmentSealed,
+    #[error("sealed segment {0} is not held here")]
+    SegmentNotFound(u32),
     #[error(transparent)]
     Batch(#[from] BatchError),
     #[error(transparent)]

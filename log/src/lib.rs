@@ -2,6 +2,7 @@
 //! and time indexes, crash recovery and group commit.
 
 pub mod batch;
+pub mod clean_pass;
 pub mod cleaner;
 pub mod error;
 pub mod producer_snapshot;

@@ -24,6 +24,7 @@ use crate::segment::{self, IndexEntry, Segment};
 use crate::txn_state::{AbortedTxn, TxnState};
 
 mod cleaning;
+pub use crate::clean_pass::{CleanedCopy, PreparedPass};
 pub use cleaning::{cleaned_path, CleanStats, CleaningView};
 
 /// How a range log is opened.
@@ -767,6 +768,16 @@ impl RangeLog {
             .segments
             .iter()
             .any(|s| s.seq == seq && s.sealed)
+    }
+
+    /// The size of sealed segment `seq`, if this log holds it.
+    pub fn sealed_size(&self, seq: u32) -> Option<u64> {
+        self.inner
+            .lock()
+            .segments
+            .iter()
+            .find(|s| s.seq == seq && s.sealed)
+            .map(|s| s.size)
     }
 
     /// Seals the active segment now, if it holds anything.

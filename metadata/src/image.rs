@@ -9,8 +9,9 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use crate::records::{
-    BrokerRegistration, ClientQuotaEntity, MetadataRecord, PartitionSpan, RangeRecord,
-    ScramCredentialRecord, SegmentOpenRecord, SegmentSealRecord, TopicRecord,
+    BrokerRegistration, CleanPassRecord, CleanedSegment, ClientQuotaEntity, MetadataRecord,
+    PartitionSpan, RangeRecord, ScramCredentialRecord, SegmentOpenRecord, SegmentSealRecord,
+    TopicRecord,
 };
 use crate::{RangeId, SegmentId, TopicId};
 
@@ -40,6 +41,16 @@ pub struct RangeImage {
     pub parents: Vec<RangeId>,
     /// False once the range was sealed (it became a split/merge parent).
     pub active: bool,
+    /// The range's last log-cleaning pass (`CleanSegments`), which every
+    /// replica of its segments applies.
+    pub last_clean: Option<Arc<CleanPassRecord>>,
+}
+
+impl RangeImage {
+    /// The number of the range's last cleaning pass; 0 before any.
+    pub fn clean_pass(&self) -> u64 {
+        self.last_clean.as_ref().map_or(0, |c| c.pass)
+    }
 }
 
 impl RangeImage {
@@ -50,8 +61,19 @@ impl RangeImage {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SealInfo {
+    /// The sealed size, or the size after the segment's last cleaning pass.
     pub size_bytes: u64,
     pub spans: Vec<PartitionSpan>,
+    /// Set once a cleaning pass rewrote the segment: what its copies hold.
+    pub cleaned: Option<SegmentCleaning>,
+}
+
+/// The cleaning pass a sealed segment's copies are at, and the CRC-32C of
+/// the whole file after it (`size_bytes` is its size).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SegmentCleaning {
+    pub pass: u64,
+    pub crc32c: u32,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -73,6 +95,14 @@ impl SegmentImage {
 
     pub fn is_sealed(&self) -> bool {
         self.sealed.is_some()
+    }
+
+    /// The cleaning pass this sealed segment's copies are at (0: none).
+    pub fn clean_pass(&self) -> u64 {
+        self.sealed
+            .as_ref()
+            .and_then(|s| s.cleaned)
+            .map_or(0, |c| c.pass)
     }
 
     /// The offsets this sealed segment holds for `partition`, if any.
@@ -348,6 +378,37 @@ impl MetadataImage {
         }
     }
 
+    /// The cleaning state of `range`'s segments: one `CleanSegments` per
+    /// older pass still current for some segment (only what replay reads
+    /// of it: pass, sizes and CRCs), then the range's last pass as written.
+    fn emit_clean_passes(&self, range: &RangeImage, out: &mut Vec<MetadataRecord>) {
+        let Some(last) = &range.last_clean else {
+            return;
+        };
+        let mut older: BTreeMap<u64, Vec<CleanedSegment>> = BTreeMap::new();
+        for s in self.segments_of(range.id) {
+            let Some(seal) = &s.sealed else { continue };
+            if let Some(c) = seal.cleaned.filter(|c| c.pass < last.pass) {
+                older.entry(c.pass).or_default().push(CleanedSegment {
+                    seq: s.id.seq,
+                    size_before: seal.size_bytes,
+                    size_after: seal.size_bytes,
+                    crc32c: c.crc32c,
+                });
+            }
+        }
+        for (pass, segments) in older {
+            out.push(MetadataRecord::CleanSegments(CleanPassRecord {
+                range_id: range.id,
+                pass,
+                now_ms: last.now_ms,
+                delete_retention_ms: last.delete_retention_ms,
+                segments,
+            }));
+        }
+        out.push(MetadataRecord::CleanSegments((**last).clone()));
+    }
+
     /// Emits `id` after its parents (iteratively: lineage chains can be long).
     fn emit_range(
         &self,
@@ -394,6 +455,7 @@ impl MetadataImage {
                     }));
                 }
             }
+            self.emit_clean_passes(r, out);
             if !r.active {
                 out.push(MetadataRecord::SealRange { range_id: id });
             }

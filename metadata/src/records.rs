@@ -172,6 +172,34 @@ pub struct SegmentSealRecord {
     pub spans: Vec<PartitionSpan>,
 }
 
+/// One log-cleaning pass over a range's oldest sealed segments, decided
+/// by the range's primary (type 21). Every replica of those segments
+/// applies the same pass (`now_ms`, `delete_retention_ms`) to its own copy
+/// of the same bytes and gets the same cleaned bytes, which `segments`
+/// describes: a copy whose size and CRC-32C differ is refetched.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CleanPassRecord {
+    pub range_id: RangeId,
+    /// Numbers the range's passes; replay skips a pass not above the
+    /// range's last one (a stale plan that lost a race).
+    pub pass: u64,
+    pub now_ms: i64,
+    pub delete_retention_ms: i64,
+    /// The segments cleaned, oldest first and consecutive from the range's
+    /// oldest one when planned.
+    pub segments: Vec<CleanedSegment>,
+}
+
+/// One segment of a [`CleanPassRecord`]: its size before the pass, and
+/// its size and CRC-32C (of the whole file) after.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CleanedSegment {
+    pub seq: u32,
+    pub size_before: u64,
+    pub size_after: u64,
+    pub crc32c: u32,
+}
+
 /// Offsets `[start_offset, end_offset)` of one partition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct PartitionSpan {
@@ -276,6 +304,10 @@ pub enum MetadataRecord {
     RemoveAcl {
         id: uuid::Uuid,
     },
+    /// A log-cleaning pass every replica of the segments applies (see
+    /// [`CleanPassRecord`]); replay sets the segments' sealed sizes to
+    /// their cleaned ones.
+    CleanSegments(CleanPassRecord),
     /// A client quota (Kafka's QuotaRecord): `value: None` removes the key
     /// from the entity (replay of a removal of an unset key changes
     /// nothing); an entity whose last key is removed disappears.
@@ -309,6 +341,7 @@ pub mod record_type {
     pub const REMOVE_SCRAM_CREDENTIAL: u16 = 18;
     pub const CREATE_ACL: u16 = 19;
     pub const REMOVE_ACL: u16 = 20;
+    pub const CLEAN_SEGMENTS: u16 = 21;
     pub const CLIENT_QUOTA: u16 = 22;
     /// The largest type number this build reads.
     pub const MAX: u16 = CLIENT_QUOTA;
@@ -340,6 +373,7 @@ impl MetadataRecord {
             MetadataRecord::RemoveScramCredential { .. } => REMOVE_SCRAM_CREDENTIAL,
             MetadataRecord::CreateAcl { .. } => CREATE_ACL,
             MetadataRecord::RemoveAcl { .. } => REMOVE_ACL,
+            MetadataRecord::CleanSegments(_) => CLEAN_SEGMENTS,
             MetadataRecord::ClientQuota { .. } => CLIENT_QUOTA,
         }
     }
@@ -497,6 +531,19 @@ impl MetadataRecord {
                 w.u8(acl.permission.code() as u8);
             }
             MetadataRecord::RemoveAcl { id } => w.uuid(id),
+            MetadataRecord::CleanSegments(c) => {
+                w.u64(c.range_id);
+                w.u64(c.pass);
+                w.i64(c.now_ms);
+                w.i64(c.delete_retention_ms);
+                w.count(c.segments.len());
+                for s in &c.segments {
+                    w.u32(s.seq);
+                    w.u64(s.size_before);
+                    w.u64(s.size_after);
+                    w.u32(s.crc32c);
+                }
+            }
             MetadataRecord::ClientQuota { entity, key, value } => {
                 w.quota_entity_name(entity.user.as_ref());
                 w.quota_entity_name(entity.client_id.as_ref());
@@ -728,6 +775,29 @@ impl MetadataRecord {
             REMOVE_ACL => MetadataRecord::RemoveAcl {
                 id: r.uuid("acl id")?,
             },
+            CLEAN_SEGMENTS => {
+                let range_id = r.u64("range_id")?;
+                let pass = r.u64("pass")?;
+                let now_ms = r.i64("now_ms")?;
+                let delete_retention_ms = r.i64("delete_retention_ms")?;
+                let n = r.count("cleaned segments", 24)?;
+                let mut segments = Vec::with_capacity(n);
+                for _ in 0..n {
+                    segments.push(CleanedSegment {
+                        seq: r.u32("cleaned seq")?,
+                        size_before: r.u64("size_before")?,
+                        size_after: r.u64("size_after")?,
+                        crc32c: r.u32("crc32c")?,
+                    });
+                }
+                MetadataRecord::CleanSegments(CleanPassRecord {
+                    range_id,
+                    pass,
+                    now_ms,
+                    delete_retention_ms,
+                    segments,
+                })
+            }
             CLIENT_QUOTA => {
                 let user = r.quota_entity_name("quota user")?;
                 let client_id = r.quota_entity_name("quota client id")?;
@@ -879,6 +949,36 @@ impl MetadataRecord {
             }
             MetadataRecord::DeleteSegment { segment } => {
                 check_range_id("segment range", segment.range)
+            }
+            MetadataRecord::CleanSegments(c) => {
+                check_range_id("range_id", c.range_id)?;
+                if c.pass == 0 || c.pass > i64::MAX as u64 {
+                    return Err(E::invalid("pass", c.pass.to_string()));
+                }
+                if c.delete_retention_ms < 0 {
+                    return Err(E::invalid(
+                        "delete_retention_ms",
+                        c.delete_retention_ms.to_string(),
+                    ));
+                }
+                for pair in c.segments.windows(2) {
+                    if pair[1].seq <= pair[0].seq {
+                        return Err(E::invalid(
+                            "cleaned segments",
+                            "seqs not strictly increasing",
+                        ));
+                    }
+                }
+                for s in &c.segments {
+                    // A re-encoded batch may come out larger (recompressed).
+                    if s.size_before > i64::MAX as u64 || s.size_after > i64::MAX as u64 {
+                        return Err(E::invalid(
+                            "cleaned segment size",
+                            format!("segment {}: {} -> {}", s.seq, s.size_before, s.size_after),
+                        ));
+                    }
+                }
+                Ok(())
             }
             MetadataRecord::SetLogStartOffset {
                 topic_id,
@@ -1450,6 +1550,34 @@ pub(crate) mod tests {
                     })
                 }),
             arb_segment().prop_map(|segment| MetadataRecord::DeleteSegment { segment }),
+            (
+                1u64..,
+                1u64..=i64::MAX as u64,
+                any::<i64>(),
+                0i64..,
+                proptest::collection::btree_map(
+                    any::<u32>(),
+                    (0u64..1 << 40, 0u64..1 << 40, any::<u32>()),
+                    0..4
+                )
+            )
+                .prop_map(|(range_id, pass, now_ms, delete_retention_ms, segs)| {
+                    MetadataRecord::CleanSegments(CleanPassRecord {
+                        range_id,
+                        pass,
+                        now_ms,
+                        delete_retention_ms,
+                        segments: segs
+                            .into_iter()
+                            .map(|(seq, (size_before, size_after, crc32c))| CleanedSegment {
+                                seq,
+                                size_before,
+                                size_after,
+                                crc32c,
+                            })
+                            .collect(),
+                    })
+                }),
             (arb_uuid(), 0u32..MAX_PARTITIONS, 0i64..).prop_map(|(topic_id, partition, offset)| {
                 MetadataRecord::SetLogStartOffset {
                     topic_id,
@@ -1839,8 +1967,8 @@ pub(crate) mod tests {
         rejects(increase(0, 5));
         increase(9, MAX_PARTITIONS).validate().unwrap();
         assert_eq!(
-            MetadataRecord::decode(&[0, 21, 0, 0]),
-            Err(RecordDecodeError::UnknownType(21))
+            MetadataRecord::decode(&[0, 23, 0, 0]),
+            Err(RecordDecodeError::UnknownType(23))
         );
     }
 

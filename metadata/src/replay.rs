@@ -7,7 +7,9 @@
 use std::sync::Arc;
 
 use crate::error::MetadataReplayError;
-use crate::image::{BrokerImage, MetadataImage, RangeImage, SealInfo, SegmentImage, TopicImage};
+use crate::image::{
+    BrokerImage, MetadataImage, RangeImage, SealInfo, SegmentCleaning, SegmentImage, TopicImage,
+};
 use crate::records::MetadataRecord;
 use crate::{RangeId, SegmentId};
 
@@ -134,6 +136,15 @@ impl MetadataImage {
                 None => Some("unknown segment"),
                 Some(s) => fail(s.sealed.is_none(), "segment is active"),
             },
+            // Segments deleted since the pass was planned are left out
+            // when it applies (their copies are gone everywhere).
+            R::CleanSegments(c) => match self.ranges.get(&c.range_id) {
+                None => Some("unknown range"),
+                Some(r) => fail(
+                    c.pass <= r.clean_pass(),
+                    "cleaning pass not after the range's last one",
+                ),
+            },
             // Only a sealed segment's copies move (an active one's replica
             // set is its quorum: it changes by seal-by-quorum only).
             R::SetSegmentReplicas { segment, .. } => match self.segments.get(segment) {
@@ -257,6 +268,7 @@ impl MetadataImage {
                         hi: r.hi,
                         parents: r.parents.clone(),
                         active: true,
+                        last_clean: None,
                     }),
                 );
             }
@@ -281,11 +293,48 @@ impl MetadataImage {
                     Arc::make_mut(seg).sealed = Some(SealInfo {
                         size_bytes: s.size_bytes,
                         spans: s.spans.clone(),
+                        cleaned: None,
                     });
                 }
             }
             R::DeleteSegment { segment } => {
                 self.segments.remove(segment);
+                if let Some(r) = self.ranges.get_mut(&segment.range) {
+                    if r.last_clean.is_some() {
+                        let r = Arc::make_mut(r);
+                        if let Some(c) = r.last_clean.as_mut() {
+                            Arc::make_mut(c).segments.retain(|s| s.seq != segment.seq);
+                        }
+                    }
+                }
+            }
+            R::CleanSegments(c) => {
+                for s in &c.segments {
+                    let id = SegmentId::new(c.range_id, s.seq);
+                    if let Some(seal) = self
+                        .segments
+                        .get_mut(&id)
+                        .and_then(|seg| Arc::make_mut(seg).sealed.as_mut())
+                    {
+                        seal.size_bytes = s.size_after;
+                        seal.cleaned = Some(SegmentCleaning {
+                            pass: c.pass,
+                            crc32c: s.crc32c,
+                        });
+                    }
+                }
+                // The range keeps the pass as it applied: only segments
+                // that are sealed (and, as retention deletes them, still
+                // there), so a snapshot replays it to the same image.
+                let mut kept = c.clone();
+                kept.segments.retain(|s| {
+                    self.segments
+                        .get(&SegmentId::new(c.range_id, s.seq))
+                        .is_some_and(|seg| seg.is_sealed())
+                });
+                if let Some(r) = self.ranges.get_mut(&c.range_id) {
+                    Arc::make_mut(r).last_clean = Some(Arc::new(kept));
+                }
             }
             R::SetSegmentReplicas { segment, replicas } => {
                 if let Some(seg) = self.segments.get_mut(segment) {
@@ -1290,7 +1339,69 @@ mod tests {
                 topic_id: tid(t),
                 partitions,
             }),
+            (r.clone(), 1u64..5, 0u32..4, 1u32..4).prop_map(|(r, pass, first, n)| clean(
+                r,
+                pass,
+                (first..first + n).collect()
+            )),
         ]
+    }
+
+    /// A cleaning pass of `range` over `seqs` (sizes and CRCs from the seq).
+    fn clean(range: RangeId, pass: u64, seqs: Vec<u32>) -> MetadataRecord {
+        MetadataRecord::CleanSegments(CleanPassRecord {
+            range_id: range,
+            pass,
+            now_ms: 1_000 * pass as i64,
+            delete_retention_ms: 50,
+            segments: seqs
+                .into_iter()
+                .map(|seq| CleanedSegment {
+                    seq,
+                    size_before: 100,
+                    size_after: 10 * u64::from(seq) + pass,
+                    crc32c: seq ^ pass as u32,
+                })
+                .collect(),
+        })
+    }
+
+    #[test]
+    fn cleaning_pass_sets_sizes_and_is_snapshotted() {
+        let mut records = base();
+        records.push(seal(1, 0, vec![(0, 0, 5)]));
+        records.push(open(1, 1));
+        records.push(seal(1, 1, vec![(0, 5, 9)]));
+        records.push(open(1, 2));
+        // Pass 1 over 0..=1, then pass 2 over 0 only: segment 1 stays at pass 1.
+        records.push(clean(1, 1, vec![0, 1]));
+        records.push(clean(1, 2, vec![0]));
+        // A stale pass (not above the last) and one of an unknown range are skipped.
+        records.push(clean(1, 2, vec![0, 1]));
+        records.push(clean(9, 3, vec![0]));
+        let (img, applied) = replay(&records);
+        assert_eq!(&applied[applied.len() - 4..], &[true, true, false, false]);
+        let seg = |seq| img.segments[&SegmentId::new(1, seq)].clone();
+        assert_eq!(seg(0).sealed.as_ref().unwrap().size_bytes, 2);
+        assert_eq!(seg(0).clean_pass(), 2);
+        assert_eq!(seg(0).sealed.as_ref().unwrap().cleaned.unwrap().crc32c, 2);
+        assert_eq!(seg(1).sealed.as_ref().unwrap().size_bytes, 11);
+        assert_eq!(seg(1).clean_pass(), 1);
+        assert_eq!(seg(2).clean_pass(), 0);
+        assert_eq!(img.ranges[&1].clean_pass(), 2);
+        assert_snapshot_round_trips(&img);
+        // A pass naming a segment deleted meanwhile applies to the others,
+        // and the range keeps the pass as it applied.
+        records.push(MetadataRecord::DeleteSegment {
+            segment: SegmentId::new(1, 0),
+        });
+        records.push(clean(1, 3, vec![0, 1]));
+        let (img, applied) = replay(&records);
+        assert!(applied.last().unwrap());
+        assert_eq!(img.segments[&SegmentId::new(1, 1)].clean_pass(), 3);
+        let last = img.ranges[&1].last_clean.clone().unwrap();
+        assert_eq!(last.segments.iter().map(|s| s.seq).collect::<Vec<_>>(), [1]);
+        assert_snapshot_round_trips(&img);
     }
 
     /// One step of a generated history: an arbitrary record, or an

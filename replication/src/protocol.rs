@@ -54,11 +54,14 @@ pub enum Message {
         end: u64,
         spans: Vec<(u32, i64, i64)>,
     },
-    /// Repair: up to `max` bytes of the replica's copy from `from`.
+    /// Repair: up to `max` bytes of the replica's copy from `from`, as of
+    /// cleaning pass `pass` (the image's for the segment; 0: never
+    /// cleaned). A replica whose copy is at another pass refuses.
     Read {
         segment: SegmentKey,
         from: u64,
         max: u32,
+        pass: u64,
     },
     Data {
         segment: SegmentKey,
@@ -160,11 +163,17 @@ impl Message {
                     b.put_i64(*end);
                 }
             }
-            Message::Read { segment, from, max } => {
+            Message::Read {
+                segment,
+                from,
+                max,
+                pass,
+            } => {
                 b.put_u8(READ);
                 put_segment(&mut b, segment);
                 b.put_u64(*from);
                 b.put_u32(*max);
+                b.put_u64(*pass);
             }
         }
         let len = (b.len() - 4) as u32;
@@ -265,11 +274,12 @@ impl Message {
             },
             READ => {
                 let segment = segment(&mut body)?;
-                need(&body, 12)?;
+                need(&body, 20)?;
                 Message::Read {
                     segment,
                     from: body.get_u64(),
                     max: body.get_u32(),
+                    pass: body.get_u64(),
                 }
             }
             _ => return Err(ProtocolError::Malformed("unknown message kind")),
@@ -375,6 +385,7 @@ mod tests {
                 segment: s,
                 from: 1,
                 max: 1 << 20,
+                pass: 3,
             },
             Message::Data {
                 segment: s,

@@ -184,6 +184,12 @@ impl ReplicaStore {
         Ok(existed)
     }
 
+    /// Drops the open handle of `key` (its file was replaced by a cleaning
+    /// pass: the next access reopens it).
+    pub fn forget(&self, key: SegmentKey) {
+        self.copies.lock().remove(&key);
+    }
+
     /// Closes the copies of `range` (its logs are deleted or opened as a
     /// primary's range log now).
     pub fn close_range(&self, range: u64) {

@@ -36,6 +36,9 @@ pub trait Directory: Send + Sync + 'static {
     fn range_dir(&self, key: SegmentKey) -> Option<PathBuf>;
     /// This broker's range log of `range` (it is, or was, its primary).
     fn primary_log(&self, range: u64) -> Option<Arc<RangeLog>>;
+    /// The cleaning pass this broker's copy of `segment` is at, when known
+    /// (its range's passes applied here); `None` while it may be behind.
+    fn copy_clean_pass(&self, segment: SegmentKey) -> Option<u64>;
 }
 
 /// Largest repair chunk served per `Read`.
@@ -66,8 +69,20 @@ pub async fn serve<R, W>(
         Message::Fence { segment } => {
             let _ = tx.send(fence(segment, &store, &*dir));
         }
-        Message::Read { segment, from, max } => {
-            let _ = tx.send(read(segment, from, max.min(MAX_READ_BYTES), &store, &*dir));
+        Message::Read {
+            segment,
+            from,
+            max,
+            pass,
+        } => {
+            let _ = tx.send(read(
+                segment,
+                from,
+                max.min(MAX_READ_BYTES),
+                pass,
+                &store,
+                &*dir,
+            ));
         }
         other => tracing::info!(?other, "unexpected first replication message"),
     }
@@ -250,9 +265,19 @@ pub fn read(
     segment: SegmentKey,
     from: u64,
     max: u32,
+    pass: u64,
     store: &ReplicaStore,
     dir: &dyn Directory,
 ) -> Message {
+    // A copy at another cleaning pass holds other bytes at the same positions.
+    let held = dir.copy_clean_pass(segment);
+    if held != Some(pass) {
+        return Message::Refused {
+            segment,
+            retry: true,
+            reason: format!("copy at cleaning pass {held:?}, not {pass}"),
+        };
+    }
     if let Some(log) = dir.primary_log(segment.range) {
         match log.frames(segment.seq, from, max as usize) {
             Ok(Some(chunk)) => {

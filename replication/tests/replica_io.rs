@@ -33,6 +33,9 @@ impl Directory for FollowerDir {
     fn primary_log(&self, _: u64) -> Option<Arc<RangeLog>> {
         None
     }
+    fn copy_clean_pass(&self, _: SegmentKey) -> Option<u64> {
+        Some(0)
+    }
 }
 
 struct Peers(String);
@@ -156,6 +159,7 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
             segment: key,
             from: 0,
             max: 100,
+            pass: 0,
         },
         Duration::from_secs(5),
     )
@@ -166,6 +170,21 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
             assert!(!frames.is_empty());
             tessera_log::segment::parse_frames(&frames, 0).unwrap();
         }
+        other => panic!("{other:?}"),
+    }
+    // A read naming another cleaning pass than the copy's is refused (its
+    // bytes at the same positions differ).
+    let other_pass = Message::Read {
+        segment: key,
+        from: 0,
+        max: 100,
+        pass: 1,
+    };
+    match service::call(&addr, &other_pass, Duration::from_secs(5))
+        .await
+        .unwrap()
+    {
+        Message::Refused { retry: true, .. } => {}
         other => panic!("{other:?}"),
     }
     r.stop();

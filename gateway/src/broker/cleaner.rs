@@ -9,20 +9,27 @@
 //!
 //! Only segments the metadata log records as sealed are cleaned (a roll not
 //! recorded yet may still be re-recorded from the local file's spans).
-//! Ranges whose segments have more than one replica are not cleaned yet:
-//! see "Log compaction" in docs/ARCHITECTURE.md for how replicas will stay
-//! identical. The internal topics (`__consumer_offsets`,
-//! `__transaction_state`, created with `cleanup.policy=compact`) are
-//! cleaned like any other: their coordinators replay the last record of
-//! each key, which compaction keeps.
+//! A pass is prepared (cleaned copies written beside the segments), then
+//! recorded in the metadata log (`CleanSegments`: the segments, the pass's
+//! `now` and `delete.retention.ms`, each segment's size before and its
+//! size and CRC-32C after), and only once recorded swapped in. Every other
+//! replica of the segments applies the recorded pass to its own copies
+//! (`clean_passes.rs`), so a replicated range is cleaned on every copy
+//! alike. A pass covers the oldest run of sealed segments that share one
+//! replica set (every replica of one holds all of them) and ends where no
+//! transaction is open (`cleaning_view`). The internal topics
+//! (`__consumer_offsets`, `__transaction_state`, created with
+//! `cleanup.policy=compact`) are cleaned like any other: their
+//! coordinators replay the last record of each key, which compaction keeps.
 
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use tessera_log::cleaner::{self, CleanParams, CleanPolicy};
 use tessera_log::RangeLog;
-use tessera_metadata::{MetadataImage, RangeId};
+use tessera_metadata::{CleanPassRecord, CleanedSegment, MetadataImage, MetadataRecord, RangeId};
 
+use super::clean_passes::{applied_pass, set_applied_pass};
 use super::Broker;
 use crate::metrics::Metrics;
 use crate::topic_config::CompactionConfig;
@@ -53,7 +60,10 @@ struct Job {
     range: RangeId,
     topic: String,
     log: Arc<RangeLog>,
-    up_to: u32,
+    /// The segments of the pass, oldest first.
+    seqs: Vec<u32>,
+    /// The number the pass is recorded under.
+    pass: u64,
     params: CleanParams,
 }
 
@@ -80,7 +90,7 @@ impl Broker {
             if !range.active
                 || log.is_sealed()
                 || image.active_segment(range_id).and_then(|s| s.primary()) != Some(me)
-                || segments.iter().any(|s| s.replicas.len() > 1)
+                || self.replicas.cleaning.lock().contains(&range_id)
             {
                 continue;
             }
@@ -88,15 +98,42 @@ impl Broker {
             if !config.compact {
                 continue;
             }
-            let recorded: std::collections::BTreeSet<u32> = segments
+            let Some(dir) = self.range_dir_of(image, range_id) else {
+                continue;
+            };
+            if applied_pass(&dir) < range.clean_pass() {
+                continue; // this log has not applied the range's last pass yet
+            }
+            // The oldest run of sealed segments held here that share one
+            // replica set: every replica of one of them can apply the pass.
+            let sealed: Vec<_> = segments.iter().filter(|s| s.is_sealed()).collect();
+            let replica_set = |s: &tessera_metadata::SegmentImage| {
+                let mut r = s.replicas.clone();
+                r.sort_unstable();
+                r
+            };
+            let first_set = sealed.first().map(|s| replica_set(s));
+            let recorded: std::collections::BTreeSet<u32> = sealed
                 .iter()
-                .filter(|s| s.is_sealed())
+                .take_while(|s| {
+                    Some(replica_set(s)) == first_set
+                        && s.replicas.contains(&me)
+                        && log.holds_sealed(s.id.seq)
+                })
                 .map(|s| s.id.seq)
                 .collect();
+            // Segments past the last one a pass rewrote are dirty.
+            let first_dirty_seq = sealed
+                .iter()
+                .filter(|s| s.clean_pass() > 0)
+                .map(|s| s.id.seq + 1)
+                .max()
+                .unwrap_or(0);
             let local = log.cleaning_view();
-            let sealed: Vec<cleaner::SegmentStat> = local
+            let stats: Vec<cleaner::SegmentStat> = local
                 .segments
                 .iter()
+                .skip_while(|s| !recorded.contains(&s.seq))
                 .take_while(|s| recorded.contains(&s.seq))
                 .copied()
                 .collect();
@@ -106,14 +143,20 @@ impl Broker {
                 min_cleanable_dirty_ratio: config.min_cleanable_dirty_ratio,
                 max_compaction_lag_ms: config.max_compaction_lag_ms,
             };
-            let Some(up_to) = cleaner::plan_pass(&sealed, local.first_dirty_seq, &policy) else {
+            let Some(up_to) = cleaner::plan_pass(&stats, first_dirty_seq, &policy) else {
                 continue;
             };
+            let seqs: Vec<u32> = stats
+                .iter()
+                .map(|s| s.seq)
+                .take_while(|s| *s <= up_to)
+                .collect();
             jobs.push(Job {
                 range: range_id,
                 topic: topic.name.clone(),
                 log,
-                up_to,
+                seqs,
+                pass: range.clean_pass() + 1,
                 params: CleanParams {
                     now_ms,
                     delete_retention_ms: config.delete_retention_ms.max(0),
@@ -123,10 +166,13 @@ impl Broker {
         jobs
     }
 
-    /// One cleaning pass over the ranges this broker is primary of.
+    /// One cleaning pass over the ranges this broker is primary of, after
+    /// applying the passes of other primaries that its copies lack.
     pub(crate) async fn clean_logs(self: &Arc<Self>) {
         let image = self.image();
-        let jobs = self.plan_cleaning(&image, tessera_log::range_log::now_ms());
+        self.catch_up_clean_passes(&image);
+        let mut jobs = self.plan_cleaning(&image, tessera_log::range_log::now_ms());
+        jobs.retain(|j| self.replicas.cleaning.lock().insert(j.range));
         if jobs.is_empty() {
             return;
         }
@@ -140,63 +186,126 @@ impl Broker {
         for job in jobs {
             let (pace, permits, broker) = (pace.clone(), permits.clone(), self.clone());
             tasks.spawn(async move {
-                let Ok(_permit) = permits.acquire_owned().await else {
-                    return;
-                };
-                let started = Instant::now();
-                let log = job.log.clone();
-                let metrics = broker.clone();
-                let done = tokio::task::spawn_blocking(move || {
-                    log.clean(job.up_to, job.params, &mut |n| {
-                        Metrics::add(&metrics.metrics.cleaner_io_bytes, n);
-                        pace.take(n)
-                    })
-                })
-                .await;
-                match done {
-                    Ok(Ok(stats)) => {
-                        let m = &broker.metrics;
-                        if !stats.rewritten.is_empty() {
-                            Metrics::add(&m.cleaner_passes, 1);
-                            Metrics::add(&m.cleaner_bytes_before, stats.bytes_before);
-                            Metrics::add(&m.cleaner_bytes_after, stats.bytes_after);
-                        }
-                        let secs = started.elapsed().as_secs_f64().max(1e-6);
-                        tracing::info!(
-                            topic = %job.topic,
-                            range = job.range,
-                            up_to = job.up_to,
-                            rewritten = stats.rewritten.len(),
-                            keys = stats.keys,
-                            bytes_before = stats.bytes_before,
-                            bytes_after = stats.bytes_after,
-                            mb_per_sec = stats.bytes_read as f64 / secs / 1e6,
-                            "log cleaner: cleaned"
-                        );
-                    }
-                    Ok(Err(e)) => {
-                        tracing::warn!(topic = %job.topic, range = job.range, error = %e, "log cleaner: pass failed")
-                    }
-                    Err(e) => {
-                        tracing::warn!(range = job.range, error = %e, "log cleaner: pass panicked")
-                    }
+                let range = job.range;
+                if let Ok(_permit) = permits.acquire_owned().await {
+                    broker.run_pass(job, pace).await;
                 }
+                broker.replicas.cleaning.lock().remove(&range);
             });
         }
         while tasks.join_next().await.is_some() {}
     }
+
+    /// Prepares a planned pass, records it, and swaps it in once recorded.
+    async fn run_pass(self: &Arc<Self>, job: Job, pace: Arc<Pace>) {
+        let started = Instant::now();
+        let (log, seqs, params) = (job.log.clone(), job.seqs.clone(), job.params);
+        let metrics = self.clone();
+        let prepared = tokio::task::spawn_blocking(move || {
+            log.prepare_pass(&seqs, params, &mut |n| {
+                Metrics::add(&metrics.metrics.cleaner_io_bytes, n);
+                pace.take(n)
+            })
+        })
+        .await;
+        let prepared = match prepared {
+            Ok(Ok(p)) => p,
+            Ok(Err(e)) => {
+                tracing::warn!(topic = %job.topic, range = job.range, error = %e, "log cleaner: pass failed");
+                return;
+            }
+            Err(e) => {
+                tracing::warn!(range = job.range, error = %e, "log cleaner: pass panicked");
+                return;
+            }
+        };
+        let record = MetadataRecord::CleanSegments(CleanPassRecord {
+            range_id: job.range,
+            pass: job.pass,
+            now_ms: job.params.now_ms,
+            delete_retention_ms: job.params.delete_retention_ms,
+            segments: prepared
+                .copies
+                .iter()
+                .map(|c| CleanedSegment {
+                    seq: c.seq,
+                    size_before: c.size_before,
+                    size_after: c.size_after,
+                    crc32c: c.crc32c,
+                })
+                .collect(),
+        });
+        let dir = job.log.dir().to_path_buf();
+        match self.controller.write_detailed(vec![record]).await {
+            Ok(outcome) if outcome.skipped.is_empty() => {}
+            Ok(_) => {
+                tracing::info!(
+                    range = job.range,
+                    pass = job.pass,
+                    "log cleaner: pass lost a race with another; dropped"
+                );
+                tessera_log::clean_pass::discard(&dir, &prepared);
+                return;
+            }
+            Err(e) => {
+                // If it was recorded after all, the catch-up applies it.
+                tracing::warn!(range = job.range, error = %e, "log cleaner: could not record the pass");
+                tessera_log::clean_pass::discard(&dir, &prepared);
+                return;
+            }
+        }
+        let log = job.log.clone();
+        let swapped = tokio::task::spawn_blocking(move || {
+            let stats = log.swap_prepared(&prepared)?;
+            set_applied_pass(&dir, job.pass)?;
+            anyhow::Ok(stats)
+        })
+        .await;
+        match swapped {
+            Ok(Ok(stats)) => {
+                let m = &self.metrics;
+                if !stats.rewritten.is_empty() {
+                    Metrics::add(&m.cleaner_passes, 1);
+                    Metrics::add(&m.cleaner_bytes_before, stats.bytes_before);
+                    Metrics::add(&m.cleaner_bytes_after, stats.bytes_after);
+                }
+                let secs = started.elapsed().as_secs_f64().max(1e-6);
+                tracing::info!(
+                    topic = %job.topic,
+                    range = job.range,
+                    pass = job.pass,
+                    segments = job.seqs.len(),
+                    rewritten = stats.rewritten.len(),
+                    keys = stats.keys,
+                    bytes_before = stats.bytes_before,
+                    bytes_after = stats.bytes_after,
+                    mb_per_sec = stats.bytes_read as f64 / secs / 1e6,
+                    "log cleaner: cleaned"
+                );
+            }
+            // The pass is recorded: the catch-up applies it again.
+            Ok(Err(e)) => {
+                tracing::warn!(topic = %job.topic, range = job.range, error = %format!("{e:#}"), "log cleaner: swap failed")
+            }
+            Err(e) => tracing::warn!(range = job.range, error = %e, "log cleaner: swap panicked"),
+        }
+    }
 }
 
-/// Runs cleaning passes until the broker is gone.
+/// Runs cleaning passes until the broker is gone (with the cleaner
+/// disabled, only applies the passes other primaries recorded).
 pub(super) async fn run(broker: Weak<Broker>) {
     loop {
         let Some(b) = broker.upgrade() else { return };
-        if !b.config.log_cleaner_enable {
-            return;
-        }
         let backoff = Duration::from_millis(b.config.log_cleaner_backoff_ms);
         if b.is_ready() && !b.is_shutting_down() {
-            b.clean_logs().await;
+            if b.config.log_cleaner_enable {
+                b.clean_logs().await;
+            } else {
+                // Passes other primaries recorded still apply to the copies
+                // here (their seals and repairs wait for them).
+                b.catch_up_clean_passes(&b.image());
+            }
         }
         drop(b);
         tokio::time::sleep(backoff).await;

@@ -219,6 +219,12 @@ impl Broker {
             if !primary_here {
                 continue;
             }
+            if self.replicas.cleaning.lock().contains(&range.id) && self.log_of(range.id).is_none()
+            {
+                // A cleaning pass rewrites this range's copies: the log
+                // opens on them once it is done (it reconciles again).
+                continue;
+            }
             if range.active && replicated {
                 if last.is_sealed() {
                     continue;

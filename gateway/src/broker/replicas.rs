@@ -44,9 +44,12 @@ pub(crate) struct Replicas {
     /// Segments a seal-by-quorum runs for (one task each).
     sealing: Mutex<HashSet<SegmentId>>,
     /// Follower copies being repaired (one task each).
-    repairing: Mutex<HashSet<SegmentId>>,
+    pub(super) repairing: Mutex<HashSet<SegmentId>>,
     /// Seals already applied to this broker's copies.
-    sealed_copies: Mutex<HashSet<SegmentId>>,
+    pub(super) sealed_copies: Mutex<HashSet<SegmentId>>,
+    /// Ranges a cleaning pass runs on here (planned as primary, or applied
+    /// to this broker's copies): one at a time, and no log opens meanwhile.
+    pub(super) cleaning: Mutex<HashSet<RangeId>>,
     /// Sealed segments not on this broker, checked for a stale copy (by
     /// replica set: healing may list this broker again later).
     foreign_checked: Mutex<HashSet<(SegmentId, Vec<i32>)>>,
@@ -57,7 +60,7 @@ pub(crate) struct Replicas {
     pub(super) read_copies: Mutex<HashMap<SegmentId, Arc<tessera_log::segment::Segment>>>,
 }
 
-fn key(id: SegmentId) -> SegmentKey {
+pub(super) fn key(id: SegmentId) -> SegmentKey {
     SegmentKey {
         range: id.range,
         seq: id.seq,
@@ -68,6 +71,11 @@ fn key(id: SegmentId) -> SegmentKey {
 struct View(Weak<Broker>);
 
 impl Directory for View {
+    fn copy_clean_pass(&self, segment: SegmentKey) -> Option<u64> {
+        let broker = self.0.upgrade()?;
+        broker.copy_clean_pass(&broker.image(), SegmentId::new(segment.range, segment.seq))
+    }
+
     fn follower_dir(&self, segment: SegmentKey, primary: i32) -> Result<PathBuf, Refusal> {
         let broker = self.0.upgrade().ok_or_else(|| Refusal {
             retry: false,
@@ -298,6 +306,11 @@ impl Broker {
                 self.replicas.sealed_copies.lock().insert(seg.id);
                 continue;
             }
+            if self.clean_pass_pending(&dir, &seg) {
+                // The image's size is the cleaned one: the copy is compared
+                // with it once the pass is applied here (clean_passes.rs).
+                continue;
+            }
             let copy = self.replicas.store.copy(key(seg.id), &dir)?;
             let action = copy.lock().seal(info.size_bytes)?;
             match action {
@@ -383,13 +396,25 @@ fn write_repair(
     copy.lock().repair(position, frames)
 }
 
-/// Copies the missing tail of a sealed segment from another replica.
+/// Copies the missing tail of a sealed segment from another replica, as
+/// of the segment's cleaning pass in the image.
 async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
+    let pass = seg.clean_pass();
     let done = loop {
         let Some(b) = broker.upgrade() else { return };
         let image = b.image();
-        if !image.segments.contains_key(&seg.id) {
+        let Some(now) = image.segments.get(&seg.id) else {
             break true; // deleted meanwhile
+        };
+        if now.clean_pass() != pass {
+            // A pass rewrote the segment meanwhile: what was copied so far
+            // is of the old bytes. Start over at the new pass.
+            if let Some(dir) = b.range_dir_of(&image, seg.id.range) {
+                if let Err(e) = b.replicas.store.discard(key(seg.id), &dir) {
+                    tracing::warn!(segment = %seg.id, error = %e, "could not drop a stale partial copy");
+                }
+            }
+            break false;
         }
         let Some(copy) = b.replicas.store.get(key(seg.id)) else {
             break true;
@@ -411,6 +436,7 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
                 segment: key(seg.id),
                 from: written,
                 max: service::MAX_READ_BYTES,
+                pass,
             };
             match service::call(&addr, &read, CALL_TIMEOUT).await {
                 Ok(Message::Data {

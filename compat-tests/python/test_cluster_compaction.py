@@ -1,0 +1,227 @@
+"""Log compaction of replicated ranges on a 3-node cluster (issue 8).
+
+* A compacted topic with replication factor 3 and small segments gets many
+  updates to a few keys and tombstones (short ``delete.retention.ms``); a
+  follower is killed -9 while passes run and restarted. The
+  primary records each cleaning pass in the metadata log and every replica
+  applies it to its own copy: the sealed segments' files end byte-identical
+  on the three brokers and as large as the image says, far smaller than
+  what was written; a consumer reads the latest value of every key, the
+  deleted keys are gone; after SIGKILL of the primary the new leader serves
+  the same compacted records.
+* ``__consumer_offsets`` (replicated on the three brokers): one group
+  commits thousands of times; its partition's files stay bounded on every
+  broker (before this change replicated ranges were never cleaned).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+from confluent_kafka import (
+    OFFSET_BEGINNING,
+    Consumer,
+    KafkaError,
+    KafkaException,
+    Producer,
+    TopicPartition,
+)
+
+from test_cluster import cluster, eventually, http, node_pid  # noqa: F401 - fixture
+from test_replication import create_replicated, kill_and_restart_later, leader_of
+
+OVERRIDES = {
+    "log.cleaner.backoff.ms": "300",
+    "offsets.topic.segment.bytes": "16384",
+}
+KEYS = 20
+DELETED = 5
+UPDATES = 20_000
+# How long cleaning may take to show (lower it to check an old build fails fast).
+WAIT = float(os.environ.get("TESSERA_CLEANING_WAIT", "240"))
+
+
+def range_dirs(workdir: Path, node: int, topic: str) -> list[Path]:
+    """The directories of `topic`'s ranges on node `node`."""
+    root = workdir / "cluster" / f"node-{node}"
+    return [d for t in root.rglob(f"topics/{topic}-*") for d in t.iterdir() if d.is_dir()]
+
+
+def segment_files(workdir: Path, node: int, topic: str) -> dict[tuple[str, int], bytes]:
+    """`(range, seq) -> bytes` of every segment file of `topic` on `node`."""
+    out = {}
+    for d in range_dirs(workdir, node, topic):
+        for f in d.glob("*.log"):
+            out[(d.name, int(f.stem))] = f.read_bytes()
+    return out
+
+
+def sealed_segments(admin_url: str, topic: str) -> dict[tuple[str, int], dict]:
+    return {(str(s["range"]), s["seq"]): s for s in http(admin_url + "/segments")
+            if s["topic"] == topic and s["sealed_bytes"] is not None}
+
+
+def identical_cleaned_copies(cluster, topic: str) -> tuple[bool, str]:
+    """Every sealed segment of `topic` cleaned at least once, its file the
+    same bytes on each node, of the size the image records."""
+    sealed = sealed_segments(cluster["admin"][0], topic)
+    if not sealed or any(s.get("clean_pass", 0) == 0 for s in sealed.values()):
+        return False, f"not every sealed segment cleaned: {sorted((k, s.get('clean_pass', 0)) for k, s in sealed.items())}"
+    files = [segment_files(cluster["workdir"], n, topic) for n in (1, 2, 3)]
+    for k, s in sealed.items():
+        copies = [f.get(k) for f in files]
+        if any(c is None for c in copies):
+            return False, f"segment {k} missing on a node"
+        if len({c for c in copies}) != 1 or len(copies[0]) != s["sealed_bytes"]:
+            return False, f"segment {k}: sizes {[len(c) for c in copies]}, image {s['sealed_bytes']}"
+    return True, "ok"
+
+
+def consume_all(boot: str, topic: str) -> list[tuple[int, bytes, bytes | None]]:
+    c = Consumer({"bootstrap.servers": boot, "group.id": f"reader-{time.monotonic_ns()}",
+                  "enable.auto.commit": False, "enable.partition.eof": True})
+    try:
+        c.assign([TopicPartition(topic, 0, OFFSET_BEGINNING)])
+        got = []
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error():
+                if m.error().code() == KafkaError._PARTITION_EOF:
+                    return got
+                raise AssertionError(m.error())
+            got.append((m.offset(), m.key(), m.value()))
+        raise AssertionError("did not reach the end")
+    finally:
+        c.close()
+
+
+def latest(records) -> dict[bytes, bytes | None]:
+    out = {}
+    for _, k, v in records:
+        out[k] = v
+    return out
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.cluster_overrides(OVERRIDES)
+def test_replicas_of_a_compacted_topic_are_cleaned_alike_and_failover_serves_them(cluster):
+    boot = ",".join(cluster["bootstrap"])
+    workdir = cluster["workdir"]
+    topic = "compacted-rf3"
+    admin = create_replicated(boot, topic, 1, 3, {
+        "cleanup.policy": "compact",
+        "segment.bytes": "16384",
+        "min.cleanable.dirty.ratio": "0.01",
+        "delete.retention.ms": "2000",
+        "min.insync.replicas": "2",
+    })
+    p = Producer({"bootstrap.servers": boot, "acks": "all", "enable.idempotence": True,
+                  "linger.ms": 5, "batch.size": 4096})
+    want: dict[bytes, bytes | None] = {}
+    produced = 0
+    for i in range(UPDATES):
+        k = f"key-{i % KEYS}".encode()
+        v = f"value-{i}-".encode() + b"x" * 40
+        want[k] = v
+        produced += len(k) + len(v)
+        p.produce(topic, key=k, value=v, partition=0)
+        if i % 1000 == 0:
+            p.poll(0)
+    for k in range(DELETED):
+        p.produce(topic, key=f"key-{k}".encode(), value=None, partition=0)
+        want[f"key-{k}".encode()] = None
+    assert p.flush(60) == 0
+    # A follower is killed -9 while passes run and comes back 3 s later: it
+    # applies the passes it finds pending (or fetches again the copies it
+    # cannot clean to the recorded bytes) and ends identical too.
+    follower = next(n for n in (1, 2, 3) if n != leader_of(admin, topic))
+    kill_and_restart_later(workdir, follower, 3).join()
+    eventually("the follower is back", lambda: node_pid(workdir, follower) is not None, timeout=30)
+    # Trickle updates so the active segment rolls and the tombstones' horizon
+    # passes while passes keep running.
+
+    def cleaned():
+        for i in range(200):
+            p.produce(topic, key=f"key-{KEYS - 1}".encode(), value=f"late-{i}".encode() + b"y" * 80,
+                      partition=0)
+        want[f"key-{KEYS - 1}".encode()] = f"late-199".encode() + b"y" * 80
+        p.flush(30)
+        ok, why = identical_cleaned_copies(cluster, topic)
+        if not ok:
+            print(why[:200])
+            return False
+        records = consume_all(boot, topic)
+        return all(k not in {r[1] for r in records} for k in
+                   (f"key-{d}".encode() for d in range(DELETED)))
+
+    eventually("every replica cleaned alike and the tombstones gone", cleaned, timeout=WAIT)
+    # One more settled check: no producer now, copies identical.
+    eventually("copies identical", lambda: identical_cleaned_copies(cluster, topic)[0], timeout=60)
+    sealed = sealed_segments(cluster["admin"][0], topic)
+    per_node = [sum(len(segment_files(workdir, n, topic)[k]) for k in sealed) for n in (1, 2, 3)]
+    print(f"key+value bytes produced {produced}, sealed segment bytes after cleaning on each node {per_node} "
+          f"({len(sealed)} sealed segments, passes {max(s.get('clean_pass', 0) for s in sealed.values())})")
+    before = consume_all(boot, topic)
+    # The first burst is in sealed segments cleaned before the kill (each
+    # round of late updates rolled a segment since).
+    sealed_end = UPDATES + DELETED
+    assert latest(before) == {k: v for k, v in want.items() if v is not None}
+    assert len(before) < UPDATES / 10
+
+    # SIGKILL the primary: the new leader serves the same compacted data.
+    old = leader_of(admin, topic)
+    os.kill(node_pid(workdir, old), signal.SIGKILL)
+    eventually("a new leader", lambda: leader_of(admin, topic) not in (old, -1), timeout=60)
+    after = consume_all(boot, topic)
+    # The same records (the new leader may clean the segment the failover
+    # sealed, so it may hold fewer of the superseded ones).
+    assert latest(after) == latest(before)
+    assert set(after) <= set(before)
+    assert [r for r in before if r[0] < sealed_end] == [r for r in after if r[0] < sealed_end]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.cluster_overrides(OVERRIDES)
+def test_consumer_offsets_stays_bounded_on_every_replica(cluster):
+    boot = ",".join(cluster["bootstrap"])
+    workdir = cluster["workdir"]
+    topic = "offsets-source"
+    create_replicated(boot, topic, 1, 3, {})
+    c = Consumer({"bootstrap.servers": boot, "group.id": "committer", "enable.auto.commit": False})
+    commits = 4000
+    for i in range(commits):
+        for attempt in range(100):
+            try:
+                c.commit(offsets=[TopicPartition(topic, 0, i + 1)], asynchronous=False)
+                break
+            except KafkaException:  # the coordinator is being found or moved
+                if attempt == 99:
+                    raise
+                time.sleep(0.2)
+    committed = c.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
+    assert committed == commits
+
+    def disk(n: int) -> int:
+        return sum(len(b) for b in segment_files(workdir, n, "__consumer_offsets").values())
+
+    def bounded():
+        sizes = [disk(n) for n in (1, 2, 3)]
+        sealed = sealed_segments(cluster["admin"][0], "__consumer_offsets")
+        cleaned = [s for s in sealed.values() if s.get("clean_pass", 0) > 0]
+        same, why = identical_cleaned_copies(cluster, "__consumer_offsets")
+        print(f"__consumer_offsets on disk per node: {sizes}; sealed {len(sealed)}, "
+              f"cleaned {len(cleaned)}; copies identical: {why[:200]}")
+        return same and max(sizes) < 64 * 1024
+
+    eventually("__consumer_offsets cleaned on every broker", bounded, timeout=WAIT)
+    c2 = Consumer({"bootstrap.servers": boot, "group.id": "committer", "enable.auto.commit": False})
+    assert c2.committed([TopicPartition(topic, 0)], timeout=10)[0].offset == commits
+    c.close()
+    c2.close()
