@@ -514,3 +514,38 @@ def test_legacy_source_tailed_then_resumed_after_kill9(broker_factory):
         assert watermarks(target.bootstrap, topic, 1) == [(0, source.high_watermark)]
     finally:
         source.stop()
+
+
+def test_source_over_sasl_oauthbearer(broker_factory):
+    """The migrator logs in to an OAUTHBEARER source with librdkafka's
+    unsecured-token settings; a token without the scope the source
+    requires is refused, nothing written."""
+    from test_sasl import start_sasl_broker
+
+    source = start_sasl_broker(broker_factory)
+    target = broker_factory(overrides=MIGRATION)
+    topic = "oauth-source"
+    create_topic(source, topic, 2)
+    p = Producer({"bootstrap.servers": source.bootstrap, "acks": "all"})
+    for i in range(200):
+        p.produce(topic, key=f"k{i}".encode(), value=f"v{i}".encode())
+    assert p.flush(30) == 0
+    security = ["--source-config", "security.protocol=SASL_PLAINTEXT",
+                "--source-config", "sasl.mechanism=OAUTHBEARER",
+                "--source-config", "enable.sasl.oauthbearer.unsecure.jwt=true"]
+
+    wrong = migrate("--source", source.sasl_bootstrap, "--target", target.bootstrap,
+                    "--topics", topic, *security,
+                    "--source-config", "sasl.oauthbearer.config=principal=alice scope=other")
+    assert wrong.returncode != 0
+    assert "SaslAuthenticate" in wrong.stderr and "scope" in wrong.stderr, wrong.stderr
+    assert topic not in admin(target).list_topics(timeout=10).topics
+
+    done = migrate("--source", source.sasl_bootstrap, "--target", target.bootstrap,
+                   "--topics", topic, *security,
+                   "--source-config", "sasl.oauthbearer.config=principal=alice scope=tessera")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verified 2 partition(s): 200 records, counts and checksums match" in done.stdout, done.stdout
+    got = consume_all(target.bootstrap, topic, 2)
+    assert sorted((k, v) for (_, _, k, v) in got) == sorted(
+        (f"k{i}".encode(), f"v{i}".encode()) for i in range(200))

@@ -182,6 +182,15 @@ impl Conn {
                     return Err(self.sasl_error("the server's signature does not verify"));
                 }
             }
+            Mechanism::OAuthBearer => {
+                let message = self
+                    .security
+                    .oauthbearer
+                    .as_ref()
+                    .ok_or_else(|| self.sasl_error("OAUTHBEARER without sasl.oauthbearer.config"))?
+                    .client_first_message(tessera_log::now_ms());
+                self.sasl_step(message).await?;
+            }
         }
         Ok(())
     }

@@ -2,8 +2,10 @@
 //! (`--source-config security.protocol=SASL_SSL`, `sasl.mechanism`,
 //! `sasl.username`, `sasl.password`, `ssl.ca.location`, ...), so a user
 //! copies them from the consumers they already run. TLS with rustls, SASL
-//! PLAIN and SCRAM-SHA-256/512 as a Kafka client does them: ApiVersions,
-//! then SaslHandshake v1, then SaslAuthenticate.
+//! PLAIN, SCRAM-SHA-256/512 and OAUTHBEARER (librdkafka's unsecured JWT:
+//! `enable.sasl.oauthbearer.unsecure.jwt=true`, `sasl.oauthbearer.config`)
+//! as a Kafka client does them: ApiVersions, then SaslHandshake v1, then
+//! SaslAuthenticate.
 
 use std::sync::Arc;
 
@@ -16,6 +18,7 @@ use tokio_rustls::rustls::pki_types::{CertificateDer, ServerName, UnixTime};
 use tokio_rustls::rustls::{CertificateError, DigitallySignedStruct, SignatureScheme};
 
 use crate::error::MigrateError;
+use crate::sasl::oauthbearer::UnsecuredLogin;
 use crate::sasl::scram::ScramMechanism;
 
 /// Kafka's `security.protocol`.
@@ -43,6 +46,7 @@ impl Protocol {
 pub enum Mechanism {
     Plain,
     Scram(ScramMechanism),
+    OAuthBearer,
 }
 
 impl Mechanism {
@@ -50,6 +54,7 @@ impl Mechanism {
         match self {
             Mechanism::Plain => "PLAIN",
             Mechanism::Scram(m) => m.name(),
+            Mechanism::OAuthBearer => "OAUTHBEARER",
         }
     }
 }
@@ -58,8 +63,11 @@ impl Mechanism {
 #[derive(Clone, Default)]
 pub struct ClientSecurity {
     pub protocol: Protocol,
-    /// The SASL mechanism, user and password (SASL protocols only).
+    /// The SASL mechanism, user and password (SASL protocols only; for
+    /// OAUTHBEARER the principal and no password).
     pub sasl: Option<(Mechanism, String, String)>,
+    /// OAUTHBEARER's token settings (a fresh token on every login).
+    pub oauthbearer: Option<UnsecuredLogin>,
     /// The TLS client configuration (TLS protocols only).
     pub tls: Option<Arc<rustls::ClientConfig>>,
 }
@@ -86,6 +94,9 @@ pub const KEYS: &[&str] = &[
     "ssl.certificate.location",
     "ssl.key.location",
     "ssl.endpoint.identification.algorithm",
+    "sasl.oauthbearer.config",
+    "enable.sasl.oauthbearer.unsecure.jwt",
+    "sasl.oauthbearer.method",
 ];
 
 impl ClientSecurity {
@@ -120,17 +131,25 @@ impl ClientSecurity {
             "SASL_SSL" => Protocol::SaslSsl,
             other => return Err(bad(format!("security.protocol {other:?}"))),
         };
+        let mut oauthbearer = None;
         let sasl = if protocol.uses_sasl() {
             let mechanism = match value("sasl.mechanism").to_ascii_uppercase().as_str() {
                 "GSSAPI" => return Err(bad("sasl.mechanism GSSAPI is not supported".into())),
                 "" | "PLAIN" => Mechanism::Plain,
+                "OAUTHBEARER" => Mechanism::OAuthBearer,
                 other => Mechanism::Scram(ScramMechanism::from_name(other).ok_or_else(|| {
                     bad(format!(
-                        "sasl.mechanism {other:?} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512)"
+                        "sasl.mechanism {other:?} (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512, OAUTHBEARER)"
                     ))
                 })?),
             };
-            let user = value("sasl.username");
+            if mechanism == Mechanism::OAuthBearer {
+                oauthbearer = Some(oauthbearer_login(&value).map_err(bad)?);
+            }
+            let user = match &oauthbearer {
+                Some(login) => login.principal.as_str(),
+                None => value("sasl.username"),
+            };
             if user.is_empty() {
                 return Err(bad(format!(
                     "{} needs sasl.username",
@@ -172,9 +191,29 @@ impl ClientSecurity {
         Ok(ClientSecurity {
             protocol,
             sasl,
+            oauthbearer,
             tls,
         })
     }
+}
+
+/// librdkafka's unsecured-token settings; OIDC (`sasl.oauthbearer.method=oidc`)
+/// and a token from a callback are not available here.
+fn oauthbearer_login<'a>(value: &dyn Fn(&str) -> &'a str) -> Result<UnsecuredLogin, String> {
+    let method = value("sasl.oauthbearer.method");
+    if !method.is_empty() && !method.eq_ignore_ascii_case("default") {
+        return Err(format!(
+            "sasl.oauthbearer.method {method:?} is not supported (only unsecured tokens)"
+        ));
+    }
+    if value("enable.sasl.oauthbearer.unsecure.jwt") != "true" {
+        return Err(
+            "OAUTHBEARER needs enable.sasl.oauthbearer.unsecure.jwt=true and sasl.oauthbearer.config=principal=<name> [scope=..]"
+                .into(),
+        );
+    }
+    UnsecuredLogin::parse(value("sasl.oauthbearer.config"))
+        .map_err(|e| format!("sasl.oauthbearer.config: {e}"))
 }
 
 fn protocol_name(p: Protocol) -> &'static str {
@@ -352,5 +391,39 @@ mod tests {
             err(&["security.protocol=SSL", "ssl.ca.location=/nonexistent"])
                 .contains("/nonexistent")
         );
+    }
+
+    #[test]
+    fn oauthbearer_with_an_unsecured_token() {
+        let s = parse(&[
+            "security.protocol=SASL_PLAINTEXT",
+            "sasl.mechanism=OAUTHBEARER",
+            "enable.sasl.oauthbearer.unsecure.jwt=true",
+            "sasl.oauthbearer.config=principal=alice scope=tessera",
+        ])
+        .unwrap();
+        let (m, u, _) = s.sasl.clone().unwrap();
+        assert_eq!((m, u.as_str()), (Mechanism::OAuthBearer, "alice"));
+        assert_eq!(s.oauthbearer.unwrap().principal, "alice");
+        let refused = |pairs: &[&str]| match parse(pairs) {
+            Err(MigrateError::Argument(m)) => m,
+            other => panic!("{other:?}"),
+        };
+        let base = [
+            "security.protocol=SASL_PLAINTEXT",
+            "sasl.mechanism=OAUTHBEARER",
+        ];
+        assert!(refused(&base).contains("enable.sasl.oauthbearer.unsecure.jwt"));
+        let oidc = [&base[..], &["sasl.oauthbearer.method=oidc"]].concat();
+        assert!(refused(&oidc).contains("oidc"));
+        let no_principal = [
+            &base[..],
+            &[
+                "enable.sasl.oauthbearer.unsecure.jwt=true",
+                "sasl.oauthbearer.config=scope=a",
+            ],
+        ]
+        .concat();
+        assert!(refused(&no_principal).contains("principal"));
     }
 }

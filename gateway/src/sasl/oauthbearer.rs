@@ -195,6 +195,92 @@ pub fn authenticate(
     })
 }
 
+/// The client side, as librdkafka builds an unsecured token from
+/// `sasl.oauthbearer.config` (`enable.sasl.oauthbearer.unsecure.jwt`):
+/// `principal=<name>` (required), `principalClaimName=` (`sub`),
+/// `scope=<a,b>`, `scopeClaimName=` (`scope`), `lifeSeconds=` (3600) and
+/// `extension_<key>=<value>` (SASL extensions). `tessera migrate` logs in
+/// to an OAUTHBEARER source with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnsecuredLogin {
+    pub principal: String,
+    principal_claim: String,
+    scope: Vec<String>,
+    scope_claim: String,
+    life_seconds: u64,
+    extensions: Vec<(String, String)>,
+}
+
+impl UnsecuredLogin {
+    pub fn parse(config: &str) -> Result<UnsecuredLogin, String> {
+        let mut login = UnsecuredLogin {
+            principal: String::new(),
+            principal_claim: "sub".into(),
+            scope: Vec::new(),
+            scope_claim: "scope".into(),
+            life_seconds: 3600,
+            extensions: Vec::new(),
+        };
+        for pair in config.split_whitespace() {
+            let (key, value) = pair
+                .split_once('=')
+                .ok_or_else(|| format!("{pair:?} is not key=value"))?;
+            match key {
+                "principal" => login.principal = value.to_string(),
+                "principalClaimName" => login.principal_claim = value.to_string(),
+                "scope" => {
+                    login.scope = value
+                        .split(',')
+                        .filter(|s| !s.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                }
+                "scopeClaimName" => login.scope_claim = value.to_string(),
+                "lifeSeconds" => {
+                    login.life_seconds = value
+                        .parse()
+                        .ok()
+                        .filter(|s| *s > 0)
+                        .ok_or_else(|| format!("lifeSeconds {value:?}"))?
+                }
+                _ => match key.strip_prefix("extension_") {
+                    Some(ext) if !ext.is_empty() => {
+                        login.extensions.push((ext.to_string(), value.to_string()))
+                    }
+                    _ => return Err(format!("unknown key {key:?}")),
+                },
+            }
+        }
+        if login.principal.is_empty() {
+            return Err("principal=<name> is required".into());
+        }
+        Ok(login)
+    }
+
+    /// The client-first message (RFC 7628) with a token issued at `now_ms`.
+    pub fn client_first_message(&self, now_ms: i64) -> Vec<u8> {
+        let issued = now_ms / 1000;
+        let mut claims = serde_json::Map::new();
+        claims.insert(self.principal_claim.clone(), self.principal.clone().into());
+        claims.insert("iat".into(), issued.into());
+        claims.insert("exp".into(), (issued + self.life_seconds as i64).into());
+        if !self.scope.is_empty() {
+            claims.insert(self.scope_claim.clone(), self.scope.clone().into());
+        }
+        let token = format!(
+            "{}.{}.",
+            URL_SAFE_NO_PAD.encode(r#"{"alg":"none"}"#),
+            URL_SAFE_NO_PAD.encode(Value::Object(claims).to_string())
+        );
+        let mut message = format!("n,,\u{1}auth=Bearer {token}\u{1}");
+        for (key, value) in &self.extensions {
+            message.push_str(&format!("{key}={value}\u{1}"));
+        }
+        message.push('\u{1}');
+        message.into_bytes()
+    }
+}
+
 /// The user an OAUTHBEARER message claims, for the log of a failure.
 pub fn claimed_user(message: &[u8]) -> Option<String> {
     let token = bearer_token(message).ok()?;
@@ -309,5 +395,52 @@ mod tests {
         )]
         .into();
         assert!(ValidatorOptions::from_jaas(&bad).is_err());
+    }
+
+    #[test]
+    fn an_unsecured_login_passes_the_validator() {
+        let login =
+            UnsecuredLogin::parse("principal=alice scope=tessera,other lifeSeconds=60").unwrap();
+        let options = ValidatorOptions::from_jaas(&BTreeMap::from([(
+            "unsecuredValidatorRequiredScope".to_string(),
+            "tessera".to_string(),
+        )]))
+        .unwrap();
+        let message = login.client_first_message(NOW);
+        let v = authenticate(&message, &options, NOW).unwrap();
+        assert_eq!(
+            v,
+            Validated {
+                user: "alice".into(),
+                expires_ms: NOW + 60_000
+            }
+        );
+        // Past its life the validator refuses it.
+        assert!(authenticate(&message, &options, NOW + 61_000).is_err());
+        // Without the scope the validator asks for, refused.
+        let other = UnsecuredLogin::parse("principal=alice scope=other").unwrap();
+        assert!(authenticate(&other.client_first_message(NOW), &options, NOW).is_err());
+        // Another principal claim, and an extension before the end.
+        let named =
+            UnsecuredLogin::parse("principal=bob principalClaimName=azp extension_traceId=7")
+                .unwrap();
+        let message = named.client_first_message(NOW);
+        assert!(String::from_utf8_lossy(&message).ends_with("\u{1}traceId=7\u{1}\u{1}"));
+        let azp = ValidatorOptions::from_jaas(&BTreeMap::from([(
+            "unsecuredValidatorPrincipalClaimName".to_string(),
+            "azp".to_string(),
+        )]))
+        .unwrap();
+        assert_eq!(authenticate(&message, &azp, NOW).unwrap().user, "bob");
+    }
+
+    #[test]
+    fn unsecured_login_config_errors() {
+        assert!(UnsecuredLogin::parse("scope=a")
+            .unwrap_err()
+            .contains("principal"));
+        assert!(UnsecuredLogin::parse("principal=a lifeSeconds=x").is_err());
+        assert!(UnsecuredLogin::parse("principal=a nonsense=1").is_err());
+        assert!(UnsecuredLogin::parse("principal").is_err());
     }
 }
