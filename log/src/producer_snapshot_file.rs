@@ -327,6 +327,17 @@ pub fn write_snapshot(dir: &Path, seq: u32, sections: &[SnapshotSection]) -> Res
     Ok(tessera_fs::write_atomic(&path, &encode(sections))?)
 }
 
+/// Whether a range snapshot without producer state is written as a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EmptySnapshot {
+    /// No file (and an older one at that sequence is removed).
+    Remove,
+    /// A file with no section: a replicated range's follower that does not
+    /// hold the older segments fetches it, and must tell "no producer
+    /// state there" from "not written".
+    Write,
+}
+
 /// The snapshot of a whole range at its current end: a section per
 /// partition (index `p - lo`) that has producer state.
 pub(crate) fn write_range_snapshot(
@@ -336,12 +347,19 @@ pub(crate) fn write_range_snapshot(
     next_offsets: impl Iterator<Item = i64>,
     producers: &[ProducerStates],
     txns: &[TxnState],
+    empty: EmptySnapshot,
 ) -> Result<(), LogError> {
     let sections: Vec<SnapshotSection> = next_offsets
         .zip(producers.iter().zip(txns))
         .enumerate()
         .filter_map(|(i, (offset, (p, t)))| section_of(lo + i as u32, offset, p, t))
         .collect();
+    if sections.is_empty() && empty == EmptySnapshot::Write {
+        return Ok(tessera_fs::write_atomic(
+            &snapshot_path(dir, seq),
+            &encode(&[]),
+        )?);
+    }
     write_snapshot(dir, seq, &sections)
 }
 
@@ -573,11 +591,24 @@ pub(crate) fn reload_range(
         for c in &reload.kept {
             file_kept[found[*c].0] = true;
         }
-        // The aborted transactions, from every entry (the transaction index).
-        let mut all_txns = (ProducerStates::default(), seed_state.1);
-        replay_txns(&mut all_txns.1, &layout.segments);
+        // The aborted transactions, from every local entry (the transaction
+        // index), starting from the transactions open where the first local
+        // segment starts: those of the snapshot there when the older
+        // segments live on other replicas (an abort marked in a local
+        // segment may cover data before it), else the seed's.
+        let reload_range = layout.reload_range();
+        let open_at_start = offsets
+            .iter()
+            .enumerate()
+            .filter(|&(_, &o)| {
+                o == layout.base_offset && producer_snapshot_reload_keeps(o, reload_range)
+            })
+            .find_map(|(c, _)| load(c))
+            .map_or(seed_state.1, |(_, txns)| txns);
+        let mut all_txns = open_at_start;
+        replay_txns(&mut all_txns, &layout.segments);
         let mut t = reload.txns;
-        t.set_aborted(all_txns.1.aborted().to_vec());
+        t.set_aborted(all_txns.aborted().to_vec());
         producers.push(reload.producers);
         txns.push(t);
     }

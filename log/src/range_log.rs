@@ -18,7 +18,7 @@ use tokio::sync::{watch, Notify};
 
 use crate::batch;
 use crate::error::{BatchError, LogError};
-use crate::producer_snapshot_file;
+use crate::producer_snapshot_file::{self, EmptySnapshot};
 use crate::producer_state::{increment_sequence, BatchMetadata, ProducerStates, Verdict};
 use crate::segment::{self, IndexEntry, Segment};
 use crate::txn_state::{AbortedTxn, TxnState};
@@ -46,6 +46,13 @@ pub struct RangeLogOptions {
     /// is at least: what the metadata's sealed spans say the partition
     /// reached, for a primary that does not hold every segment locally.
     pub min_next_offsets: Vec<i64>,
+    /// Set when the range's segments before the oldest local one live only
+    /// on other replicas (this broker joined the range later): per
+    /// partition (index `p - lo`), its next offset where the oldest local
+    /// segment starts. The producer-state reload then treats that history
+    /// as Kafka treats remote storage, so the snapshot at the oldest local
+    /// segment's base (fetched from the primary that wrote it) loads.
+    pub remote_history: Option<Vec<i64>>,
     /// Open a sealed range read-only: every segment sealed, appends refused.
     pub sealed: bool,
     /// The active segment has followers: the high watermark (and what
@@ -257,6 +264,15 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Sequences of the segment files (`<seq>.log`) in a range directory,
+/// oldest first; none when the directory does not exist.
+pub fn local_segment_seqs(dir: &Path) -> Result<Vec<u32>, LogError> {
+    match list_segments(dir) {
+        Err(LogError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        other => other,
+    }
+}
+
 fn list_segments(dir: &Path) -> Result<Vec<u32>, LogError> {
     let mut seqs = Vec::new();
     for entry in std::fs::read_dir(dir)? {
@@ -366,7 +382,15 @@ impl RangeLog {
             .unwrap_or_else(|| vec![TxnState::default(); width]);
         let starts: Vec<(i64, i64)> = partitions
             .iter()
-            .map(|s| (s.base_offset, s.log_start))
+            .enumerate()
+            .map(|(i, s)| {
+                let local_base = options
+                    .remote_history
+                    .as_ref()
+                    .and_then(|h| h.get(i).copied())
+                    .unwrap_or(s.base_offset);
+                (s.base_offset.max(local_base), s.log_start)
+            })
             .collect();
         let (producers, txns) = producer_snapshot_file::reload_range(
             &options.dir,
@@ -375,8 +399,26 @@ impl RangeLog {
             &starts,
             &seed_producers,
             &seed_txns,
-            options.seed.is_some(),
+            options.seed.is_some() || options.remote_history.is_some(),
         )?;
+        let active = segments.last().unwrap();
+        if options.replicated && !options.sealed && active.size == 0 {
+            // A follower of this new segment that lacks the older ones
+            // fetches the producer state where it starts (written after the
+            // reload, which drops snapshots no partition keeps).
+            let written = producer_snapshot_file::write_range_snapshot(
+                &options.dir,
+                active.seq,
+                options.lo,
+                partitions.iter().map(|s| s.next_offset),
+                &producers,
+                &txns,
+                EmptySnapshot::Write,
+            );
+            if let Err(e) = written {
+                tracing::warn!(dir = %options.dir.display(), seq = active.seq, error = %e, "writing producer snapshot failed");
+            }
+        }
         let active_base_position = segments[..segments.len() - 1].iter().map(|s| s.size).sum();
         let inner = Inner {
             state: if options.sealed {
@@ -1248,6 +1290,11 @@ impl RangeLog {
             inner.partitions.iter().map(|s| s.next_offset),
             &inner.producers,
             &inner.txns,
+            if self.options.replicated {
+                EmptySnapshot::Write
+            } else {
+                EmptySnapshot::Remove
+            },
         );
         if let Err(e) = written {
             tracing::warn!(dir = %self.options.dir.display(), seq, error = %e, "writing producer snapshot failed");
@@ -1399,6 +1446,7 @@ mod tests {
             log_start_offsets: vec![],
             seed: None,
             min_next_offsets: Vec::new(),
+            remote_history: None,
             sealed: false,
             replicated: false,
         }

@@ -74,6 +74,7 @@ fn primary_log(dir: &std::path::Path) -> Arc<RangeLog> {
             log_start_offsets: vec![],
             seed: None,
             min_next_offsets: vec![],
+            remote_history: None,
             sealed: false,
             replicated: true,
         },
