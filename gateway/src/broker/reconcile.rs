@@ -157,6 +157,9 @@ impl Broker {
             // them to the committed seal before any log opens on them.
             self.apply_seals(image, range.id)?;
             let primary_here = last.primary() == Some(me);
+            // A follower without the older segments keeps the producer
+            // state where its segment starts, in case it leads later.
+            self.fetch_producer_snapshot(image, last);
             if let Some(log) = self.log_of(range.id) {
                 if !range.active && !log.is_sealed() {
                     log.seal()?;
@@ -248,6 +251,16 @@ impl Broker {
             } else {
                 Some(self.seed_from_parents(image, range)?)
             };
+            // The range's older segments this broker never held (it joined
+            // the replica set later) are read from the replicas that hold
+            // them; its producer state starts from the snapshot fetched
+            // where its oldest segment starts.
+            let oldest_local = tessera_log::range_log::local_segment_seqs(&dir)?
+                .first()
+                .copied();
+            let remote_history = oldest_local
+                .filter(|&seq| seq > segments[0].id.seq)
+                .map(|seq| sealed_ends(image, range, Some(seq)));
             let log = RangeLog::open(
                 RangeLogOptions {
                     dir,
@@ -260,7 +273,8 @@ impl Broker {
                         .map(|p| image.log_start_offset(topic.id, p))
                         .collect(),
                     seed,
-                    min_next_offsets: sealed_ends(image, range),
+                    min_next_offsets: sealed_ends(image, range, None),
+                    remote_history,
                     sealed: !range.active,
                     replicated: range.active && replicated,
                 },
@@ -432,8 +446,9 @@ fn discard_unrecorded_segments(dir: &std::path::Path, newest: u32) -> std::io::R
 }
 
 /// Per partition of `range`, the end of its data in the sealed segments the
-/// image records for the range and its ancestors.
-fn sealed_ends(image: &MetadataImage, range: &RangeImage) -> Vec<i64> {
+/// image records for the range (those below `below` only, when given) and
+/// its ancestors.
+fn sealed_ends(image: &MetadataImage, range: &RangeImage, below: Option<u32>) -> Vec<i64> {
     let mut ends = vec![0i64; (range.hi - range.lo) as usize];
     let mut stack = vec![range.id];
     let mut seen = BTreeSet::new();
@@ -442,6 +457,9 @@ fn sealed_ends(image: &MetadataImage, range: &RangeImage) -> Vec<i64> {
             continue;
         }
         for seg in image.segments_of(id) {
+            if id == range.id && below.is_some_and(|b| seg.id.seq >= b) {
+                continue;
+            }
             for span in seg.sealed.iter().flat_map(|s| &s.spans) {
                 if range.contains(span.partition) {
                     let e = &mut ends[(span.partition - range.lo) as usize];
