@@ -256,7 +256,11 @@ fn sealed_copy(log: &RangeLog, seq: u32, dir: &std::path::Path) {
 /// The range log a broker holding only `dir`'s segments opens when it
 /// becomes primary: a new empty active segment after the copies, offsets
 /// from the image's sealed spans, the history before the copies elsewhere.
-fn new_primary_log(dir: &std::path::Path, next_seq: u32, remote_history: Vec<i64>) -> Arc<RangeLog> {
+fn new_primary_log(
+    dir: &std::path::Path,
+    next_seq: u32,
+    remote_history: Vec<i64>,
+) -> Arc<RangeLog> {
     std::fs::File::create(tessera_log::segment::log_path(dir, next_seq)).unwrap();
     RangeLog::open(
         RangeLogOptions {
@@ -296,13 +300,25 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
     // Segment 0 (partition 0): an idempotent producer at epoch 0, then at
     // epoch 1 (KIP-360 bump), and a transaction still open at the roll.
     let append = |batch: &mut Vec<u8>| log.append(0, batch, None).unwrap();
-    assert_eq!(append(&mut make_idempotent_batch(3, 10, 7, 0, 0)).base_offset, 0);
-    assert_eq!(append(&mut make_idempotent_batch(2, 11, 7, 1, 0)).base_offset, 3);
-    assert_eq!(append(&mut make_transactional_batch(2, 12, 9, 0, 0)).base_offset, 5);
+    assert_eq!(
+        append(&mut make_idempotent_batch(3, 10, 7, 0, 0)).base_offset,
+        0
+    );
+    assert_eq!(
+        append(&mut make_idempotent_batch(2, 11, 7, 1, 0)).base_offset,
+        3
+    );
+    assert_eq!(
+        append(&mut make_transactional_batch(2, 12, 9, 0, 0)).base_offset,
+        5
+    );
     assert_eq!(log.roll().unwrap().unwrap().next_seq, 1);
     // Segment 1: the transaction's abort marker and the producer going on.
     assert_eq!(append(&mut make_control_batch(9, 0, false)).base_offset, 7);
-    assert_eq!(append(&mut make_idempotent_batch(1, 13, 7, 1, 2)).base_offset, 8);
+    assert_eq!(
+        append(&mut make_idempotent_batch(1, 13, 7, 1, 2)).base_offset,
+        8
+    );
     assert_eq!(log.roll().unwrap().unwrap().next_seq, 2);
 
     // The primary serves `<1>.snapshot`; a segment without one is refused.
@@ -316,9 +332,13 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
         std::fs::read(snapshot_path(a.path(), 1)).unwrap()
     );
     let seg5 = SegmentKey { range: 7, seq: 5 };
-    match service::call(&addr, &Message::ReadSnapshot { segment: seg5 }, Duration::from_secs(5))
-        .await
-        .unwrap()
+    match service::call(
+        &addr,
+        &Message::ReadSnapshot { segment: seg5 },
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap()
     {
         Message::Refused { retry: false, .. } => {}
         other => panic!("expected a refusal, got {other:?}"),

@@ -14,12 +14,12 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tessera_log::producer_snapshot_file::snapshot_path;
 use tessera_log::RangeLog;
 use tessera_metadata::{MetadataImage, PartitionSpan, RangeId, SegmentId, SegmentImage};
 use tessera_replication::primary::{PeerAddresses, Replication};
 use tessera_replication::protocol::{Message, SegmentKey};
 use tessera_replication::replica_store::ReplicaStore;
-use tessera_log::producer_snapshot_file::snapshot_path;
 use tessera_replication::service::{self, Directory, Refusal};
 use tessera_replication::snapshot_transfer::{self, LocalHistory};
 use tessera_replication::{seal_point, FenceReport, SealAction};
@@ -522,7 +522,7 @@ async fn fetch_snapshot(broker: Weak<Broker>, id: SegmentId) {
         if fetched {
             break;
         }
-        if attempts % 20 == 0 {
+        if attempts.is_multiple_of(20) {
             tracing::warn!(segment = %id, attempts, "no replica served the producer snapshot yet");
         }
         tokio::time::sleep(RETRY).await;
