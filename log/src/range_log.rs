@@ -6,7 +6,7 @@
 //! every append that arrived while the previous one ran) and then advances
 //! each partition's high watermark. Reads copy stored batch bytes as they are.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -46,13 +46,15 @@ pub struct RangeLogOptions {
     /// is at least: what the metadata's sealed spans say the partition
     /// reached, for a primary that does not hold every segment locally.
     pub min_next_offsets: Vec<i64>,
-    /// Set when the range's segments before the oldest local one live only
-    /// on other replicas (this broker joined the range later): per
-    /// partition (index `p - lo`), its next offset where the oldest local
-    /// segment starts. The producer-state reload then treats that history
-    /// as Kafka treats remote storage, so the snapshot at the oldest local
-    /// segment's base (fetched from the primary that wrote it) loads.
-    pub remote_history: Option<Vec<i64>>,
+    /// Set when some of the range's segments before a local one live only
+    /// on other replicas (this broker joined the range later, or missed
+    /// segments while away): per local segment sequence, each partition's
+    /// next offset (index `p - lo`) where that segment starts, as the
+    /// metadata's sealed spans record it. The producer-state reload takes
+    /// them as the segment bases and treats the missing history as Kafka
+    /// treats remote storage, so the snapshot at such a base (fetched from
+    /// the primary that wrote it) loads.
+    pub remote_history: Option<BTreeMap<u32, Vec<i64>>>,
     /// Open a sealed range read-only: every segment sealed, appends refused.
     pub sealed: bool,
     /// The active segment has followers: the high watermark (and what
@@ -382,15 +384,7 @@ impl RangeLog {
             .unwrap_or_else(|| vec![TxnState::default(); width]);
         let starts: Vec<(i64, i64)> = partitions
             .iter()
-            .enumerate()
-            .map(|(i, s)| {
-                let local_base = options
-                    .remote_history
-                    .as_ref()
-                    .and_then(|h| h.get(i).copied())
-                    .unwrap_or(s.base_offset);
-                (s.base_offset.max(local_base), s.log_start)
-            })
+            .map(|s| (s.base_offset, s.log_start))
             .collect();
         let (producers, txns) = producer_snapshot_file::reload_range(
             &options.dir,
@@ -400,6 +394,7 @@ impl RangeLog {
             &seed_producers,
             &seed_txns,
             options.seed.is_some() || options.remote_history.is_some(),
+            options.remote_history.as_ref(),
         )?;
         let active = segments.last().unwrap();
         if options.replicated && !options.sealed && active.size == 0 {

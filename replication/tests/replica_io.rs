@@ -2,6 +2,7 @@
 //! shipped over real TCP to a follower service, commits only with the
 //! follower's ack, identical bytes on both sides, fence and repair reads.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -259,7 +260,7 @@ fn sealed_copy(log: &RangeLog, seq: u32, dir: &std::path::Path) {
 fn new_primary_log(
     dir: &std::path::Path,
     next_seq: u32,
-    remote_history: Vec<i64>,
+    remote_history: BTreeMap<u32, Vec<i64>>,
 ) -> Arc<RangeLog> {
     std::fs::File::create(tessera_log::segment::log_path(dir, next_seq)).unwrap();
     RangeLog::open(
@@ -272,7 +273,7 @@ fn new_primary_log(
             leader_epoch: 1,
             log_start_offsets: vec![],
             seed: None,
-            min_next_offsets: vec![9, 0],
+            min_next_offsets: remote_history[&next_seq].clone(),
             remote_history: Some(remote_history),
             sealed: false,
             replicated: true,
@@ -296,6 +297,8 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
         tempfile::tempdir().unwrap(),
         tempfile::tempdir().unwrap(),
     );
+    // Where segments 1 and 2 start per partition, as the image records it.
+    let starts = || BTreeMap::from([(1, vec![7, 0]), (2, vec![9, 0])]);
     let log = primary_log(a.path());
     // Segment 0 (partition 0): an idempotent producer at epoch 0, then at
     // epoch 1 (KIP-360 bump), and a transaction still open at the roll.
@@ -354,7 +357,7 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
     // The follower holds segment 1 only (it joined there) and becomes
     // primary of segment 2: the snapshot gives it the history's producers.
     sealed_copy(&log, 1, b.path());
-    let led = new_primary_log(b.path(), 2, vec![7, 0]);
+    let led = new_primary_log(b.path(), 2, starts());
     assert_eq!(
         led.producer_states(0).unwrap(),
         log.producer_states(0).unwrap()
@@ -383,7 +386,7 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
 
     // Without the snapshot, the same copy knows none of it (the bug).
     sealed_copy(&log, 1, c.path());
-    let blind = new_primary_log(c.path(), 2, vec![7, 0]);
+    let blind = new_primary_log(c.path(), 2, starts());
     assert_ne!(
         blind.producer_states(0).unwrap(),
         log.producer_states(0).unwrap()
@@ -393,4 +396,64 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
         Ok(o) if o.duplicate
     ));
     assert_eq!(blind.aborted_transactions(0, 0, 100).unwrap(), vec![]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_missed_segments_reloads_from_the_snapshot_after_the_gap() {
+    use tessera_log::batch::testing::{
+        make_control_batch, make_idempotent_batch, make_transactional_batch,
+    };
+    use tessera_log::txn_state::AbortedTxn;
+    use tessera_replication::snapshot_transfer;
+
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = primary_log(a.path());
+    let append = |batch: &mut Vec<u8>| log.append(0, batch, None).unwrap();
+    append(&mut make_idempotent_batch(3, 10, 7, 0, 0));
+    log.roll().unwrap();
+    // Segment 1, which the replica misses: the epoch bump and a transaction.
+    assert_eq!(
+        append(&mut make_idempotent_batch(2, 11, 7, 1, 0)).base_offset,
+        3
+    );
+    assert_eq!(
+        append(&mut make_transactional_batch(2, 12, 9, 0, 0)).base_offset,
+        5
+    );
+    log.roll().unwrap();
+    assert_eq!(append(&mut make_control_batch(9, 0, false)).base_offset, 7);
+    log.roll().unwrap();
+
+    // The replica holds segments 0 and 2 and fetched `<2>.snapshot`
+    // (following 2 without 1); it leads segment 3.
+    let (addr, _store, task) = follower(a.path().to_path_buf()).await;
+    snapshot_transfer::fetch(
+        &addr,
+        SegmentKey { range: 7, seq: 2 },
+        b.path(),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    task.abort();
+    sealed_copy(&log, 0, b.path());
+    sealed_copy(&log, 2, b.path());
+    let starts = BTreeMap::from([(0, vec![0, 0]), (2, vec![7, 0]), (3, vec![8, 0])]);
+    let led = new_primary_log(b.path(), 3, starts);
+    assert_eq!(
+        led.producer_states(0).unwrap(),
+        log.producer_states(0).unwrap()
+    );
+    let retry = led
+        .append(0, &mut make_idempotent_batch(2, 11, 7, 1, 0), None)
+        .unwrap();
+    assert!(retry.duplicate && retry.base_offset == 3, "{retry:?}");
+    assert_eq!(
+        led.aborted_transactions(0, 0, 100).unwrap(),
+        vec![AbortedTxn {
+            producer_id: 9,
+            first_offset: 5,
+            last_offset: 7
+        }]
+    );
 }

@@ -14,7 +14,7 @@
 //! topic, a split) waits with [`Broker::await_reconciled`] for the pass that
 //! covers its offset.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -251,16 +251,12 @@ impl Broker {
             } else {
                 Some(self.seed_from_parents(image, range)?)
             };
-            // The range's older segments this broker never held (it joined
-            // the replica set later) are read from the replicas that hold
-            // them; its producer state starts from the snapshot fetched
-            // where its oldest segment starts.
-            let oldest_local = tessera_log::range_log::local_segment_seqs(&dir)?
-                .first()
-                .copied();
-            let remote_history = oldest_local
-                .filter(|&seq| seq > segments[0].id.seq)
-                .map(|seq| sealed_ends(image, range, Some(seq)));
+            // Segments of the range this broker never held (it joined the
+            // replica set later, or was away) are read from the replicas
+            // that hold them; its producer state comes from the snapshot
+            // fetched where its next local segment starts.
+            let local = tessera_log::range_log::local_segment_seqs(&dir)?;
+            let remote_history = remote_history(image, range, &local);
             let log = RangeLog::open(
                 RangeLogOptions {
                     dir,
@@ -443,6 +439,37 @@ fn discard_unrecorded_segments(dir: &std::path::Path, newest: u32) -> std::io::R
         tessera_fs::sync_dir(dir)?;
     }
     Ok(())
+}
+
+/// When some of `range`'s segments before a `local` one are not local: per
+/// local segment, each partition's next offset where it starts (the ends
+/// of the image's sealed spans before it, the ancestors' included). `None`
+/// when the local segments run from the range's first one without a gap.
+fn remote_history(
+    image: &MetadataImage,
+    range: &RangeImage,
+    local: &[u32],
+) -> Option<BTreeMap<u32, Vec<i64>>> {
+    let segments = image.segments_of(range.id);
+    let first = segments.first()?.id.seq;
+    let held: Vec<u32> = local.iter().copied().filter(|&s| s >= first).collect();
+    if held.iter().copied().eq(first..first + held.len() as u32) {
+        return None;
+    }
+    let mut ends = sealed_ends(image, range, Some(0));
+    let mut starts = BTreeMap::new();
+    for seg in segments {
+        if held.contains(&seg.id.seq) {
+            starts.insert(seg.id.seq, ends.clone());
+        }
+        for span in seg.sealed.iter().flat_map(|s| &s.spans) {
+            if range.contains(span.partition) {
+                let e = &mut ends[(span.partition - range.lo) as usize];
+                *e = (*e).max(span.end_offset);
+            }
+        }
+    }
+    Some(starts)
 }
 
 /// Per partition of `range`, the end of its data in the sealed segments the
