@@ -42,7 +42,7 @@ use crate::producer_state::{
     BatchMetadata, ProducerEntry, ProducerStates, MAX_BATCHES_PER_PRODUCER,
 };
 use crate::segment::{IndexEntry, Segment};
-use crate::txn_state::{TxnState, FLAG_CONTROL, FLAG_TRANSACTIONAL};
+use crate::txn_state::{AbortedTxn, TxnState, FLAG_CONTROL, FLAG_TRANSACTIONAL};
 
 pub const SNAPSHOT_VERSION: i16 = 1;
 const HEADER_LEN: usize = 2 + 4 + 4;
@@ -583,6 +583,8 @@ pub(crate) fn reload_range(
         }
     }
     let mut file_kept = vec![false; files.len()];
+    // `<seq>.aborted` files after gaps in the local history, read once.
+    let mut history_aborted: HashMap<u32, Vec<(u32, AbortedTxn)>> = HashMap::new();
     let mut producers = Vec::with_capacity(partitions.len());
     let mut txns = Vec::with_capacity(partitions.len());
     for (i, &(base_offset, log_start)) in partitions.iter().enumerate() {
@@ -639,8 +641,9 @@ pub(crate) fn reload_range(
         // in a local segment may cover data on other replicas only.
         let (bases, _) = layout.segment_bases();
         let reload_range = layout.reload_range();
+        let gaps = layout.gaps();
         let mut all_txns = seed_state.1;
-        for ((entries, gap), base) in layout.segments.iter().zip(layout.gaps()).zip(bases) {
+        for ((entries, &gap), base) in layout.segments.iter().zip(&gaps).zip(bases) {
             let open_there = gap.then(|| {
                 offsets
                     .iter()
@@ -655,8 +658,20 @@ pub(crate) fn reload_range(
             }
             replay_txns(&mut all_txns, &[entries]);
         }
+        let mut aborted = all_txns.aborted().to_vec();
+        // Those of the history no local segment holds: the file where the
+        // local segments resume after the last gap lists them all.
+        if let Some(after_gap) = gaps.iter().rposition(|&g| g) {
+            let seq = segments[after_gap].seq;
+            let entries = history_aborted
+                .entry(seq)
+                .or_insert_with(|| crate::aborted_index_file::read(dir, seq));
+            aborted.extend(entries.iter().filter(|(q, _)| *q == p).map(|(_, a)| *a));
+            aborted.sort_by_key(|a| (a.last_offset, a.first_offset, a.producer_id));
+            aborted.dedup();
+        }
         let mut t = reload.txns;
-        t.set_aborted(all_txns.aborted().to_vec());
+        t.set_aborted(aborted);
         producers.push(reload.producers);
         txns.push(t);
     }

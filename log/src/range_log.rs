@@ -16,6 +16,7 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::{watch, Notify};
 
+use crate::aborted_index_file;
 use crate::batch;
 use crate::error::{BatchError, LogError};
 use crate::producer_snapshot_file::{self, EmptySnapshot};
@@ -306,6 +307,30 @@ fn list_snapshots(dir: &Path) -> Result<Vec<u32>, LogError> {
     Ok(seqs)
 }
 
+/// What a replica holding none of a replicated range's segments before
+/// `seq` fetches to know that history: its aborted transactions
+/// (`<seq>.aborted`) and the producer snapshot (`<seq>.snapshot`, written
+/// last and even when empty: its presence says both are complete).
+fn write_history_state(
+    dir: &Path,
+    seq: u32,
+    lo: u32,
+    next_offsets: impl Iterator<Item = i64>,
+    producers: &[ProducerStates],
+    txns: &[TxnState],
+) -> Result<(), LogError> {
+    aborted_index_file::write(dir, seq, lo, txns)?;
+    producer_snapshot_file::write_range_snapshot(
+        dir,
+        seq,
+        lo,
+        next_offsets,
+        producers,
+        txns,
+        EmptySnapshot::Write,
+    )
+}
+
 fn remove_if_exists(path: &Path) -> Result<(), LogError> {
     match std::fs::remove_file(path) {
         Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
@@ -396,19 +421,20 @@ impl RangeLog {
             options.seed.is_some() || options.remote_history.is_some(),
             options.remote_history.as_ref(),
         )?;
+        let local: Vec<u32> = segments.iter().map(|s| s.seq).collect();
+        aborted_index_file::remove_unless(&options.dir, |seq| local.contains(&seq))?;
         let active = segments.last().unwrap();
         if options.replicated && !options.sealed && active.size == 0 {
             // A follower of this new segment that lacks the older ones
             // fetches the producer state where it starts (written after the
             // reload, which drops snapshots no partition keeps).
-            let written = producer_snapshot_file::write_range_snapshot(
+            let written = write_history_state(
                 &options.dir,
                 active.seq,
                 options.lo,
                 partitions.iter().map(|s| s.next_offset),
                 &producers,
                 &txns,
-                EmptySnapshot::Write,
             );
             if let Err(e) = written {
                 tracing::warn!(dir = %options.dir.display(), seq = active.seq, error = %e, "writing producer snapshot failed");
@@ -919,6 +945,7 @@ impl RangeLog {
                 remove_if_exists(&producer_snapshot_file::snapshot_path(dir, old))?;
             }
         }
+        aborted_index_file::remove_unless(dir, |old| old >= seq)?;
         sync_dir(dir)?;
         Ok(seqs)
     }
@@ -1278,19 +1305,21 @@ impl RangeLog {
     /// `<seq>.snapshot`. Only durable data may be described: callers fsync
     /// first. A failure costs a longer replay at the next open, nothing else.
     fn write_snapshot(&self, inner: &Inner, seq: u32) {
-        let written = producer_snapshot_file::write_range_snapshot(
-            &self.options.dir,
-            seq,
-            self.options.lo,
-            inner.partitions.iter().map(|s| s.next_offset),
-            &inner.producers,
-            &inner.txns,
-            if self.options.replicated {
-                EmptySnapshot::Write
-            } else {
-                EmptySnapshot::Remove
-            },
-        );
+        let next_offsets = inner.partitions.iter().map(|s| s.next_offset);
+        let (dir, lo) = (&self.options.dir, self.options.lo);
+        let written = if self.options.replicated {
+            write_history_state(dir, seq, lo, next_offsets, &inner.producers, &inner.txns)
+        } else {
+            producer_snapshot_file::write_range_snapshot(
+                dir,
+                seq,
+                lo,
+                next_offsets,
+                &inner.producers,
+                &inner.txns,
+                EmptySnapshot::Remove,
+            )
+        };
         if let Err(e) = written {
             tracing::warn!(dir = %self.options.dir.display(), seq, error = %e, "writing producer snapshot failed");
         }

@@ -70,9 +70,15 @@ pub enum Message {
     /// producer snapshot where `segment` starts (`<seq>.snapshot`).
     ReadSnapshot { segment: SegmentKey },
     /// The snapshot file's bytes, as its primary wrote them (a file with no
-    /// section when no producer had state there). A replica without it
-    /// answers `Refused`.
-    SnapshotData { segment: SegmentKey, bytes: Bytes },
+    /// section when no producer had state there), and the aborted
+    /// transactions of the history before it (`<seq>.aborted`; empty when
+    /// the replica has none). A replica without the snapshot answers
+    /// `Refused`.
+    SnapshotData {
+        segment: SegmentKey,
+        bytes: Bytes,
+        aborted: Bytes,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -182,10 +188,16 @@ impl Message {
                 b.put_u8(READ_SNAPSHOT);
                 put_segment(&mut b, segment);
             }
-            Message::SnapshotData { segment, bytes } => {
+            Message::SnapshotData {
+                segment,
+                bytes,
+                aborted,
+            } => {
                 b.put_u8(SNAPSHOT_DATA);
                 put_segment(&mut b, segment);
+                b.put_u32(bytes.len() as u32);
                 b.extend_from_slice(bytes);
+                b.extend_from_slice(aborted);
             }
         }
         let len = (b.len() - 4) as u32;
@@ -287,10 +299,18 @@ impl Message {
             READ_SNAPSHOT => Message::ReadSnapshot {
                 segment: segment(&mut body)?,
             },
-            SNAPSHOT_DATA => Message::SnapshotData {
-                segment: segment(&mut body)?,
-                bytes: body.split_to(body.len()),
-            },
+            SNAPSHOT_DATA => {
+                let segment = segment(&mut body)?;
+                need(&body, 4)?;
+                let len = body.get_u32() as usize;
+                need(&body, len)?;
+                let bytes = body.split_to(len);
+                Message::SnapshotData {
+                    segment,
+                    bytes,
+                    aborted: body.split_to(body.len()),
+                }
+            }
             READ => {
                 let segment = segment(&mut body)?;
                 need(&body, 12)?;
@@ -413,10 +433,12 @@ mod tests {
             Message::SnapshotData {
                 segment: s,
                 bytes: Bytes::from_static(b"\0\x01snapshot"),
+                aborted: Bytes::from_static(b"aborted"),
             },
             Message::SnapshotData {
                 segment: s,
                 bytes: Bytes::new(),
+                aborted: Bytes::new(),
             },
         ];
         for m in all {
@@ -436,6 +458,7 @@ mod tests {
             b"\x0a\0\0\0\0\0\0\0\x01\0\0\0",
             b"\x0a\0\0\0\0\0\0\0\x01\0\0\0\x01\0",
             b"\x0b\0\0",
+            b"\x0b\0\0\0\0\0\0\0\x01\0\0\0\x01\0\0\0\x05ab",
         ] {
             assert!(Message::decode(Bytes::copy_from_slice(body)).is_err());
         }

@@ -13,7 +13,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use tessera_log::producer_snapshot_file::{decode, snapshot_path};
+use tessera_log::aborted_index_file::{self, aborted_path};
+use tessera_log::producer_snapshot_file::{self, snapshot_path};
 
 use crate::protocol::{Message, ProtocolError, SegmentKey};
 use crate::service::{call, Directory};
@@ -36,8 +37,8 @@ pub fn needs_snapshot(seq: u32, local: LocalHistory) -> bool {
     seq > 0 && !local.holds_previous && !local.holds_snapshot
 }
 
-/// Serves `ReadSnapshot`: the bytes of `<seq>.snapshot` in the range's
-/// directory, or `Refused` when this broker has none.
+/// Serves `ReadSnapshot`: the bytes of `<seq>.snapshot` and `<seq>.aborted`
+/// in the range's directory, or `Refused` when this broker has no snapshot.
 pub fn serve(segment: SegmentKey, dir: &dyn Directory) -> Message {
     let refused = |reason: String| Message::Refused {
         segment,
@@ -47,10 +48,15 @@ pub fn serve(segment: SegmentKey, dir: &dyn Directory) -> Message {
     let Some(range_dir) = dir.range_dir(segment) else {
         return refused("range not known here".into());
     };
+    // The aborted file is written first, so one read after the snapshot
+    // sees it whenever the primary wrote both.
     match std::fs::read(snapshot_path(&range_dir, segment.seq)) {
         Ok(bytes) => Message::SnapshotData {
             segment,
             bytes: bytes.into(),
+            aborted: std::fs::read(aborted_path(&range_dir, segment.seq))
+                .unwrap_or_default()
+                .into(),
         },
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
             refused("no producer snapshot for the segment here".into())
@@ -59,9 +65,10 @@ pub fn serve(segment: SegmentKey, dir: &dyn Directory) -> Message {
     }
 }
 
-/// Fetches `<seq>.snapshot` of `segment` from the broker at `addr` and
-/// keeps it durably in `range_dir` (checked before it is written: a corrupt
-/// or truncated reply is an error, never a file).
+/// Fetches `<seq>.snapshot` (and `<seq>.aborted`) of `segment` from the
+/// broker at `addr` and keeps them durably in `range_dir`, the snapshot
+/// last: its presence says the transfer is done. Both are checked before
+/// they are written (a corrupt or truncated reply is an error, never a file).
 pub async fn fetch(
     addr: &str,
     segment: SegmentKey,
@@ -69,9 +76,21 @@ pub async fn fetch(
     timeout: Duration,
 ) -> Result<(), ProtocolError> {
     match call(addr, &Message::ReadSnapshot { segment }, timeout).await? {
-        Message::SnapshotData { segment: s, bytes } if s == segment => {
-            decode(&bytes).map_err(|_| ProtocolError::Malformed("corrupt producer snapshot"))?;
+        Message::SnapshotData {
+            segment: s,
+            bytes,
+            aborted,
+        } if s == segment => {
+            producer_snapshot_file::decode(&bytes)
+                .map_err(|_| ProtocolError::Malformed("corrupt producer snapshot"))?;
+            if !aborted.is_empty() {
+                aborted_index_file::decode(&aborted)
+                    .map_err(|_| ProtocolError::Malformed("corrupt aborted transactions"))?;
+            }
             std::fs::create_dir_all(range_dir)?;
+            if !aborted.is_empty() {
+                tessera_fs::write_atomic(&aborted_path(range_dir, segment.seq), &aborted)?;
+            }
             tessera_fs::write_atomic(&snapshot_path(range_dir, segment.seq), &bytes)?;
             Ok(())
         }

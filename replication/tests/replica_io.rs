@@ -285,6 +285,7 @@ fn new_primary_log(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and_leads_with_it() {
+    use tessera_log::aborted_index_file::aborted_path;
     use tessera_log::batch::testing::{
         make_control_batch, make_idempotent_batch, make_transactional_batch,
     };
@@ -298,7 +299,7 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
         tempfile::tempdir().unwrap(),
     );
     // Where segments 1 and 2 start per partition, as the image records it.
-    let starts = || BTreeMap::from([(1, vec![7, 0]), (2, vec![9, 0])]);
+    let starts = || BTreeMap::from([(1, vec![9, 0]), (2, vec![11, 0])]);
     let log = primary_log(a.path());
     // Segment 0 (partition 0): an idempotent producer at epoch 0, then at
     // epoch 1 (KIP-360 bump), and a transaction still open at the roll.
@@ -315,12 +316,18 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
         append(&mut make_transactional_batch(2, 12, 9, 0, 0)).base_offset,
         5
     );
+    // ... and one aborted before the roll.
+    assert_eq!(
+        append(&mut make_transactional_batch(1, 12, 11, 0, 0)).base_offset,
+        7
+    );
+    assert_eq!(append(&mut make_control_batch(11, 0, false)).base_offset, 8);
     assert_eq!(log.roll().unwrap().unwrap().next_seq, 1);
-    // Segment 1: the transaction's abort marker and the producer going on.
-    assert_eq!(append(&mut make_control_batch(9, 0, false)).base_offset, 7);
+    // Segment 1: the open transaction's abort marker and the producer going on.
+    assert_eq!(append(&mut make_control_batch(9, 0, false)).base_offset, 9);
     assert_eq!(
         append(&mut make_idempotent_batch(1, 13, 7, 1, 2)).base_offset,
-        8
+        10
     );
     assert_eq!(log.roll().unwrap().unwrap().next_seq, 2);
 
@@ -330,10 +337,12 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
     snapshot_transfer::fetch(&addr, seg1, b.path(), Duration::from_secs(5))
         .await
         .unwrap();
-    assert_eq!(
-        std::fs::read(snapshot_path(b.path(), 1)).unwrap(),
-        std::fs::read(snapshot_path(a.path(), 1)).unwrap()
-    );
+    for path in [snapshot_path, aborted_path] {
+        assert_eq!(
+            std::fs::read(path(b.path(), 1)).unwrap(),
+            std::fs::read(path(a.path(), 1)).unwrap()
+        );
+    }
     let seg5 = SegmentKey { range: 7, seq: 5 };
     match service::call(
         &addr,
@@ -372,17 +381,27 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
             tessera_log::producer_state::SequenceError::InvalidProducerEpoch { .. }
         ))
     ));
-    // The abort marked in segment 1 covers data of segment 0.
+    // read_committed: the abort in segment 0 (held elsewhere only), and
+    // the one marked in segment 1 that covers data of segment 0.
+    let aborted = led.aborted_transactions(0, 0, 100).unwrap();
     assert_eq!(
-        led.aborted_transactions(0, 0, 100).unwrap(),
-        vec![AbortedTxn {
-            producer_id: 9,
-            first_offset: 5,
-            last_offset: 7
-        }]
+        aborted,
+        vec![
+            AbortedTxn {
+                producer_id: 11,
+                first_offset: 7,
+                last_offset: 8
+            },
+            AbortedTxn {
+                producer_id: 9,
+                first_offset: 5,
+                last_offset: 9
+            }
+        ]
     );
+    assert_eq!(aborted, log.aborted_transactions(0, 0, 100).unwrap());
     // Its own followers of segment 2 can fetch from it in turn.
-    assert!(snapshot_path(b.path(), 2).exists());
+    assert!(snapshot_path(b.path(), 2).exists() && aborted_path(b.path(), 2).exists());
 
     // Without the snapshot, the same copy knows none of it (the bug).
     sealed_copy(&log, 1, c.path());
@@ -411,7 +430,8 @@ async fn a_replica_that_missed_segments_reloads_from_the_snapshot_after_the_gap(
     let append = |batch: &mut Vec<u8>| log.append(0, batch, None).unwrap();
     append(&mut make_idempotent_batch(3, 10, 7, 0, 0));
     log.roll().unwrap();
-    // Segment 1, which the replica misses: the epoch bump and a transaction.
+    // Segment 1, which the replica misses: the epoch bump, a transaction
+    // left open and one aborted.
     assert_eq!(
         append(&mut make_idempotent_batch(2, 11, 7, 1, 0)).base_offset,
         3
@@ -420,8 +440,13 @@ async fn a_replica_that_missed_segments_reloads_from_the_snapshot_after_the_gap(
         append(&mut make_transactional_batch(2, 12, 9, 0, 0)).base_offset,
         5
     );
+    assert_eq!(
+        append(&mut make_transactional_batch(1, 12, 11, 0, 0)).base_offset,
+        7
+    );
+    assert_eq!(append(&mut make_control_batch(11, 0, false)).base_offset, 8);
     log.roll().unwrap();
-    assert_eq!(append(&mut make_control_batch(9, 0, false)).base_offset, 7);
+    assert_eq!(append(&mut make_control_batch(9, 0, false)).base_offset, 9);
     log.roll().unwrap();
 
     // The replica holds segments 0 and 2 and fetched `<2>.snapshot`
@@ -438,7 +463,7 @@ async fn a_replica_that_missed_segments_reloads_from_the_snapshot_after_the_gap(
     task.abort();
     sealed_copy(&log, 0, b.path());
     sealed_copy(&log, 2, b.path());
-    let starts = BTreeMap::from([(0, vec![0, 0]), (2, vec![7, 0]), (3, vec![8, 0])]);
+    let starts = BTreeMap::from([(0, vec![0, 0]), (2, vec![9, 0]), (3, vec![10, 0])]);
     let led = new_primary_log(b.path(), 3, starts);
     assert_eq!(
         led.producer_states(0).unwrap(),
@@ -450,10 +475,17 @@ async fn a_replica_that_missed_segments_reloads_from_the_snapshot_after_the_gap(
     assert!(retry.duplicate && retry.base_offset == 3, "{retry:?}");
     assert_eq!(
         led.aborted_transactions(0, 0, 100).unwrap(),
-        vec![AbortedTxn {
-            producer_id: 9,
-            first_offset: 5,
-            last_offset: 7
-        }]
+        vec![
+            AbortedTxn {
+                producer_id: 11,
+                first_offset: 7,
+                last_offset: 8
+            },
+            AbortedTxn {
+                producer_id: 9,
+                first_offset: 5,
+                last_offset: 9
+            }
+        ]
     );
 }

@@ -229,7 +229,7 @@ impl Broker {
             };
             match (stem.parse::<u32>(), ext) {
                 (Ok(seq), "log") if seq < first => old.push(seq),
-                (Ok(seq), "snapshot") if seq < first => {
+                (Ok(seq), "snapshot" | "aborted") if seq < first => {
                     std::fs::remove_file(entry.path())?;
                 }
                 _ => {}
