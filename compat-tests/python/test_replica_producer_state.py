@@ -25,6 +25,7 @@ import signal
 import socket
 import struct
 import time
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -167,6 +168,14 @@ def read_values(boot: str, topic: str, count: int, isolation: str) -> list[bytes
     return got
 
 
+def ready(admin_url: str) -> bool:
+    try:
+        with urllib.request.urlopen(admin_url + "/ready", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
 def snapshot_held(workdir: Path, node: int, topic: str, seq: int) -> bool:
     pattern = f"**/{topic}-*/*/{seq:010}.snapshot"
     return any((workdir / "cluster" / f"node-{node}").glob(pattern))
@@ -225,6 +234,9 @@ def test_a_leader_without_the_history_answers_retries_and_fences_old_epochs(clus
     alive.discard(p0)
     eventually("a new leader", lambda: leader_of(admin, topic) not in (p0, -1), timeout=60)
     restart_node(workdir, p0, cmd_p0)
+    # Back before the next kills: a broker whose registration is forwarded
+    # to a controller that stops meanwhile exits at startup.
+    eventually("the first primary back", lambda: ready(cluster["admin"][p0 - 1]), timeout=60)
     alive.add(p0)
     second = active_replicas()
     spare = next(r for r in second if r not in first)

@@ -630,3 +630,82 @@ async fn record_range_rolls(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_metadata::{BrokerRegistration, MetadataRecord};
+
+    /// One broker, one topic of partitions [0, 2) in range 1, segments 0-2
+    /// sealed (partition 0: [0, 3), [3, 7), [7, 9); partition 1: [0, 2) in
+    /// segment 1) and 3 active.
+    fn image() -> MetadataImage {
+        let mut image = MetadataImage::empty();
+        let mut commit = |records: Vec<MetadataRecord>| {
+            let offset = image.offset + 1;
+            for r in &records {
+                image.apply(r, offset);
+            }
+        };
+        commit(tessera_planner::register_broker(BrokerRegistration {
+            broker_id: 1,
+            incarnation_id: uuid::Uuid::new_v4(),
+            host: "h".into(),
+            port: 1,
+            rack: None,
+        }));
+        commit(vec![MetadataRecord::UnfenceBroker { broker_id: 1 }]);
+        let spec = tessera_planner::TopicSpec {
+            topic_id: uuid::Uuid::new_v4(),
+            name: "t".into(),
+            partitions: 2,
+            replication_factor: 1,
+            configs: Default::default(),
+        };
+        commit(tessera_planner::create_topic(&image, spec).unwrap());
+        let range = *image.ranges.keys().next().unwrap();
+        let seal = |seq, spans: &[(u32, i64, i64)]| SegmentSealRecord {
+            segment: SegmentId::new(range, seq),
+            size_bytes: 100,
+            spans: spans
+                .iter()
+                .map(|&(partition, start_offset, end_offset)| PartitionSpan {
+                    partition,
+                    start_offset,
+                    end_offset,
+                })
+                .collect(),
+        };
+        let seals = [
+            seal(0, &[(0, 0, 3)]),
+            seal(1, &[(0, 3, 7), (1, 0, 2)]),
+            seal(2, &[(0, 7, 9)]),
+        ];
+        let records = tessera_planner::record_local_segments(&image, range, &seals, Some(3));
+        commit(records);
+        image
+    }
+
+    #[test]
+    fn remote_history_gives_each_local_segment_its_start_after_a_gap() {
+        let image = image();
+        let range = image.ranges.values().next().unwrap();
+        assert_eq!(image.segments_of(range.id).len(), 4);
+        // The whole history is local.
+        assert_eq!(remote_history(&image, range, &[0, 1, 2, 3]), None);
+        // Joined at segment 2.
+        assert_eq!(
+            remote_history(&image, range, &[2, 3]),
+            Some(BTreeMap::from([(2, vec![7, 2]), (3, vec![9, 2])]))
+        );
+        // Away for segment 1.
+        assert_eq!(
+            remote_history(&image, range, &[0, 2, 3]),
+            Some(BTreeMap::from([
+                (0, vec![0, 0]),
+                (2, vec![7, 2]),
+                (3, vec![9, 2])
+            ]))
+        );
+    }
+}
