@@ -640,21 +640,27 @@ mod tests {
     /// sealed (partition 0: [0, 3), [3, 7), [7, 9); partition 1: [0, 2) in
     /// segment 1) and 3 active.
     fn image() -> MetadataImage {
-        let mut image = MetadataImage::empty();
-        let mut commit = |records: Vec<MetadataRecord>| {
+        fn commit(image: &mut MetadataImage, records: Vec<MetadataRecord>) {
             let offset = image.offset + 1;
             for r in &records {
                 image.apply(r, offset);
             }
-        };
-        commit(tessera_planner::register_broker(BrokerRegistration {
-            broker_id: 1,
-            incarnation_id: uuid::Uuid::new_v4(),
-            host: "h".into(),
-            port: 1,
-            rack: None,
-        }));
-        commit(vec![MetadataRecord::UnfenceBroker { broker_id: 1 }]);
+        }
+        let mut image = MetadataImage::empty();
+        commit(
+            &mut image,
+            tessera_planner::register_broker(BrokerRegistration {
+                broker_id: 1,
+                incarnation_id: uuid::Uuid::new_v4(),
+                host: "h".into(),
+                port: 1,
+                rack: None,
+            }),
+        );
+        commit(
+            &mut image,
+            vec![MetadataRecord::UnfenceBroker { broker_id: 1 }],
+        );
         let spec = tessera_planner::TopicSpec {
             topic_id: uuid::Uuid::new_v4(),
             name: "t".into(),
@@ -662,7 +668,8 @@ mod tests {
             replication_factor: 1,
             configs: Default::default(),
         };
-        commit(tessera_planner::create_topic(&image, spec).unwrap());
+        let records = tessera_planner::create_topic(&image, spec).unwrap();
+        commit(&mut image, records);
         let range = *image.ranges.keys().next().unwrap();
         let seal = |seq, spans: &[(u32, i64, i64)]| SegmentSealRecord {
             segment: SegmentId::new(range, seq),
@@ -682,7 +689,7 @@ mod tests {
             seal(2, &[(0, 7, 9)]),
         ];
         let records = tessera_planner::record_local_segments(&image, range, &seals, Some(3));
-        commit(records);
+        commit(&mut image, records);
         image
     }
 
