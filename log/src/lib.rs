@@ -1,6 +1,7 @@
 //! Tessera's storage: range logs made of segment files, their per-partition
 //! and time indexes, crash recovery and group commit.
 
+pub mod aborted_index_file;
 pub mod batch;
 pub mod clean_pass;
 pub mod cleaner;

@@ -42,7 +42,7 @@ use crate::producer_state::{
     BatchMetadata, ProducerEntry, ProducerStates, MAX_BATCHES_PER_PRODUCER,
 };
 use crate::segment::{IndexEntry, Segment};
-use crate::txn_state::{TxnState, FLAG_CONTROL, FLAG_TRANSACTIONAL};
+use crate::txn_state::{AbortedTxn, TxnState, FLAG_CONTROL, FLAG_TRANSACTIONAL};
 
 pub const SNAPSHOT_VERSION: i16 = 1;
 const HEADER_LEN: usize = 2 + 4 + 4;
@@ -327,6 +327,17 @@ pub fn write_snapshot(dir: &Path, seq: u32, sections: &[SnapshotSection]) -> Res
     Ok(tessera_fs::write_atomic(&path, &encode(sections))?)
 }
 
+/// Whether a range snapshot without producer state is written as a file.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum EmptySnapshot {
+    /// No file (and an older one at that sequence is removed).
+    Remove,
+    /// A file with no section: a replicated range's follower that does not
+    /// hold the older segments fetches it, and must tell "no producer
+    /// state there" from "not written".
+    Write,
+}
+
 /// The snapshot of a whole range at its current end: a section per
 /// partition (index `p - lo`) that has producer state.
 pub(crate) fn write_range_snapshot(
@@ -336,12 +347,19 @@ pub(crate) fn write_range_snapshot(
     next_offsets: impl Iterator<Item = i64>,
     producers: &[ProducerStates],
     txns: &[TxnState],
+    empty: EmptySnapshot,
 ) -> Result<(), LogError> {
     let sections: Vec<SnapshotSection> = next_offsets
         .zip(producers.iter().zip(txns))
         .enumerate()
         .filter_map(|(i, (offset, (p, t)))| section_of(lo + i as u32, offset, p, t))
         .collect();
+    if sections.is_empty() && empty == EmptySnapshot::Write {
+        return Ok(tessera_fs::write_atomic(
+            &snapshot_path(dir, seq),
+            &encode(&[]),
+        )?);
+    }
     write_snapshot(dir, seq, &sections)
 }
 
@@ -370,9 +388,14 @@ pub struct PartitionLayout<'a> {
     /// The partition's first offset in this range.
     pub base_offset: i64,
     pub log_start: i64,
-    /// Earlier offsets live in ancestor ranges (a split or merge child):
-    /// like Kafka's remote storage for the reload log start.
+    /// Earlier offsets live in ancestor ranges (a split or merge child) or
+    /// on other replicas (segments this broker does not hold): like Kafka's
+    /// remote storage for the reload log start.
     pub has_ancestors: bool,
+    /// Per local segment, the partition's next offset where it starts as
+    /// the metadata records it, when segments before it are not local
+    /// (empty: every segment is, and the bases follow from the entries).
+    pub segment_starts: Vec<i64>,
 }
 
 impl PartitionLayout<'_> {
@@ -381,7 +404,8 @@ impl PartitionLayout<'_> {
     pub fn segment_bases(&self) -> (Vec<i64>, i64) {
         let mut next = self.base_offset;
         let mut bases = Vec::with_capacity(self.segments.len());
-        for entries in &self.segments {
+        for (i, entries) in self.segments.iter().enumerate() {
+            next = next.max(self.segment_starts.get(i).copied().unwrap_or(i64::MIN));
             bases.push(next);
             if let Some(last) = entries.last() {
                 next = next.max(last.last_offset + 1);
@@ -390,9 +414,27 @@ impl PartitionLayout<'_> {
         (bases, next)
     }
 
+    /// Per local segment, whether some of the partition's offsets before it
+    /// are in no local segment (the metadata's start is past what the
+    /// local entries reach).
+    pub fn gaps(&self) -> Vec<bool> {
+        let mut next = self.base_offset;
+        let mut gaps = Vec::with_capacity(self.segments.len());
+        for (i, entries) in self.segments.iter().enumerate() {
+            let start = self.segment_starts.get(i).copied().unwrap_or(i64::MIN);
+            gaps.push(start > next);
+            next = next.max(start);
+            if let Some(last) = entries.last() {
+                next = next.max(last.last_offset + 1);
+            }
+        }
+        gaps
+    }
+
     pub fn reload_range(&self) -> ProducerReloadRange {
-        let (_, log_end) = self.segment_bases();
-        let local_start = self.base_offset.max(self.log_start);
+        let (bases, log_end) = self.segment_bases();
+        let first_base = bases.first().copied().unwrap_or(self.base_offset);
+        let local_start = first_base.max(self.log_start);
         ProducerReloadRange {
             log_start: producer_snapshot_reload_log_start(
                 self.has_ancestors,
@@ -505,7 +547,10 @@ pub fn reload_partition(
 
 /// Rebuilds every partition's producer and transaction state at open.
 /// `partitions` holds `(base offset, log start)` per partition (index
-/// `p - lo`); `seed` the inherited state per partition, if any.
+/// `p - lo`); `seed` the inherited state per partition, if any;
+/// `segment_starts`, when some earlier segments are not local, each local
+/// segment's start per partition (see [`PartitionLayout::segment_starts`]).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn reload_range(
     dir: &Path,
     lo: u32,
@@ -514,6 +559,7 @@ pub(crate) fn reload_range(
     seed_producers: &[ProducerStates],
     seed_txns: &[TxnState],
     has_ancestors: bool,
+    segment_starts: Option<&BTreeMap<u32, Vec<i64>>>,
 ) -> Result<(Vec<ProducerStates>, Vec<TxnState>), LogError> {
     // Newest file first: among sections at the same offset it is tried first.
     let mut files: Vec<(u32, Option<Vec<SnapshotSection>>)> = Vec::new();
@@ -537,6 +583,8 @@ pub(crate) fn reload_range(
         }
     }
     let mut file_kept = vec![false; files.len()];
+    // `<seq>.aborted` files after gaps in the local history, read once.
+    let mut history_aborted: HashMap<u32, Vec<(u32, AbortedTxn)>> = HashMap::new();
     let mut producers = Vec::with_capacity(partitions.len());
     let mut txns = Vec::with_capacity(partitions.len());
     for (i, &(base_offset, log_start)) in partitions.iter().enumerate() {
@@ -549,6 +597,19 @@ pub(crate) fn reload_range(
             base_offset,
             log_start,
             has_ancestors,
+            segment_starts: segment_starts
+                .map(|starts| {
+                    segments
+                        .iter()
+                        .map(|s| {
+                            starts
+                                .get(&s.seq)
+                                .and_then(|per_partition| per_partition.get(i).copied())
+                                .unwrap_or(i64::MIN)
+                        })
+                        .collect()
+                })
+                .unwrap_or_default(),
         };
         let seed_state = (
             seed_producers.get(i).cloned().unwrap_or_default(),
@@ -573,11 +634,44 @@ pub(crate) fn reload_range(
         for c in &reload.kept {
             file_kept[found[*c].0] = true;
         }
-        // The aborted transactions, from every entry (the transaction index).
-        let mut all_txns = (ProducerStates::default(), seed_state.1);
-        replay_txns(&mut all_txns.1, &layout.segments);
+        // The aborted transactions, from every local entry (the transaction
+        // index). After offsets no local segment holds, the transactions
+        // open where the next local segment starts are those of the
+        // snapshot there (Kafka's currentTxnFirstOffset): an abort marked
+        // in a local segment may cover data on other replicas only.
+        let (bases, _) = layout.segment_bases();
+        let reload_range = layout.reload_range();
+        let gaps = layout.gaps();
+        let mut all_txns = seed_state.1;
+        for ((entries, &gap), base) in layout.segments.iter().zip(&gaps).zip(bases) {
+            let open_there = gap.then(|| {
+                offsets
+                    .iter()
+                    .enumerate()
+                    .filter(|&(_, &o)| o == base && producer_snapshot_reload_keeps(o, reload_range))
+                    .find_map(|(c, _)| load(c))
+            });
+            if let Some(Some((_, open))) = open_there {
+                let aborted = all_txns.aborted().to_vec();
+                all_txns = open;
+                all_txns.set_aborted(aborted);
+            }
+            replay_txns(&mut all_txns, &[entries]);
+        }
+        let mut aborted = all_txns.aborted().to_vec();
+        // Those of the history no local segment holds: the file where the
+        // local segments resume after the last gap lists them all.
+        if let Some(after_gap) = gaps.iter().rposition(|&g| g) {
+            let seq = segments[after_gap].seq;
+            let entries = history_aborted
+                .entry(seq)
+                .or_insert_with(|| crate::aborted_index_file::read(dir, seq));
+            aborted.extend(entries.iter().filter(|(q, _)| *q == p).map(|(_, a)| *a));
+            aborted.sort_by_key(|a| (a.last_offset, a.first_offset, a.producer_id));
+            aborted.dedup();
+        }
         let mut t = reload.txns;
-        t.set_aborted(all_txns.1.aborted().to_vec());
+        t.set_aborted(aborted);
         producers.push(reload.producers);
         txns.push(t);
     }
@@ -604,6 +698,27 @@ fn replay_txns(txns: &mut TxnState, segments: &[&[IndexEntry]]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn metadata_starts_fill_the_bases_after_segments_not_held() {
+        // Local segments: [0, 3) then, after offsets held elsewhere, [7, 8)
+        // and an empty active one the metadata starts at 8.
+        let first = [entry(0, 3, 7, 0, 0, 0)];
+        let later = [entry(7, 1, 7, 0, 3, 0)];
+        let mut layout = PartitionLayout {
+            segments: vec![&first[..], &later[..], &[]],
+            base_offset: 0,
+            log_start: 0,
+            has_ancestors: true,
+            segment_starts: vec![0, 7, 8],
+        };
+        assert_eq!(layout.segment_bases(), (vec![0, 7, 8], 8));
+        assert_eq!(layout.gaps(), vec![false, true, false]);
+        // Without them the bases follow the entries, and nothing is missing.
+        layout.segment_starts.clear();
+        assert_eq!(layout.segment_bases(), (vec![0, 3, 8], 8));
+        assert_eq!(layout.gaps(), vec![false, false, false]);
+    }
     use crate::producer_state::increment_sequence;
     use crate::txn_state::FLAG_COMMIT;
     use proptest::prelude::*;
@@ -697,6 +812,7 @@ mod tests {
             base_offset: 0,
             log_start: 0,
             has_ancestors: false,
+            segment_starts: vec![],
         }
     }
 
@@ -773,6 +889,7 @@ mod tests {
             base_offset: 10,
             log_start: 0,
             has_ancestors: true,
+            segment_starts: vec![],
         };
         assert_eq!(
             l.reload_range(),
@@ -806,6 +923,7 @@ mod tests {
             base_offset: 0,
             log_start: 1,
             has_ancestors: false,
+            segment_starts: vec![],
         };
         let reload = reload_partition(&l, &Default::default(), &[1], &mut |_| {
             load_bytes(&encoded(1, &state_at(&log, 1)))
@@ -889,7 +1007,7 @@ mod tests {
                 segments.push(&local[from..cut]);
                 from = cut;
             }
-            let l = PartitionLayout { segments, base_offset, log_start, has_ancestors: c > 0 };
+            let l = PartitionLayout { segments, base_offset, log_start, has_ancestors: c > 0, segment_starts: vec![] };
             let (bases, _) = l.segment_bases();
             let boundaries: Vec<i64> = (0..=n).map(end_of).collect();
             let mut offsets = Vec::new();

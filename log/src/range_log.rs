@@ -6,7 +6,7 @@
 //! every append that arrived while the previous one ran) and then advances
 //! each partition's high watermark. Reads copy stored batch bytes as they are.
 
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
@@ -16,9 +16,10 @@ use bytes::Bytes;
 use parking_lot::Mutex;
 use tokio::sync::{watch, Notify};
 
+use crate::aborted_index_file;
 use crate::batch;
 use crate::error::{BatchError, LogError};
-use crate::producer_snapshot_file;
+use crate::producer_snapshot_file::{self, EmptySnapshot};
 use crate::producer_state::{increment_sequence, BatchMetadata, ProducerStates, Verdict};
 use crate::segment::{self, IndexEntry, Segment};
 use crate::txn_state::{AbortedTxn, TxnState};
@@ -47,6 +48,15 @@ pub struct RangeLogOptions {
     /// is at least: what the metadata's sealed spans say the partition
     /// reached, for a primary that does not hold every segment locally.
     pub min_next_offsets: Vec<i64>,
+    /// Set when some of the range's segments before a local one live only
+    /// on other replicas (this broker joined the range later, or missed
+    /// segments while away): per local segment sequence, each partition's
+    /// next offset (index `p - lo`) where that segment starts, as the
+    /// metadata's sealed spans record it. The producer-state reload takes
+    /// them as the segment bases and treats the missing history as Kafka
+    /// treats remote storage, so the snapshot at such a base (fetched from
+    /// the primary that wrote it) loads.
+    pub remote_history: Option<BTreeMap<u32, Vec<i64>>>,
     /// Open a sealed range read-only: every segment sealed, appends refused.
     pub sealed: bool,
     /// The active segment has followers: the high watermark (and what
@@ -258,6 +268,15 @@ pub fn now_ms() -> i64 {
         .unwrap_or(0)
 }
 
+/// Sequences of the segment files (`<seq>.log`) in a range directory,
+/// oldest first; none when the directory does not exist.
+pub fn local_segment_seqs(dir: &Path) -> Result<Vec<u32>, LogError> {
+    match list_segments(dir) {
+        Err(LogError::Io(e)) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
+        other => other,
+    }
+}
+
 fn list_segments(dir: &Path) -> Result<Vec<u32>, LogError> {
     let mut seqs = Vec::new();
     for entry in std::fs::read_dir(dir)? {
@@ -287,6 +306,30 @@ fn list_snapshots(dir: &Path) -> Result<Vec<u32>, LogError> {
         }
     }
     Ok(seqs)
+}
+
+/// What a replica holding none of a replicated range's segments before
+/// `seq` fetches to know that history: its aborted transactions
+/// (`<seq>.aborted`) and the producer snapshot (`<seq>.snapshot`, written
+/// last and even when empty: its presence says both are complete).
+fn write_history_state(
+    dir: &Path,
+    seq: u32,
+    lo: u32,
+    next_offsets: impl Iterator<Item = i64>,
+    producers: &[ProducerStates],
+    txns: &[TxnState],
+) -> Result<(), LogError> {
+    aborted_index_file::write(dir, seq, lo, txns)?;
+    producer_snapshot_file::write_range_snapshot(
+        dir,
+        seq,
+        lo,
+        next_offsets,
+        producers,
+        txns,
+        EmptySnapshot::Write,
+    )
 }
 
 fn remove_if_exists(path: &Path) -> Result<(), LogError> {
@@ -376,8 +419,28 @@ impl RangeLog {
             &starts,
             &seed_producers,
             &seed_txns,
-            options.seed.is_some(),
+            options.seed.is_some() || options.remote_history.is_some(),
+            options.remote_history.as_ref(),
         )?;
+        let local: Vec<u32> = segments.iter().map(|s| s.seq).collect();
+        aborted_index_file::remove_unless(&options.dir, |seq| local.contains(&seq))?;
+        let active = segments.last().unwrap();
+        if options.replicated && !options.sealed && active.size == 0 {
+            // A follower of this new segment that lacks the older ones
+            // fetches the producer state where it starts (written after the
+            // reload, which drops snapshots no partition keeps).
+            let written = write_history_state(
+                &options.dir,
+                active.seq,
+                options.lo,
+                partitions.iter().map(|s| s.next_offset),
+                &producers,
+                &txns,
+            );
+            if let Err(e) = written {
+                tracing::warn!(dir = %options.dir.display(), seq = active.seq, error = %e, "writing producer snapshot failed");
+            }
+        }
         let active_base_position = segments[..segments.len() - 1].iter().map(|s| s.size).sum();
         let inner = Inner {
             state: if options.sealed {
@@ -893,6 +956,7 @@ impl RangeLog {
                 remove_if_exists(&producer_snapshot_file::snapshot_path(dir, old))?;
             }
         }
+        aborted_index_file::remove_unless(dir, |old| old >= seq)?;
         sync_dir(dir)?;
         Ok(seqs)
     }
@@ -1252,14 +1316,21 @@ impl RangeLog {
     /// `<seq>.snapshot`. Only durable data may be described: callers fsync
     /// first. A failure costs a longer replay at the next open, nothing else.
     fn write_snapshot(&self, inner: &Inner, seq: u32) {
-        let written = producer_snapshot_file::write_range_snapshot(
-            &self.options.dir,
-            seq,
-            self.options.lo,
-            inner.partitions.iter().map(|s| s.next_offset),
-            &inner.producers,
-            &inner.txns,
-        );
+        let next_offsets = inner.partitions.iter().map(|s| s.next_offset);
+        let (dir, lo) = (&self.options.dir, self.options.lo);
+        let written = if self.options.replicated {
+            write_history_state(dir, seq, lo, next_offsets, &inner.producers, &inner.txns)
+        } else {
+            producer_snapshot_file::write_range_snapshot(
+                dir,
+                seq,
+                lo,
+                next_offsets,
+                &inner.producers,
+                &inner.txns,
+                EmptySnapshot::Remove,
+            )
+        };
         if let Err(e) = written {
             tracing::warn!(dir = %self.options.dir.display(), seq, error = %e, "writing producer snapshot failed");
         }
@@ -1410,6 +1481,7 @@ mod tests {
             log_start_offsets: vec![],
             seed: None,
             min_next_offsets: Vec::new(),
+            remote_history: None,
             sealed: false,
             replicated: false,
         }

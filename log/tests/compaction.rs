@@ -20,6 +20,7 @@ fn options(dir: &std::path::Path) -> RangeLogOptions {
         sealed: false,
         replicated: false,
         min_next_offsets: Vec::new(),
+        remote_history: None,
     }
 }
 
@@ -146,6 +147,7 @@ async fn cleaning_keeps_the_last_value_of_every_key_at_its_offset() {
     let log = RangeLog::open(
         RangeLogOptions {
             min_next_offsets: vec![51, 50],
+            remote_history: None,
             ..options(dir.path())
         },
         hw(),

@@ -16,6 +16,7 @@ fn options(dir: &std::path::Path, segment_bytes: u64) -> RangeLogOptions {
         sealed: false,
         replicated: false,
         min_next_offsets: Vec::new(),
+        remote_history: None,
     }
 }
 

@@ -3,7 +3,9 @@
 //! the simulation in `tests/` drives the same code the broker does), the
 //! wire protocol between primary and followers, and its I/O: the primary's
 //! shipping tasks (`primary`), the follower's copies (`replica_store`) and
-//! the follower side of the stream, fences and repairs (`service`).
+//! the follower side of the stream, fences and repairs (`service`), and
+//! the producer snapshot a follower without the older segments fetches
+//! (`snapshot_transfer`).
 
 pub mod follower;
 pub mod placement;
@@ -12,6 +14,7 @@ pub mod protocol;
 pub mod quorum;
 pub mod replica_store;
 pub mod service;
+pub mod snapshot_transfer;
 
 pub use follower::{FollowerSegment, Offer, SealAction};
 pub use placement::{place_replicas, BrokerCandidate, PlacementError};

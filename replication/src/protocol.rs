@@ -5,8 +5,9 @@
 //! `[length u32][kind u8][payload]`, big-endian, capped at
 //! [`MAX_FRAME_BYTES`]. The primary pushes `Append`s in order, pipelined;
 //! the follower answers `Ack` (durable end) or `Mismatch` (resend from its
-//! end) or `Refused`. `Fence` → `Fenced` and `Read` → `Data` are one-shot
-//! exchanges of the seal and the repair.
+//! end) or `Refused`. `Fence` → `Fenced`, `Read` → `Data` and
+//! `ReadSnapshot` → `SnapshotData` are one-shot exchanges of the seal, the
+//! repair and a joining follower's producer state.
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -68,6 +69,19 @@ pub enum Message {
         position: u64,
         frames: Bytes,
     },
+    /// A follower that does not hold the segments before `segment`: the
+    /// producer snapshot where `segment` starts (`<seq>.snapshot`).
+    ReadSnapshot { segment: SegmentKey },
+    /// The snapshot file's bytes, as its primary wrote them (a file with no
+    /// section when no producer had state there), and the aborted
+    /// transactions of the history before it (`<seq>.aborted`; empty when
+    /// the replica has none). A replica without the snapshot answers
+    /// `Refused`.
+    SnapshotData {
+        segment: SegmentKey,
+        bytes: Bytes,
+        aborted: Bytes,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -78,6 +92,8 @@ pub enum ProtocolError {
     Malformed(&'static str),
     #[error("replication frame of {0} bytes exceeds the limit")]
     TooLarge(usize),
+    #[error("refused by the peer: {0}")]
+    Refused(String),
 }
 
 const HELLO: u8 = 1;
@@ -89,6 +105,8 @@ const FENCE: u8 = 6;
 const FENCED: u8 = 7;
 const READ: u8 = 8;
 const DATA: u8 = 9;
+const READ_SNAPSHOT: u8 = 10;
+const SNAPSHOT_DATA: u8 = 11;
 
 fn put_segment(b: &mut BytesMut, s: &SegmentKey) {
     b.put_u64(s.range);
@@ -174,6 +192,21 @@ impl Message {
                 b.put_u64(*from);
                 b.put_u32(*max);
                 b.put_u64(*pass);
+            }
+            Message::ReadSnapshot { segment } => {
+                b.put_u8(READ_SNAPSHOT);
+                put_segment(&mut b, segment);
+            }
+            Message::SnapshotData {
+                segment,
+                bytes,
+                aborted,
+            } => {
+                b.put_u8(SNAPSHOT_DATA);
+                put_segment(&mut b, segment);
+                b.put_u32(bytes.len() as u32);
+                b.extend_from_slice(bytes);
+                b.extend_from_slice(aborted);
             }
         }
         let len = (b.len() - 4) as u32;
@@ -272,6 +305,21 @@ impl Message {
             FENCE => Message::Fence {
                 segment: segment(&mut body)?,
             },
+            READ_SNAPSHOT => Message::ReadSnapshot {
+                segment: segment(&mut body)?,
+            },
+            SNAPSHOT_DATA => {
+                let segment = segment(&mut body)?;
+                need(&body, 4)?;
+                let len = body.get_u32() as usize;
+                need(&body, len)?;
+                let bytes = body.split_to(len);
+                Message::SnapshotData {
+                    segment,
+                    bytes,
+                    aborted: body.split_to(body.len()),
+                }
+            }
             READ => {
                 let segment = segment(&mut body)?;
                 need(&body, 20)?;
@@ -392,6 +440,17 @@ mod tests {
                 position: 0,
                 frames: Bytes::new(),
             },
+            Message::ReadSnapshot { segment: s },
+            Message::SnapshotData {
+                segment: s,
+                bytes: Bytes::from_static(b"\0\x01snapshot"),
+                aborted: Bytes::from_static(b"aborted"),
+            },
+            Message::SnapshotData {
+                segment: s,
+                bytes: Bytes::new(),
+                aborted: Bytes::new(),
+            },
         ];
         for m in all {
             let frame = m.encode();
@@ -407,6 +466,10 @@ mod tests {
             b"\x02\x00",
             b"\xff",
             b"\x03\0\0\0\0\0\0\0\x01\0\0\0\x01",
+            b"\x0a\0\0\0\0\0\0\0\x01\0\0\0",
+            b"\x0a\0\0\0\0\0\0\0\x01\0\0\0\x01\0",
+            b"\x0b\0\0",
+            b"\x0b\0\0\0\0\0\0\0\x01\0\0\0\x01\0\0\0\x05ab",
         ] {
             assert!(Message::decode(Bytes::copy_from_slice(body)).is_err());
         }

@@ -1,5 +1,6 @@
 //! The follower side of replication (I/O): a broker serves the streams
-//! primaries open to it, and the one-shot fence and repair exchanges.
+//! primaries open to it, and the one-shot fence, repair and producer
+//! snapshot exchanges.
 //!
 //! Appends are written in stream order to the follower's copy and made
 //! durable by a per-stream flusher (one fsync covers every append that
@@ -83,6 +84,9 @@ pub async fn serve<R, W>(
                 &store,
                 &*dir,
             ));
+        }
+        Message::ReadSnapshot { segment } => {
+            let _ = tx.send(crate::snapshot_transfer::serve(segment, &*dir));
         }
         other => tracing::info!(?other, "unexpected first replication message"),
     }
@@ -315,7 +319,8 @@ pub fn read(
     }
 }
 
-/// One request/reply exchange (fence or repair read) with the broker at `addr`.
+/// One request/reply exchange (fence, repair or snapshot read) with the
+/// broker at `addr`.
 pub async fn call(
     addr: &str,
     msg: &Message,

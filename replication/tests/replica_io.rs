@@ -2,6 +2,7 @@
 //! shipped over real TCP to a follower service, commits only with the
 //! follower's ack, identical bytes on both sides, fence and repair reads.
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -77,6 +78,7 @@ fn primary_log(dir: &std::path::Path) -> Arc<RangeLog> {
             log_start_offsets: vec![],
             seed: None,
             min_next_offsets: vec![],
+            remote_history: None,
             sealed: false,
             replicated: true,
         },
@@ -252,5 +254,257 @@ async fn a_copy_truncates_past_the_seal_and_repairs_up_to_it() {
     assert_eq!(
         std::fs::read(tessera_log::segment::log_path(c.path(), 0)).unwrap(),
         all[..seal as usize].to_vec()
+    );
+}
+
+/// A follower copy of `seq` of `log`, sealed, in `dir` (what the stream and
+/// the seal leave on a follower).
+fn sealed_copy(log: &RangeLog, seq: u32, dir: &std::path::Path) {
+    let frames = log.frames(seq, 0, 1 << 20).unwrap().unwrap().bytes;
+    let store = ReplicaStore::default();
+    let copy = store.copy(SegmentKey { range: 7, seq }, dir).unwrap();
+    assert_eq!(
+        copy.lock().append(0, &frames).unwrap(),
+        tessera_replication::Offer::Accept
+    );
+    assert_eq!(
+        copy.lock().seal(frames.len() as u64).unwrap(),
+        tessera_replication::SealAction::Complete
+    );
+}
+
+/// The range log a broker holding only `dir`'s segments opens when it
+/// becomes primary: a new empty active segment after the copies, offsets
+/// from the image's sealed spans, the history before the copies elsewhere.
+fn new_primary_log(
+    dir: &std::path::Path,
+    next_seq: u32,
+    remote_history: BTreeMap<u32, Vec<i64>>,
+) -> Arc<RangeLog> {
+    std::fs::File::create(tessera_log::segment::log_path(dir, next_seq)).unwrap();
+    RangeLog::open(
+        RangeLogOptions {
+            dir: dir.to_path_buf(),
+            lo: 0,
+            hi: 2,
+            segment_bytes: 1 << 30,
+            segment_ms: i64::MAX / 2,
+            leader_epoch: 1,
+            log_start_offsets: vec![],
+            seed: None,
+            min_next_offsets: remote_history[&next_seq].clone(),
+            remote_history: Some(remote_history),
+            sealed: false,
+            replicated: true,
+        },
+        tokio::sync::watch::channel(0).0,
+    )
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and_leads_with_it() {
+    use tessera_log::aborted_index_file::aborted_path;
+    use tessera_log::batch::testing::{
+        make_control_batch, make_idempotent_batch, make_transactional_batch,
+    };
+    use tessera_log::producer_snapshot_file::snapshot_path;
+    use tessera_log::txn_state::AbortedTxn;
+    use tessera_replication::snapshot_transfer;
+
+    let (a, b, c) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    // Where segments 1 and 2 start per partition, as the image records it.
+    let starts = || BTreeMap::from([(1, vec![9, 0]), (2, vec![11, 0])]);
+    let log = primary_log(a.path());
+    // Segment 0 (partition 0): an idempotent producer at epoch 0, then at
+    // epoch 1 (KIP-360 bump), and a transaction still open at the roll.
+    let append = |batch: &mut Vec<u8>| log.append(0, batch, None).unwrap();
+    assert_eq!(
+        append(&mut make_idempotent_batch(3, 10, 7, 0, 0)).base_offset,
+        0
+    );
+    assert_eq!(
+        append(&mut make_idempotent_batch(2, 11, 7, 1, 0)).base_offset,
+        3
+    );
+    assert_eq!(
+        append(&mut make_transactional_batch(2, 12, 9, 0, 0)).base_offset,
+        5
+    );
+    // ... and one aborted before the roll.
+    assert_eq!(
+        append(&mut make_transactional_batch(1, 12, 11, 0, 0)).base_offset,
+        7
+    );
+    assert_eq!(append(&mut make_control_batch(11, 0, false)).base_offset, 8);
+    assert_eq!(log.roll().unwrap().unwrap().next_seq, 1);
+    // Segment 1: the open transaction's abort marker and the producer going on.
+    assert_eq!(append(&mut make_control_batch(9, 0, false)).base_offset, 9);
+    assert_eq!(
+        append(&mut make_idempotent_batch(1, 13, 7, 1, 2)).base_offset,
+        10
+    );
+    assert_eq!(log.roll().unwrap().unwrap().next_seq, 2);
+
+    // The primary serves `<1>.snapshot`; a segment without one is refused.
+    let (addr, _store, task) = follower(a.path().to_path_buf()).await;
+    let seg1 = SegmentKey { range: 7, seq: 1 };
+    snapshot_transfer::fetch(&addr, seg1, b.path(), Duration::from_secs(5))
+        .await
+        .unwrap();
+    for path in [snapshot_path, aborted_path] {
+        assert_eq!(
+            std::fs::read(path(b.path(), 1)).unwrap(),
+            std::fs::read(path(a.path(), 1)).unwrap()
+        );
+    }
+    let seg5 = SegmentKey { range: 7, seq: 5 };
+    match service::call(
+        &addr,
+        &Message::ReadSnapshot { segment: seg5 },
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap()
+    {
+        Message::Refused { retry: false, .. } => {}
+        other => panic!("expected a refusal, got {other:?}"),
+    }
+    assert!(
+        snapshot_transfer::fetch(&addr, seg5, c.path(), Duration::from_secs(5))
+            .await
+            .is_err()
+    );
+    assert!(!snapshot_path(c.path(), 5).exists());
+    task.abort();
+
+    // The follower holds segment 1 only (it joined there) and becomes
+    // primary of segment 2: the snapshot gives it the history's producers.
+    sealed_copy(&log, 1, b.path());
+    let led = new_primary_log(b.path(), 2, starts());
+    assert_eq!(
+        led.producer_states(0).unwrap(),
+        log.producer_states(0).unwrap()
+    );
+    let retry = led
+        .append(0, &mut make_idempotent_batch(2, 11, 7, 1, 0), None)
+        .unwrap();
+    assert!(retry.duplicate && retry.base_offset == 3, "{retry:?}");
+    assert!(matches!(
+        led.append(0, &mut make_idempotent_batch(1, 14, 7, 0, 3), None),
+        Err(tessera_log::LogError::Sequence(
+            tessera_log::producer_state::SequenceError::InvalidProducerEpoch { .. }
+        ))
+    ));
+    // read_committed: the abort in segment 0 (held elsewhere only), and
+    // the one marked in segment 1 that covers data of segment 0.
+    let aborted = led.aborted_transactions(0, 0, 100).unwrap();
+    assert_eq!(
+        aborted,
+        vec![
+            AbortedTxn {
+                producer_id: 11,
+                first_offset: 7,
+                last_offset: 8
+            },
+            AbortedTxn {
+                producer_id: 9,
+                first_offset: 5,
+                last_offset: 9
+            }
+        ]
+    );
+    assert_eq!(aborted, log.aborted_transactions(0, 0, 100).unwrap());
+    // Its own followers of segment 2 can fetch from it in turn.
+    assert!(snapshot_path(b.path(), 2).exists() && aborted_path(b.path(), 2).exists());
+
+    // Without the snapshot, the same copy knows none of it (the bug).
+    sealed_copy(&log, 1, c.path());
+    let blind = new_primary_log(c.path(), 2, starts());
+    assert_ne!(
+        blind.producer_states(0).unwrap(),
+        log.producer_states(0).unwrap()
+    );
+    assert!(!matches!(
+        blind.append(0, &mut make_idempotent_batch(2, 11, 7, 1, 0), None),
+        Ok(o) if o.duplicate
+    ));
+    assert_eq!(blind.aborted_transactions(0, 0, 100).unwrap(), vec![]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_missed_segments_reloads_from_the_snapshot_after_the_gap() {
+    use tessera_log::batch::testing::{
+        make_control_batch, make_idempotent_batch, make_transactional_batch,
+    };
+    use tessera_log::txn_state::AbortedTxn;
+    use tessera_replication::snapshot_transfer;
+
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = primary_log(a.path());
+    let append = |batch: &mut Vec<u8>| log.append(0, batch, None).unwrap();
+    append(&mut make_idempotent_batch(3, 10, 7, 0, 0));
+    log.roll().unwrap();
+    // Segment 1, which the replica misses: the epoch bump, a transaction
+    // left open and one aborted.
+    assert_eq!(
+        append(&mut make_idempotent_batch(2, 11, 7, 1, 0)).base_offset,
+        3
+    );
+    assert_eq!(
+        append(&mut make_transactional_batch(2, 12, 9, 0, 0)).base_offset,
+        5
+    );
+    assert_eq!(
+        append(&mut make_transactional_batch(1, 12, 11, 0, 0)).base_offset,
+        7
+    );
+    assert_eq!(append(&mut make_control_batch(11, 0, false)).base_offset, 8);
+    log.roll().unwrap();
+    assert_eq!(append(&mut make_control_batch(9, 0, false)).base_offset, 9);
+    log.roll().unwrap();
+
+    // The replica holds segments 0 and 2 and fetched `<2>.snapshot`
+    // (following 2 without 1); it leads segment 3.
+    let (addr, _store, task) = follower(a.path().to_path_buf()).await;
+    snapshot_transfer::fetch(
+        &addr,
+        SegmentKey { range: 7, seq: 2 },
+        b.path(),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    task.abort();
+    sealed_copy(&log, 0, b.path());
+    sealed_copy(&log, 2, b.path());
+    let starts = BTreeMap::from([(0, vec![0, 0]), (2, vec![9, 0]), (3, vec![10, 0])]);
+    let led = new_primary_log(b.path(), 3, starts);
+    assert_eq!(
+        led.producer_states(0).unwrap(),
+        log.producer_states(0).unwrap()
+    );
+    let retry = led
+        .append(0, &mut make_idempotent_batch(2, 11, 7, 1, 0), None)
+        .unwrap();
+    assert!(retry.duplicate && retry.base_offset == 3, "{retry:?}");
+    assert_eq!(
+        led.aborted_transactions(0, 0, 100).unwrap(),
+        vec![
+            AbortedTxn {
+                producer_id: 11,
+                first_offset: 7,
+                last_offset: 8
+            },
+            AbortedTxn {
+                producer_id: 9,
+                first_offset: 5,
+                last_offset: 9
+            }
+        ]
     );
 }

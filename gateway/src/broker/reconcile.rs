@@ -14,7 +14,7 @@
 //! topic, a split) waits with [`Broker::await_reconciled`] for the pass that
 //! covers its offset.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -157,6 +157,9 @@ impl Broker {
             // them to the committed seal before any log opens on them.
             self.apply_seals(image, range.id)?;
             let primary_here = last.primary() == Some(me);
+            // A follower without the older segments keeps the producer
+            // state where its segment starts, in case it leads later.
+            self.fetch_producer_snapshot(image, last);
             if let Some(log) = self.log_of(range.id) {
                 if !range.active && !log.is_sealed() {
                     log.seal()?;
@@ -254,6 +257,12 @@ impl Broker {
             } else {
                 Some(self.seed_from_parents(image, range)?)
             };
+            // Segments of the range this broker never held (it joined the
+            // replica set later, or was away) are read from the replicas
+            // that hold them; its producer state comes from the snapshot
+            // fetched where its next local segment starts.
+            let local = tessera_log::range_log::local_segment_seqs(&dir)?;
+            let remote_history = remote_history(image, range, &local);
             let log = RangeLog::open(
                 RangeLogOptions {
                     dir,
@@ -266,7 +275,8 @@ impl Broker {
                         .map(|p| image.log_start_offset(topic.id, p))
                         .collect(),
                     seed,
-                    min_next_offsets: sealed_ends(image, range),
+                    min_next_offsets: sealed_ends(image, range, None),
+                    remote_history,
                     sealed: !range.active,
                     replicated: range.active && replicated,
                 },
@@ -437,9 +447,41 @@ fn discard_unrecorded_segments(dir: &std::path::Path, newest: u32) -> std::io::R
     Ok(())
 }
 
+/// When some of `range`'s segments before a `local` one are not local: per
+/// local segment, each partition's next offset where it starts (the ends
+/// of the image's sealed spans before it, the ancestors' included). `None`
+/// when the local segments run from the range's first one without a gap.
+fn remote_history(
+    image: &MetadataImage,
+    range: &RangeImage,
+    local: &[u32],
+) -> Option<BTreeMap<u32, Vec<i64>>> {
+    let segments = image.segments_of(range.id);
+    let first = segments.first()?.id.seq;
+    let held: Vec<u32> = local.iter().copied().filter(|&s| s >= first).collect();
+    if held.iter().copied().eq(first..first + held.len() as u32) {
+        return None;
+    }
+    let mut ends = sealed_ends(image, range, Some(0));
+    let mut starts = BTreeMap::new();
+    for seg in segments {
+        if held.contains(&seg.id.seq) {
+            starts.insert(seg.id.seq, ends.clone());
+        }
+        for span in seg.sealed.iter().flat_map(|s| &s.spans) {
+            if range.contains(span.partition) {
+                let e = &mut ends[(span.partition - range.lo) as usize];
+                *e = (*e).max(span.end_offset);
+            }
+        }
+    }
+    Some(starts)
+}
+
 /// Per partition of `range`, the end of its data in the sealed segments the
-/// image records for the range and its ancestors.
-fn sealed_ends(image: &MetadataImage, range: &RangeImage) -> Vec<i64> {
+/// image records for the range (those below `below` only, when given) and
+/// its ancestors.
+fn sealed_ends(image: &MetadataImage, range: &RangeImage, below: Option<u32>) -> Vec<i64> {
     let mut ends = vec![0i64; (range.hi - range.lo) as usize];
     let mut stack = vec![range.id];
     let mut seen = BTreeSet::new();
@@ -448,6 +490,9 @@ fn sealed_ends(image: &MetadataImage, range: &RangeImage) -> Vec<i64> {
             continue;
         }
         for seg in image.segments_of(id) {
+            if id == range.id && below.is_some_and(|b| seg.id.seq >= b) {
+                continue;
+            }
             for span in seg.sealed.iter().flat_map(|s| &s.spans) {
                 if range.contains(span.partition) {
                     let e = &mut ends[(span.partition - range.lo) as usize];
@@ -589,5 +634,91 @@ async fn record_range_rolls(
         if let Err(e) = broker.controller.write(records).await {
             tracing::error!(range, seq = sealed.seq, error = %e, "could not record segment roll in the metadata log; it is retried at restart");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_metadata::{BrokerRegistration, MetadataRecord};
+
+    /// One broker, one topic of partitions [0, 2) in range 1, segments 0-2
+    /// sealed (partition 0: [0, 3), [3, 7), [7, 9); partition 1: [0, 2) in
+    /// segment 1) and 3 active.
+    fn image() -> MetadataImage {
+        fn commit(image: &mut MetadataImage, records: Vec<MetadataRecord>) {
+            let offset = image.offset + 1;
+            for r in &records {
+                image.apply(r, offset);
+            }
+        }
+        let mut image = MetadataImage::empty();
+        commit(
+            &mut image,
+            tessera_planner::register_broker(BrokerRegistration {
+                broker_id: 1,
+                incarnation_id: uuid::Uuid::new_v4(),
+                host: "h".into(),
+                port: 1,
+                rack: None,
+            }),
+        );
+        commit(
+            &mut image,
+            vec![MetadataRecord::UnfenceBroker { broker_id: 1 }],
+        );
+        let spec = tessera_planner::TopicSpec {
+            topic_id: uuid::Uuid::new_v4(),
+            name: "t".into(),
+            partitions: 2,
+            replication_factor: 1,
+            configs: Default::default(),
+        };
+        let records = tessera_planner::create_topic(&image, spec).unwrap();
+        commit(&mut image, records);
+        let range = *image.ranges.keys().next().unwrap();
+        let seal = |seq, spans: &[(u32, i64, i64)]| SegmentSealRecord {
+            segment: SegmentId::new(range, seq),
+            size_bytes: 100,
+            spans: spans
+                .iter()
+                .map(|&(partition, start_offset, end_offset)| PartitionSpan {
+                    partition,
+                    start_offset,
+                    end_offset,
+                })
+                .collect(),
+        };
+        let seals = [
+            seal(0, &[(0, 0, 3)]),
+            seal(1, &[(0, 3, 7), (1, 0, 2)]),
+            seal(2, &[(0, 7, 9)]),
+        ];
+        let records = tessera_planner::record_local_segments(&image, range, &seals, Some(3));
+        commit(&mut image, records);
+        image
+    }
+
+    #[test]
+    fn remote_history_gives_each_local_segment_its_start_after_a_gap() {
+        let image = image();
+        let range = image.ranges.values().next().unwrap();
+        assert_eq!(image.segments_of(range.id).len(), 4);
+        // The whole history is local.
+        assert_eq!(remote_history(&image, range, &[0, 1, 2, 3]), None);
+        // Joined at segment 2.
+        assert_eq!(
+            remote_history(&image, range, &[2, 3]),
+            Some(BTreeMap::from([(2, vec![7, 2]), (3, vec![9, 2])]))
+        );
+        // Away for segment 1.
+        assert_eq!(
+            remote_history(&image, range, &[0, 2, 3]),
+            Some(BTreeMap::from([
+                (0, vec![0, 0]),
+                (2, vec![7, 2]),
+                (3, vec![9, 2])
+            ]))
+        );
     }
 }

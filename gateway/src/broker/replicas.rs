@@ -14,12 +14,14 @@ use std::sync::{Arc, OnceLock, Weak};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+use tessera_log::producer_snapshot_file::snapshot_path;
 use tessera_log::RangeLog;
 use tessera_metadata::{MetadataImage, PartitionSpan, RangeId, SegmentId, SegmentImage};
 use tessera_replication::primary::{PeerAddresses, Replication};
 use tessera_replication::protocol::{Message, SegmentKey};
 use tessera_replication::replica_store::ReplicaStore;
 use tessera_replication::service::{self, Directory, Refusal};
+use tessera_replication::snapshot_transfer::{self, LocalHistory};
 use tessera_replication::{seal_point, FenceReport, SealAction};
 
 use super::{Broker, PartitionRoute};
@@ -45,6 +47,8 @@ pub(crate) struct Replicas {
     sealing: Mutex<HashSet<SegmentId>>,
     /// Follower copies being repaired (one task each).
     pub(super) repairing: Mutex<HashSet<SegmentId>>,
+    /// Segments whose producer snapshot is being fetched (one task each).
+    fetching_snapshots: Mutex<HashSet<SegmentId>>,
     /// Seals already applied to this broker's copies.
     pub(super) sealed_copies: Mutex<HashSet<SegmentId>>,
     /// Ranges a cleaning pass runs on here (planned as primary, or applied
@@ -233,7 +237,7 @@ impl Broker {
             };
             match (stem.parse::<u32>(), ext) {
                 (Ok(seq), "log") if seq < first => old.push(seq),
-                (Ok(seq), "snapshot") if seq < first => {
+                (Ok(seq), "snapshot" | "aborted") if seq < first => {
                     std::fs::remove_file(entry.path())?;
                 }
                 _ => {}
@@ -329,6 +333,37 @@ impl Broker {
             }
         }
         Ok(())
+    }
+
+    /// If this broker follows `segment` (a range's active segment) without
+    /// holding the one before it, fetches the producer snapshot where it
+    /// starts from its primary (or another replica that has it), unless
+    /// already here or being fetched. Without it, this broker leading the
+    /// range later would not know the idempotent producers and open
+    /// transactions of the history it does not hold.
+    pub(super) fn fetch_producer_snapshot(&self, image: &MetadataImage, segment: &SegmentImage) {
+        let me = self.config.node_id;
+        if segment.is_sealed() || !segment.replicas[1..].contains(&me) {
+            return;
+        }
+        let Some(dir) = self.range_dir_of(image, segment.id.range) else {
+            return;
+        };
+        let seq = segment.id.seq;
+        let local = LocalHistory {
+            holds_previous: seq > 0
+                && (tessera_log::segment::log_path(&dir, seq - 1).exists()
+                    || self
+                        .log_of(segment.id.range)
+                        .is_some_and(|l| l.holds_segment(seq - 1))),
+            holds_snapshot: snapshot_path(&dir, seq).exists(),
+        };
+        if !snapshot_transfer::needs_snapshot(seq, local) {
+            return;
+        }
+        if self.replicas.fetching_snapshots.lock().insert(segment.id) {
+            tokio::spawn(fetch_snapshot(self.weak(), segment.id));
+        }
     }
 
     /// Reserves `bytes` of the copying budget; returns when they may have
@@ -467,6 +502,59 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
             b.replicas.sealed_copies.lock().insert(seg.id);
             tracing::info!(segment = %seg.id, "replica repaired");
         }
+    }
+}
+
+/// Fetches the producer snapshot of `id` (see
+/// [`Broker::fetch_producer_snapshot`]) until it is here or this broker no
+/// longer follows the segment as active.
+async fn fetch_snapshot(broker: Weak<Broker>, id: SegmentId) {
+    let mut attempts = 0u32;
+    loop {
+        let Some(b) = broker.upgrade() else { return };
+        let image = b.image();
+        let me = b.config.node_id;
+        let following = image
+            .segments
+            .get(&id)
+            .filter(|s| !s.is_sealed() && s.replicas[1..].contains(&me))
+            .cloned();
+        let (Some(seg), Some(dir)) = (following, b.range_dir_of(&image, id.range)) else {
+            tracing::info!(segment = %id, attempts, "no longer following the segment; producer snapshot not fetched");
+            break;
+        };
+        if snapshot_path(&dir, id.seq).exists() {
+            break;
+        }
+        attempts += 1;
+        // The primary wrote it; another follower may have fetched it.
+        let mut fetched = false;
+        for &peer in seg.replicas.iter().filter(|r| **r != me) {
+            let Some(addr) = View(broker.clone()).address_of(peer) else {
+                continue;
+            };
+            match snapshot_transfer::fetch(&addr, key(id), &dir, CALL_TIMEOUT).await {
+                Ok(()) => {
+                    tracing::info!(segment = %id, from = peer, "fetched the producer snapshot where the segment starts");
+                    fetched = true;
+                    break;
+                }
+                Err(e) => {
+                    tracing::debug!(segment = %id, peer, error = %e, "producer snapshot fetch failed")
+                }
+            }
+        }
+        drop(b);
+        if fetched {
+            break;
+        }
+        if attempts.is_multiple_of(20) {
+            tracing::warn!(segment = %id, attempts, "no replica served the producer snapshot yet");
+        }
+        tokio::time::sleep(RETRY).await;
+    }
+    if let Some(b) = broker.upgrade() {
+        b.replicas.fetching_snapshots.lock().remove(&id);
     }
 }
 
