@@ -205,6 +205,7 @@ fn options(dir: &Path) -> RangeLogOptions {
         sealed: false,
         replicated: false,
         min_next_offsets: Vec::new(),
+        remote_history: None,
     }
 }
 
