@@ -286,6 +286,37 @@ pub async fn digest(
     span: Span,
 ) -> Result<Digest, MigrateError> {
     let mut digest = Digest::default();
+    read_span(conn, topic, partition, span, |bytes| {
+        digest.add_batch(bytes, span)
+    })
+    .await?;
+    Ok(digest)
+}
+
+/// Every record of `topic`/`partition` over `span`, summarized for the
+/// record-by-record comparison of a compacted partition.
+pub async fn summaries(
+    conn: &mut Conn,
+    topic: &str,
+    partition: i32,
+    span: Span,
+) -> Result<Vec<plan::RecordSummary>, MigrateError> {
+    let mut out = Vec::new();
+    read_span(conn, topic, partition, span, |bytes| {
+        plan::summarize_batch(bytes, span, &mut out)
+    })
+    .await?;
+    Ok(out)
+}
+
+/// Reads the batches of `span` in order, each handed to `on_batch`.
+async fn read_span(
+    conn: &mut Conn,
+    topic: &str,
+    partition: i32,
+    span: Span,
+    mut on_batch: impl FnMut(&[u8]) -> Result<(), String>,
+) -> Result<(), MigrateError> {
     let mut at = span.start;
     let mut empty = 0;
     while at < span.end {
@@ -306,7 +337,7 @@ pub async fn digest(
                 at = span.end;
                 break;
             }
-            digest.add_batch(&b.bytes, span).map_err(|e| {
+            on_batch(&b.bytes).map_err(|e| {
                 partition_error(
                     topic,
                     partition,
@@ -316,5 +347,5 @@ pub async fn digest(
             at = h.last_offset() + 1;
         }
     }
-    Ok(digest)
+    Ok(())
 }

@@ -217,38 +217,153 @@ impl Digest {
     /// Adds the records of one whole batch whose offsets lie in `span`.
     /// A batch that does not decode (bad CRC, truncated) is an error.
     pub fn add_batch(&mut self, batch_bytes: &[u8], span: Span) -> Result<(), String> {
-        let header = batch::parse_header(batch_bytes).map_err(|e| e.to_string())?;
-        let mut buf = Bytes::copy_from_slice(batch_bytes);
-        let set = RecordBatchDecoder::decode(&mut buf).map_err(|e| e.to_string())?;
-        // No base sequence (-1, Kafka's NO_SEQUENCE): no record has one
-        // (the decoder would count on from -1).
-        let no_sequence = header.base_sequence == -1;
-        let mut canonical = Vec::with_capacity(128);
-        for r in &set.records {
-            if r.offset < span.start || r.offset >= span.end {
-                continue;
-            }
-            canonical.clear();
-            canonical.extend_from_slice(&r.offset.to_be_bytes());
-            canonical.extend_from_slice(&r.timestamp.to_be_bytes());
-            canonical.push(r.timestamp_type as u8);
-            canonical.extend_from_slice(&r.producer_id.to_be_bytes());
-            canonical.extend_from_slice(&r.producer_epoch.to_be_bytes());
-            let sequence = if no_sequence { -1 } else { r.sequence };
-            canonical.extend_from_slice(&sequence.to_be_bytes());
-            canonical.push(u8::from(r.transactional) | (u8::from(r.control) << 1));
-            push_opt(&mut canonical, r.key.as_deref());
-            push_opt(&mut canonical, r.value.as_deref());
-            canonical.extend_from_slice(&(r.headers.len() as u32).to_be_bytes());
-            for (k, v) in &r.headers {
-                push_opt(&mut canonical, Some(k.as_bytes()));
-                push_opt(&mut canonical, v.as_deref());
-            }
-            self.checksum = crc32c::crc32c_append(self.checksum, &canonical);
+        each_record(batch_bytes, span, |_, canonical| {
+            self.checksum = crc32c::crc32c_append(self.checksum, canonical);
             self.records += 1;
-        }
-        Ok(())
+        })
     }
+}
+
+/// Every record of one whole batch whose offset lies in `span`, with its
+/// canonical form (what the digest sums: offset, timestamp and type,
+/// producer fields, flags, key, value, headers).
+fn each_record(
+    batch_bytes: &[u8],
+    span: Span,
+    mut f: impl FnMut(&Record, &[u8]),
+) -> Result<(), String> {
+    let header = batch::parse_header(batch_bytes).map_err(|e| e.to_string())?;
+    let mut buf = Bytes::copy_from_slice(batch_bytes);
+    let set = RecordBatchDecoder::decode(&mut buf).map_err(|e| e.to_string())?;
+    // No base sequence (-1, Kafka's NO_SEQUENCE): no record has one
+    // (the decoder would count on from -1).
+    let no_sequence = header.base_sequence == -1;
+    let mut canonical = Vec::with_capacity(128);
+    for r in &set.records {
+        if r.offset < span.start || r.offset >= span.end {
+            continue;
+        }
+        canonical.clear();
+        canonical.extend_from_slice(&r.offset.to_be_bytes());
+        canonical.extend_from_slice(&r.timestamp.to_be_bytes());
+        canonical.push(r.timestamp_type as u8);
+        canonical.extend_from_slice(&r.producer_id.to_be_bytes());
+        canonical.extend_from_slice(&r.producer_epoch.to_be_bytes());
+        let sequence = if no_sequence { -1 } else { r.sequence };
+        canonical.extend_from_slice(&sequence.to_be_bytes());
+        canonical.push(u8::from(r.transactional) | (u8::from(r.control) << 1));
+        push_opt(&mut canonical, r.key.as_deref());
+        push_opt(&mut canonical, r.value.as_deref());
+        canonical.extend_from_slice(&(r.headers.len() as u32).to_be_bytes());
+        for (k, v) in &r.headers {
+            push_opt(&mut canonical, Some(k.as_bytes()));
+            push_opt(&mut canonical, v.as_deref());
+        }
+        f(r, &canonical);
+    }
+    Ok(())
+}
+
+/// One record as the record-by-record comparison of a compacted
+/// partition sees it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecordSummary {
+    pub offset: i64,
+    /// CRC-32C of the record's canonical form.
+    pub crc: u32,
+    pub key: Option<Bytes>,
+    pub tombstone: bool,
+    pub control: bool,
+    pub transactional: bool,
+    pub producer_id: i64,
+    /// A control record that is an ABORT marker (key: version, type 0).
+    pub abort_marker: bool,
+}
+
+/// Appends the summaries of one whole batch's records in `span`.
+pub fn summarize_batch(
+    batch_bytes: &[u8],
+    span: Span,
+    out: &mut Vec<RecordSummary>,
+) -> Result<(), String> {
+    each_record(batch_bytes, span, |r, canonical| {
+        let abort_marker = r.control
+            && r.key
+                .as_ref()
+                .is_some_and(|k| k.len() >= 4 && k[2..4] == [0, 0]);
+        out.push(RecordSummary {
+            offset: r.offset,
+            crc: crc32c::crc32c(canonical),
+            key: r.key.clone(),
+            tombstone: r.value.is_none(),
+            control: r.control,
+            transactional: r.transactional,
+            producer_id: r.producer_id,
+            abort_marker,
+        });
+    })
+}
+
+/// Compares a compacted partition record by record, for when its digests
+/// differ because the source's cleaner ran after the copy: every source
+/// record must be on the target at its offset, and every target record the
+/// source lacks must be one Kafka's cleaner may remove: superseded by a
+/// later record with its key, a tombstone, a transaction marker, or data
+/// of a transaction that aborted. Ok(how many such records the target
+/// keeps), or the first record that breaks the rule.
+pub fn judge_superseded(
+    source: &[RecordSummary],
+    target: &[RecordSummary],
+) -> Result<usize, String> {
+    let on_target: BTreeMap<i64, &RecordSummary> = target.iter().map(|r| (r.offset, r)).collect();
+    for s in source {
+        match on_target.get(&s.offset) {
+            Some(t) if t.crc == s.crc => {}
+            Some(_) => return Err(format!("the record at offset {} differs", s.offset)),
+            None => {
+                return Err(format!(
+                    "the source's record at offset {} is not on the target",
+                    s.offset
+                ))
+            }
+        }
+    }
+    let on_source: std::collections::HashSet<i64> = source.iter().map(|r| r.offset).collect();
+    let mut last_of_key: std::collections::HashMap<&[u8], i64> = Default::default();
+    // Each producer's markers in offset order: (offset, is ABORT).
+    let mut markers: BTreeMap<i64, Vec<(i64, bool)>> = BTreeMap::new();
+    for t in target {
+        if t.control {
+            markers
+                .entry(t.producer_id)
+                .or_default()
+                .push((t.offset, t.abort_marker));
+        } else if let Some(k) = &t.key {
+            last_of_key.insert(k, t.offset);
+        }
+    }
+    let mut kept = 0;
+    for t in target.iter().filter(|t| !on_source.contains(&t.offset)) {
+        let superseded = t
+            .key
+            .as_deref()
+            .is_some_and(|k| last_of_key.get(k).is_some_and(|last| *last > t.offset));
+        let aborted = t.transactional
+            && !t.control
+            && markers.get(&t.producer_id).is_some_and(|m| {
+                // The first marker after the record ends its transaction.
+                let next = m.partition_point(|(o, _)| *o <= t.offset);
+                m.get(next).is_some_and(|(_, abort)| *abort)
+            });
+        if !(superseded || aborted || t.tombstone || t.control) {
+            return Err(format!(
+                "the target's record at offset {} is not on the source, and nothing supersedes it",
+                t.offset
+            ));
+        }
+        kept += 1;
+    }
+    Ok(kept)
 }
 
 fn push_opt(out: &mut Vec<u8>, bytes: Option<&[u8]>) {
@@ -271,6 +386,9 @@ pub struct Verdict {
     pub target: Digest,
     /// Why they differ, if they do.
     pub mismatch: Option<String>,
+    /// Records the target keeps that the source's cleaner removed after
+    /// the copy (a compacted partition whose digests differ only by them).
+    pub superseded: usize,
 }
 
 /// Compares one partition: the target must end where the source ends and
@@ -660,5 +778,148 @@ mod tests {
             },
         );
         assert_eq!(changed_offsets(&a, &b).len(), 1);
+    }
+
+    fn summary(offset: i64, key: &str, value: Option<&str>) -> RecordSummary {
+        RecordSummary {
+            offset,
+            crc: crc32c::crc32c(format!("{offset}{key}{value:?}").as_bytes()),
+            key: Some(Bytes::from(key.to_string())),
+            tombstone: value.is_none(),
+            control: false,
+            transactional: false,
+            producer_id: -1,
+            abort_marker: false,
+        }
+    }
+
+    fn marker(offset: i64, producer_id: i64, abort: bool) -> RecordSummary {
+        RecordSummary {
+            control: true,
+            transactional: true,
+            producer_id,
+            abort_marker: abort,
+            key: None,
+            ..summary(offset, "", Some("m"))
+        }
+    }
+
+    fn txn(offset: i64, key: &str, producer_id: i64) -> RecordSummary {
+        RecordSummary {
+            transactional: true,
+            producer_id,
+            ..summary(offset, key, Some("t"))
+        }
+    }
+
+    #[test]
+    fn records_the_source_cleaned_after_the_copy_are_accepted() {
+        // The target as copied: k1 twice, a tombstone of k2, an aborted
+        // transaction of producer 7 and its marker, a committed one of 8.
+        let target = vec![
+            summary(0, "k1", Some("a")),
+            summary(1, "k2", Some("b")),
+            txn(2, "k3", 7),
+            summary(3, "k1", Some("c")),
+            summary(4, "k2", None),
+            marker(5, 7, true),
+            txn(6, "k4", 8),
+            marker(7, 8, false),
+        ];
+        // The source since cleaned: superseded k1@0 and k2@1, the aborted
+        // data, its marker and the tombstone gone.
+        let keep = |o: &[i64]| -> Vec<RecordSummary> {
+            target
+                .iter()
+                .filter(|r| o.contains(&r.offset))
+                .cloned()
+                .collect()
+        };
+        let source = keep(&[3, 6, 7]);
+        assert_eq!(judge_superseded(&source, &target), Ok(5));
+        assert_eq!(judge_superseded(&target, &target), Ok(0));
+        // The last value of a key may not go missing.
+        let lost = keep(&[6, 7]);
+        let mut without = target.clone();
+        without.retain(|r| r.offset != 3);
+        assert!(judge_superseded(&lost, &without)
+            .unwrap_err()
+            .contains("offset 0 is not on the source"));
+        // Nor may a committed transaction's data.
+        let committed_dropped = keep(&[3, 7]);
+        assert!(judge_superseded(&committed_dropped, &target)
+            .unwrap_err()
+            .contains("offset 6"));
+        // A changed record is caught even where cleaning happened.
+        let mut tampered = source.clone();
+        tampered[0].crc ^= 1;
+        assert!(judge_superseded(&tampered, &target)
+            .unwrap_err()
+            .contains("offset 3 differs"));
+        // A source record the target lacks.
+        let mut extra = source.clone();
+        extra.push(summary(9, "k9", Some("z")));
+        assert!(judge_superseded(&extra, &target)
+            .unwrap_err()
+            .contains("not on the target"));
+    }
+
+    #[test]
+    fn data_of_a_transaction_that_committed_is_not_taken_for_aborted() {
+        // Producer 7 aborts at 2, then a later transaction of it commits at 4.
+        let target = vec![
+            txn(0, "a", 7),
+            marker(1, 7, true),
+            txn(2, "b", 7),
+            marker(3, 7, false),
+        ];
+        let source = vec![target[3].clone()];
+        // 0 (aborted) and 1 (marker) may go; 2 (committed, last of b) may not.
+        assert!(judge_superseded(&source, &target)
+            .unwrap_err()
+            .contains("offset 2"));
+        let source = vec![target[2].clone(), target[3].clone()];
+        assert_eq!(judge_superseded(&source, &target), Ok(2));
+    }
+
+    #[test]
+    fn summaries_read_abort_markers_and_tombstones() {
+        use kafka_protocol::records::{Compression, TimestampType};
+        let record =
+            |offset: i64, key: Option<Vec<u8>>, value: Option<&str>, control: bool| Record {
+                transactional: true,
+                control,
+                partition_leader_epoch: 0,
+                producer_id: 5,
+                producer_epoch: 0,
+                timestamp_type: TimestampType::Creation,
+                offset,
+                sequence: offset as i32,
+                timestamp: 1,
+                key: key.map(Bytes::from),
+                value: value.map(|v| Bytes::from(v.to_string())),
+                headers: Default::default(),
+                delete_horizon: false,
+            };
+        let data = tessera_log::records::encode_v2(
+            &[record(0, Some(b"k".to_vec()), None, false)],
+            Compression::None,
+        )
+        .unwrap();
+        let abort = tessera_log::records::encode_v2(
+            &[record(1, Some(vec![0, 0, 0, 0]), Some("x"), true)],
+            Compression::None,
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        let all = Span { start: 0, end: 10 };
+        summarize_batch(&data, all, &mut out).unwrap();
+        summarize_batch(&abort, all, &mut out).unwrap();
+        assert!(out[0].tombstone && !out[0].control && !out[0].abort_marker);
+        assert!(out[1].control && out[1].abort_marker);
+        // The summaries' CRCs are the digest's per-record inputs.
+        let mut d = Digest::default();
+        d.add_batch(&data, all).unwrap();
+        assert_eq!(d.checksum, out[0].crc);
     }
 }
