@@ -65,6 +65,28 @@ pub struct RangeLogOptions {
     pub replicated: bool,
 }
 
+impl RangeLogOptions {
+    /// A plain range `[lo, hi)` in `dir`: no roll by size or time, leader
+    /// epoch 0, log starts at 0, nothing inherited, local durability, not
+    /// sealed. Callers set what differs with struct update syntax.
+    pub fn new(dir: &std::path::Path, lo: u32, hi: u32) -> RangeLogOptions {
+        RangeLogOptions {
+            dir: dir.to_path_buf(),
+            lo,
+            hi,
+            segment_bytes: u64::MAX / 2,
+            segment_ms: i64::MAX / 2,
+            leader_epoch: 0,
+            log_start_offsets: Vec::new(),
+            seed: None,
+            min_next_offsets: Vec::new(),
+            remote_history: None,
+            sealed: false,
+            replicated: false,
+        }
+    }
+}
+
 /// The state a child range takes over from its parents, per partition
 /// (index `p - lo`): where its offsets continue, and the idempotent
 /// producer state, so retries across a split or merge are still caught.
@@ -1472,18 +1494,9 @@ mod tests {
 
     fn options(dir: &Path) -> RangeLogOptions {
         RangeLogOptions {
-            dir: dir.to_path_buf(),
-            lo: 0,
-            hi: 2,
             segment_bytes: 1 << 30,
             segment_ms: i64::MAX,
-            leader_epoch: 0,
-            log_start_offsets: vec![],
-            seed: None,
-            min_next_offsets: Vec::new(),
-            remote_history: None,
-            sealed: false,
-            replicated: false,
+            ..RangeLogOptions::new(dir, 0, 2)
         }
     }
 

@@ -9,18 +9,8 @@ use tessera_log::{segment, RangeLog, RangeLogOptions};
 
 fn options(dir: &std::path::Path) -> RangeLogOptions {
     RangeLogOptions {
-        dir: dir.to_path_buf(),
-        lo: 0,
-        hi: 2,
         segment_bytes: 1 << 30,
-        segment_ms: i64::MAX / 2,
-        leader_epoch: 0,
-        log_start_offsets: vec![],
-        seed: None,
-        sealed: false,
-        replicated: false,
-        min_next_offsets: Vec::new(),
-        remote_history: None,
+        ..RangeLogOptions::new(dir, 0, 2)
     }
 }
 

@@ -5,18 +5,8 @@ use tessera_log::{LogError, RangeLog, RangeLogOptions};
 
 fn options(dir: &std::path::Path, segment_bytes: u64) -> RangeLogOptions {
     RangeLogOptions {
-        dir: dir.to_path_buf(),
-        lo: 0,
-        hi: 4,
         segment_bytes,
-        segment_ms: i64::MAX / 2,
-        leader_epoch: 0,
-        log_start_offsets: vec![],
-        seed: None,
-        sealed: false,
-        replicated: false,
-        min_next_offsets: Vec::new(),
-        remote_history: None,
+        ..RangeLogOptions::new(dir, 0, 4)
     }
 }
 

@@ -194,18 +194,8 @@ fn two_replicas_clean_the_same_bytes_to_the_same_bytes() {
 
 fn options(dir: &Path) -> RangeLogOptions {
     RangeLogOptions {
-        dir: dir.to_path_buf(),
-        lo: 0,
-        hi: 2,
         segment_bytes: 1 << 30,
-        segment_ms: i64::MAX / 2,
-        leader_epoch: 0,
-        log_start_offsets: vec![],
-        seed: None,
-        sealed: false,
-        replicated: false,
-        min_next_offsets: Vec::new(),
-        remote_history: None,
+        ..RangeLogOptions::new(dir, 0, 2)
     }
 }
 

@@ -69,18 +69,9 @@ async fn follower(dir: PathBuf) -> (String, Arc<ReplicaStore>, tokio::task::Join
 fn primary_log(dir: &std::path::Path) -> Arc<RangeLog> {
     RangeLog::open(
         RangeLogOptions {
-            dir: dir.to_path_buf(),
-            lo: 0,
-            hi: 2,
             segment_bytes: 1 << 30,
-            segment_ms: i64::MAX / 2,
-            leader_epoch: 0,
-            log_start_offsets: vec![],
-            seed: None,
-            min_next_offsets: vec![],
-            remote_history: None,
-            sealed: false,
             replicated: true,
+            ..RangeLogOptions::new(dir, 0, 2)
         },
         tokio::sync::watch::channel(0).0,
     )
@@ -284,18 +275,12 @@ fn new_primary_log(
     std::fs::File::create(tessera_log::segment::log_path(dir, next_seq)).unwrap();
     RangeLog::open(
         RangeLogOptions {
-            dir: dir.to_path_buf(),
-            lo: 0,
-            hi: 2,
             segment_bytes: 1 << 30,
-            segment_ms: i64::MAX / 2,
             leader_epoch: 1,
-            log_start_offsets: vec![],
-            seed: None,
             min_next_offsets: remote_history[&next_seq].clone(),
             remote_history: Some(remote_history),
-            sealed: false,
             replicated: true,
+            ..RangeLogOptions::new(dir, 0, 2)
         },
         tokio::sync::watch::channel(0).0,
     )
