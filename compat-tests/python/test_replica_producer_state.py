@@ -32,7 +32,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from test_cluster import cluster, eventually, http, node_pid  # noqa: F401 - fixture
-from test_replication import create_replicated, leader_of, node_cmd, restart_node, wait_exit
+from test_replication import create_replicated, hand_leadership_to, leader_of, node_cmd, restart_node
 
 from kafka.record._crc32c import crc as crc32c
 
@@ -252,18 +252,7 @@ def test_a_leader_without_the_history_answers_retries_and_fences_old_epochs(clus
 
     # 2. kill -9 the other survivor, then SIGTERM the leader: only the spare
     #    answers the fence besides the leader itself, so it leads next.
-    cmd_other, cmd_holder = node_cmd(workdir, other), node_cmd(workdir, holder)
-    os.kill(node_pid(workdir, other), signal.SIGKILL)
-    alive.discard(other)
-    holder_pid = node_pid(workdir, holder)
-    os.kill(holder_pid, signal.SIGTERM)
-    wait_exit(holder_pid)
-    alive.discard(holder)
-    eventually("the spare leads", lambda: leader_of(admin, topic) == spare, timeout=60)
-    restart_node(workdir, other, cmd_other)
-    restart_node(workdir, holder, cmd_holder)
-    alive.update({other, holder})
-    eventually("every node back", lambda: all(node_pid(workdir, n) for n in range(1, 6)), timeout=30)
+    hand_leadership_to(spare, workdir, admin, topic, holder, other, alive)
     local = {s["seq"]: s for s in http(cluster["admin"][spare - 1] + "/segments")
              if s["topic"] == topic}
     assert spare not in local[0]["replicas"], local[0]

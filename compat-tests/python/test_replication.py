@@ -445,6 +445,25 @@ def wait_exit(pid: int, timeout: float = 40):
                or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower(), timeout=timeout)
 
 
+def hand_leadership_to(spare: int, workdir: Path, admin: AdminClient, topic: str,
+                       holder: int, other: int, alive: set):
+    """kill -9 `other`, SIGTERM the leader `holder`: only `spare` answers
+    the fence besides the leader itself, so it leads next; then both come
+    back and every one of the 5 nodes runs again."""
+    cmd_other, cmd_holder = node_cmd(workdir, other), node_cmd(workdir, holder)
+    os.kill(node_pid(workdir, other), signal.SIGKILL)
+    alive.discard(other)
+    holder_pid = node_pid(workdir, holder)
+    os.kill(holder_pid, signal.SIGTERM)
+    wait_exit(holder_pid)
+    alive.discard(holder)
+    eventually("the spare leads", lambda: leader_of(admin, topic) == spare, timeout=60)
+    restart_node(workdir, other, cmd_other)
+    restart_node(workdir, holder, cmd_holder)
+    alive.update({other, holder})
+    eventually("every node back", lambda: all(node_pid(workdir, n) for n in range(1, 6)), timeout=30)
+
+
 @pytest.mark.cluster_nodes(5)
 @pytest.mark.cluster_overrides({"log.segment.bytes": "65536"})
 def test_a_leader_without_the_history_reads_it_from_the_replicas_that_hold_it(cluster):
@@ -493,18 +512,7 @@ def test_a_leader_without_the_history_reads_it_from_the_replicas_that_hold_it(cl
     holder, other = second[0], next(r for r in second[1:] if r != spare)
     # 2. kill -9 the other survivor, then SIGTERM the leader: only the spare
     #    answers the fence besides the leader itself, so it leads next.
-    cmd_other, cmd_holder = node_cmd(workdir, other), node_cmd(workdir, holder)
-    os.kill(node_pid(workdir, other), signal.SIGKILL)
-    alive.discard(other)
-    holder_pid = node_pid(workdir, holder)
-    os.kill(holder_pid, signal.SIGTERM)
-    wait_exit(holder_pid)
-    alive.discard(holder)
-    eventually("the spare leads", lambda: leader_of(admin, topic) == spare, timeout=60)
-    restart_node(workdir, other, cmd_other)
-    restart_node(workdir, holder, cmd_holder)
-    alive.update({other, holder})
-    eventually("every node back", lambda: all(node_pid(workdir, n) for n in range(1, 6)), timeout=30)
+    hand_leadership_to(spare, workdir, admin, topic, holder, other, alive)
     produce(2000, 12000)
     assert leader_of(admin, topic) == spare
     # The new leader holds none of the first segments.
