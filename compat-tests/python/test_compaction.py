@@ -256,3 +256,32 @@ def test_aborted_transactions_are_cleaned_away_and_committed_ones_kept(broker):
     committed = consume_all(broker, topic, "read_committed")
     assert latest_per_key(committed) == want
     assert len(committed) == len(want)
+
+
+@pytest.mark.broker_overrides({"log.cleaner.backoff.ms": "200"})
+def test_history_a_split_left_behind_is_compacted(broker):
+    """A compacted topic's range splits: the sealed parent range (the
+    history its children read) is cleaned too, down to one record per key
+    and partition, and a consumer sees every key's latest value across the
+    parent and the children."""
+    from test_elastic_ranges import active_ranges, admin_call
+
+    topic = unique_topic("compact-split")
+    create_topic(broker, topic, partitions=PARTITIONS, config=COMPACT)
+    delivered: dict = {}
+    keys, updates = 100, 6000
+    produce(broker, topic, ((f"key-{i % keys}".encode(), f"old-{i}".encode()) for i in range(updates)),
+            delivered)
+    [root] = active_ranges(broker, topic)
+    admin_call(broker, "POST", f"/ranges/split?range={root['id']}")
+    assert len(active_ranges(broker, topic)) == 2
+    produce(broker, topic, [(f"key-{i}".encode(), f"new-{i}".encode()) for i in range(keys // 2)], delivered)
+    want = {f"key-{i % keys}".encode(): f"old-{i}".encode() for i in range(updates - keys, updates)}
+    want.update({f"key-{i}".encode(): f"new-{i}".encode() for i in range(keys // 2)})
+    # The parent keeps each key's last record before the split (the
+    # children's newer ones do not reach into it); the children's active
+    # segments hold the 50 new ones.
+    records = wait_compacted(broker, topic, keys + keys // 2)
+    check_consistent(records, delivered)
+    assert latest_per_key(records) == want
+    assert len(records) == keys + keys // 2

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use parking_lot::RwLock;
 use tessera_log::{RangeLog, SealedSegment};
@@ -73,6 +74,8 @@ pub struct Broker {
     replicas: replicas::Replicas,
     /// Set by a controlled shutdown (`broker/shutdown.rs`).
     shutting_down: AtomicBool,
+    /// Lets shutdown wait for a cleaning pass in flight.
+    cleaner: cleaner::CleanerGate,
 }
 
 /// Reads or creates `meta.properties` (Kafka's name for it) with the cluster id.
@@ -180,6 +183,7 @@ impl Broker {
             ready: AtomicBool::new(false),
             replicas: replicas::Replicas::default(),
             shutting_down: AtomicBool::new(false),
+            cleaner: cleaner::CleanerGate::default(),
             config,
         });
         broker.init_replicas();
@@ -228,10 +232,28 @@ impl Broker {
             port: self.config.advertised_port,
             rack: self.config.rack.clone(),
         };
-        self.controller
-            .write(tessera_planner::register_broker(registration))
-            .await?;
-        Ok(())
+        // As a Kafka broker's lifecycle manager does, registration is
+        // retried while the quorum is between leaders (a restart can
+        // forward it to a controller that is stopping), for up to two
+        // session timeouts; any other error stops the start.
+        let give_up = Instant::now()
+            + Duration::from_millis(2 * self.config.broker_session_timeout_ms.max(5_000));
+        let mut backoff = Duration::from_millis(100);
+        loop {
+            match self
+                .controller
+                .write(tessera_planner::register_broker(registration.clone()))
+                .await
+            {
+                Ok(_) => return Ok(()),
+                Err(e) if e.is_retriable() && Instant::now() + backoff < give_up => {
+                    tracing::warn!(error = %e, "broker registration not written yet; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
     }
 
     /// Where a client on the current connection's listener reaches broker
@@ -314,6 +336,7 @@ impl Broker {
     pub async fn shutdown(&self) {
         self.ready.store(false, Ordering::Release);
         self.stop_reconciling().await;
+        self.stop_cleaning().await;
         let logs: Vec<_> = self.logs.read().keys().copied().collect();
         for range in logs {
             self.stop_shipping(range);

@@ -203,6 +203,9 @@ pub struct BrokerConfig {
     /// The keys set at startup (file, environment, flags) as given: what
     /// DescribeConfigs reports as STATIC_BROKER_CONFIG.
     pub explicit: BTreeMap<String, String>,
+    /// Kafka keys given that tessera has no use for (`IGNORED_KAFKA_KEYS`),
+    /// logged at startup.
+    pub ignored_keys: Vec<String>,
 }
 
 /// Broker-wide settings of the automatic range split/merge policy. The
@@ -253,6 +256,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("broker.rack", ""),
     ("process.roles", "broker,controller"),
     ("controller.quorum.voters", ""),
+    ("controller.listener.names", ""),
     ("metadata.listener", ""),
     ("broker.heartbeat.interval.ms", "2000"),
     ("broker.session.timeout.ms", "9000"),
@@ -270,7 +274,10 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("message.max.bytes", "1048588"),
     ("log.segment.bytes", "1073741824"),
     ("log.roll.ms", "604800000"),
+    ("log.roll.hours", "168"),
     ("log.retention.ms", "604800000"),
+    ("log.retention.minutes", ""),
+    ("log.retention.hours", "168"),
     ("log.retention.bytes", "-1"),
     ("log.retention.check.interval.ms", "300000"),
     ("log.cleaner.enable", "true"),
@@ -327,6 +334,90 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("range.policy.sustain.intervals", "3"),
 ];
 
+/// Kafka's coarser spellings of a time key, each with its unit in ms, in
+/// Kafka's precedence after the key itself (`log.retention.ms`, then
+/// `.minutes`, then `.hours`: `KafkaConfig.logRetentionTimeMillis`).
+pub const TIME_SYNONYMS: &[(&str, &[(&str, i64)])] = &[
+    (
+        "log.retention.ms",
+        &[
+            ("log.retention.minutes", 60_000),
+            ("log.retention.hours", 3_600_000),
+        ],
+    ),
+    ("log.roll.ms", &[("log.roll.hours", 3_600_000)]),
+];
+
+/// The coarser spellings of `key` (empty for most keys).
+pub fn time_synonyms(key: &str) -> &'static [(&'static str, i64)] {
+    TIME_SYNONYMS
+        .iter()
+        .find(|(k, _)| *k == key)
+        .map_or(&[], |(_, s)| s)
+}
+
+/// `value` of `key` in milliseconds when `key` is a coarser spelling of a
+/// time key (`log.retention.hours=24` is 86400000); any other as it is.
+/// Negative means unlimited, as in Kafka.
+pub fn in_millis(key: &str, value: &str) -> String {
+    let unit = TIME_SYNONYMS
+        .iter()
+        .flat_map(|(_, s)| s.iter())
+        .find(|(k, _)| *k == key)
+        .map(|(_, unit)| *unit);
+    match (unit, value.trim().parse::<i64>()) {
+        (Some(_), Ok(v)) if v < 0 => "-1".into(),
+        (Some(unit), Ok(v)) => v.saturating_mul(unit).to_string(),
+        _ => value.to_string(),
+    }
+}
+
+/// A time key with Kafka's precedence over its coarser spellings: the key
+/// itself if set, else the first synonym set (converted), else the key's
+/// default.
+fn parse_millis(map: &BTreeMap<String, String>, key: &str) -> Result<i64, ConfigError> {
+    if map.contains_key(key) {
+        return parse(map, key);
+    }
+    for (synonym, unit) in time_synonyms(key) {
+        if map.contains_key(*synonym) {
+            let v: i64 = parse(map, synonym)?;
+            return Ok(if v < 0 { -1 } else { v.saturating_mul(*unit) });
+        }
+    }
+    parse(map, key)
+}
+
+/// Kafka broker keys that mean nothing to tessera (thread pools, socket
+/// buffers, flush policies it sizes itself, the KRaft controller listener
+/// it does not have): accepted so that a Kafka `server.properties` carries
+/// over, and logged at startup as ignored. Any other unknown key is refused.
+/// (`controller.listener.names` is read: those listeners are the metadata
+/// quorum's, bound from `controller.quorum.voters`.)
+pub const IGNORED_KAFKA_KEYS: &[&str] = &[
+    "num.network.threads",
+    "num.io.threads",
+    "num.replica.fetchers",
+    "num.recovery.threads.per.data.dir",
+    "background.threads",
+    "queued.max.requests",
+    "socket.send.buffer.bytes",
+    "socket.receive.buffer.bytes",
+    "log.flush.interval.messages",
+    "log.flush.interval.ms",
+    "log.flush.scheduler.interval.ms",
+    "log.flush.offset.checkpoint.interval.ms",
+    "transaction.state.log.min.isr",
+    "offsets.topic.num.partitions",
+    "transaction.state.log.num.partitions",
+    "group.coordinator.rebalance.protocols",
+    "log.cleaner.dedupe.buffer.size",
+    "log.cleaner.io.buffer.size",
+    "replica.fetch.max.bytes",
+    "replica.socket.timeout.ms",
+    "metadata.log.dir",
+];
+
 /// Every broker key this build reads at startup.
 pub fn static_keys() -> impl Iterator<Item = &'static str> {
     DEFAULTS.iter().map(|(k, _)| *k)
@@ -380,6 +471,80 @@ pub fn flatten_toml(text: &str) -> Result<BTreeMap<String, String>, ConfigError>
     }
     walk("", &value, &mut out);
     Ok(out)
+}
+
+/// Reads a Java properties file (Kafka's `server.properties`): `key=value`
+/// or `key: value` or `key value` lines, `#` and `!` comments, a trailing
+/// backslash continuing a value on the next line, and the escapes `\t`,
+/// `\n`, `\=`, `\:`, `\\`, `\uXXXX`.
+pub fn parse_properties(text: &str) -> BTreeMap<String, String> {
+    let mut out = BTreeMap::new();
+    let mut lines = text.lines();
+    while let Some(line) = lines.next() {
+        let mut logical = line.trim_start().to_string();
+        if logical.is_empty() || logical.starts_with('#') || logical.starts_with('!') {
+            continue;
+        }
+        // An odd number of trailing backslashes continues the line.
+        while logical.chars().rev().take_while(|c| *c == '\\').count() % 2 == 1 {
+            logical.pop();
+            match lines.next() {
+                Some(next) => logical.push_str(next.trim_start()),
+                None => break,
+            }
+        }
+        let (key, value) = split_property(&logical);
+        out.insert(unescape_property(key), unescape_property(value));
+    }
+    out
+}
+
+/// Splits a logical properties line at the first unescaped `=`, `:` or
+/// whitespace (with the whitespace around the separator dropped).
+fn split_property(line: &str) -> (&str, &str) {
+    let bytes = line.as_bytes();
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'\\' => i += 2,
+            b'=' | b':' | b' ' | b'\t' => break,
+            _ => i += 1,
+        }
+    }
+    let i = i.min(bytes.len());
+    let key = &line[..i];
+    let mut rest = line[i..].trim_start_matches([' ', '\t']);
+    if let Some(r) = rest.strip_prefix(['=', ':']) {
+        rest = r.trim_start_matches([' ', '\t']);
+    }
+    (key, rest)
+}
+
+fn unescape_property(s: &str) -> String {
+    let mut out = String::with_capacity(s.len());
+    let mut chars = s.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('t') => out.push('\t'),
+            Some('n') => out.push('\n'),
+            Some('r') => out.push('\r'),
+            Some('f') => out.push('\u{c}'),
+            Some('u') => {
+                let hex: String = chars.by_ref().take(4).collect();
+                match u32::from_str_radix(&hex, 16).ok().and_then(char::from_u32) {
+                    Some(ch) => out.push(ch),
+                    None => out.push_str(&hex),
+                }
+            }
+            Some(other) => out.push(other),
+            None => {}
+        }
+    }
+    out
 }
 
 /// Reads `TESSERA_LOG_DIRS`-style variables: the key upper-cased, dots as underscores.
@@ -534,7 +699,10 @@ impl BrokerConfig {
     /// Builds the typed config; unknown keys are refused so a typo is not silently ignored.
     pub fn from_map(map: &BTreeMap<String, String>) -> Result<BrokerConfig, ConfigError> {
         for key in map.keys() {
-            if !DEFAULTS.iter().any(|(k, _)| k == key) && !is_listener_key(key) {
+            if !DEFAULTS.iter().any(|(k, _)| k == key)
+                && !is_listener_key(key)
+                && !IGNORED_KAFKA_KEYS.contains(&key.as_str())
+            {
                 return Err(ConfigError::UnknownKey(key.clone()));
             }
         }
@@ -656,8 +824,8 @@ impl BrokerConfig {
             connections_max_reauth_ms: parse(map, "connections.max.reauth.ms")?,
             message_max_bytes: parse(map, "message.max.bytes")?,
             log_segment_bytes: parse(map, "log.segment.bytes")?,
-            log_roll_ms: parse(map, "log.roll.ms")?,
-            log_retention_ms: parse(map, "log.retention.ms")?,
+            log_roll_ms: parse_millis(map, "log.roll.ms")?,
+            log_retention_ms: parse_millis(map, "log.retention.ms")?,
             log_retention_bytes: parse(map, "log.retention.bytes")?,
             log_retention_check_interval_ms: parse(map, "log.retention.check.interval.ms")?,
             log_cleaner_enable: parse(map, "log.cleaner.enable")?,
@@ -738,9 +906,16 @@ impl BrokerConfig {
             },
             authorizer: parse_authorizer(map, &get)?,
             // JAAS entries and private keys are secrets: never reported.
+            ignored_keys: map
+                .keys()
+                .filter(|k| IGNORED_KAFKA_KEYS.contains(&k.as_str()))
+                .cloned()
+                .collect(),
             explicit: map
                 .iter()
-                .filter(|(k, _)| !crate::tls::is_secret(k))
+                .filter(|(k, _)| {
+                    !crate::tls::is_secret(k) && !IGNORED_KAFKA_KEYS.contains(&k.as_str())
+                })
                 .map(|(k, v)| (k.clone(), v.trim().to_string()))
                 .collect(),
         };
@@ -769,7 +944,11 @@ impl BrokerConfig {
             Some(path) => {
                 let text = std::fs::read_to_string(path)
                     .map_err(|e| ConfigError::Io(format!("{}: {e}", path.display())))?;
-                flatten_toml(&text)?
+                if path.extension().is_some_and(|e| e == "properties") {
+                    parse_properties(&text)
+                } else {
+                    flatten_toml(&text)?
+                }
             }
             None => BTreeMap::new(),
         };
@@ -804,6 +983,113 @@ mod tests {
         assert_eq!(c.num_partitions, 1);
         assert!(c.auto_create_topics);
         assert_eq!(c.message_max_bytes, 1048588);
+    }
+
+    #[test]
+    fn retention_and_roll_times_follow_kafkas_precedence() {
+        let with = |pairs: &[(&str, &str)]| {
+            let map = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let c = BrokerConfig::from_map(&map).unwrap();
+            (c.log_retention_ms, c.log_roll_ms)
+        };
+        let week = 7 * 24 * 3_600_000;
+        assert_eq!(with(&[]), (week, week));
+        assert_eq!(with(&[("log.retention.hours", "24")]).0, 86_400_000);
+        assert_eq!(
+            with(&[
+                ("log.retention.hours", "24"),
+                ("log.retention.minutes", "30")
+            ])
+            .0,
+            1_800_000
+        );
+        assert_eq!(
+            with(&[("log.retention.ms", "5"), ("log.retention.minutes", "30")]).0,
+            5
+        );
+        assert_eq!(with(&[("log.retention.hours", "-1")]).0, -1);
+        assert_eq!(with(&[("log.roll.hours", "1")]).1, 3_600_000);
+        assert_eq!(
+            with(&[("log.roll.ms", "10"), ("log.roll.hours", "1")]).1,
+            10
+        );
+        assert!(BrokerConfig::from_map(
+            &[("log.retention.hours".to_string(), "a day".to_string())].into()
+        )
+        .is_err());
+        assert_eq!(in_millis("log.retention.hours", "2"), "7200000");
+        assert_eq!(in_millis("log.retention.ms", "2"), "2");
+    }
+
+    #[test]
+    fn a_kafka_server_properties_file_loads() {
+        // The keys of Kafka's own config/kraft/server.properties (ports
+        // made free), with a comment, a continued line and escapes.
+        let text = r#"
+# Licensed to the Apache Software Foundation (ASF)
+############################# Server Basics #############################
+process.roles=broker,controller
+node.id=1
+listeners=PLAINTEXT://127.0.0.1:0,CONTROLLER://127.0.0.1:0
+inter.broker.listener.name=PLAINTEXT
+controller.listener.names=CONTROLLER
+listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,\
+    SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL
+num.network.threads=3
+num.io.threads=8
+socket.send.buffer.bytes=102400
+socket.receive.buffer.bytes=102400
+socket.request.max.bytes=104857600
+log.dirs=/tmp/kraft-combined-logs
+num.partitions=1
+num.recovery.threads.per.data.dir=1
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+! log.flush.interval.messages=10000
+log.retention.hours=168
+log.segment.bytes : 1073741824
+log.retention.check.interval.ms 300000
+"#;
+        let map = parse_properties(text);
+        assert_eq!(
+            map["listener.security.protocol.map"],
+            "CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT,SASL_SSL:SASL_SSL"
+        );
+        assert_eq!(map["log.segment.bytes"], "1073741824");
+        assert_eq!(map["log.retention.check.interval.ms"], "300000");
+        assert!(!map.contains_key("log.flush.interval.messages"));
+        let c = BrokerConfig::from_map(&map).unwrap();
+        assert_eq!(c.log_retention_ms, 168 * 3_600_000);
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/kraft-combined-logs"));
+        assert_eq!(
+            c.ignored_keys,
+            [
+                "num.io.threads",
+                "num.network.threads",
+                "num.recovery.threads.per.data.dir",
+                "socket.receive.buffer.bytes",
+                "socket.send.buffer.bytes",
+                "transaction.state.log.min.isr",
+            ]
+        );
+        assert!(!c.explicit.contains_key("num.io.threads"));
+        // The controller listener is the metadata quorum's, not a Kafka one.
+        let names: Vec<&str> = c.listeners.iter().map(|l| l.name.as_str()).collect();
+        assert_eq!(names, ["PLAINTEXT"]);
+        // A typo is still refused.
+        let mut typo = map.clone();
+        typo.insert("log.retention.hour".into(), "1".into());
+        assert!(matches!(
+            BrokerConfig::from_map(&typo),
+            Err(ConfigError::UnknownKey(_))
+        ));
+        let escaped = parse_properties("a\\=b = c\\:d\\u0041\\\\\nkey2\t=\tx y\n");
+        assert_eq!(escaped["a=b"], "c:dA\\");
+        assert_eq!(escaped["key2"], "x y");
     }
 
     #[test]

@@ -14,7 +14,7 @@ use std::collections::BTreeMap;
 
 use tessera_metadata::MetadataImage;
 
-use crate::config::{static_default, static_keys, BrokerConfig};
+use crate::config::{in_millis, static_default, static_keys, time_synonyms, BrokerConfig};
 use crate::error::ApiError;
 use crate::topic_config::{
     check_value, ConfigSynonym, DescribedConfig, Kind, Synonym, SOURCE_DEFAULT,
@@ -49,7 +49,7 @@ impl<'a> BrokerView<'a> {
             return Vec::new();
         };
         let mut out = Vec::new();
-        let mut push = |value: &str, source| {
+        let mut push_as = |name: &'static str, value: &str, source| {
             out.push(ConfigSynonym {
                 name: name.into(),
                 value: value.to_string(),
@@ -58,7 +58,7 @@ impl<'a> BrokerView<'a> {
         };
         let own = self.image.broker_configs.get(&Some(self.config.node_id));
         if let Some(v) = own.and_then(|m| m.get(key)) {
-            push(v, SOURCE_DYNAMIC_BROKER);
+            push_as(name, v, SOURCE_DYNAMIC_BROKER);
         }
         if let Some(v) = self
             .image
@@ -66,13 +66,19 @@ impl<'a> BrokerView<'a> {
             .get(&None)
             .and_then(|m| m.get(key))
         {
-            push(v, SOURCE_DYNAMIC_DEFAULT_BROKER);
+            push_as(name, v, SOURCE_DYNAMIC_DEFAULT_BROKER);
         }
         if let Some(v) = self.config.explicit.get(key) {
-            push(v, SOURCE_STATIC_BROKER);
+            push_as(name, v, SOURCE_STATIC_BROKER);
+        }
+        // `log.retention.hours` and the like, in their own unit.
+        for (synonym, _) in time_synonyms(key) {
+            if let Some(v) = self.config.explicit.get(*synonym) {
+                push_as(synonym, v, SOURCE_STATIC_BROKER);
+            }
         }
         if let Some(v) = broker_default(key) {
-            push(v, SOURCE_DEFAULT);
+            push_as(name, v, SOURCE_DEFAULT);
         }
         out
     }
@@ -272,6 +278,11 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "The metadata quorum as id@host:port entries; empty: this node alone.",
     ),
     (
+        "controller.listener.names",
+        7,
+        "Listeners that are the KRaft controller's (as in Kafka's server.properties): not served as Kafka listeners; the metadata quorum listens at this node's entry in controller.quorum.voters.",
+    ),
+    (
         "metadata.listener",
         7,
         "Tessera: where a broker-only node listens for the metadata log (host:port; empty: the listener's host, a free port).",
@@ -360,6 +371,21 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "log.retention.ms",
         5,
         "How long segments are kept, unless the topic sets retention.ms.",
+    ),
+    (
+        "log.retention.minutes",
+        3,
+        "How long segments are kept, in minutes, when log.retention.ms is not set.",
+    ),
+    (
+        "log.retention.hours",
+        3,
+        "How long segments are kept, in hours, when neither log.retention.ms nor log.retention.minutes is set.",
+    ),
+    (
+        "log.roll.hours",
+        3,
+        "The age in hours at which a segment rolls, when log.roll.ms is not set.",
     ),
     (
         "log.retention.bytes",
@@ -582,7 +608,7 @@ pub fn describe_broker_configs(view: &BrokerView<'_>, per_broker: bool) -> Vec<D
             let (value, source) = synonyms
                 .first()
                 .map_or((String::new(), SOURCE_DEFAULT), |s| {
-                    (s.value.clone(), s.source)
+                    (in_millis(&s.name, &s.value), s.source)
                 });
             let (config_type, doc) = broker_key_info(name);
             Some(DescribedConfig {

@@ -53,6 +53,12 @@ pub struct Running {
 /// Starts the broker and its listeners.
 pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
     let mut config = config;
+    if !config.ignored_keys.is_empty() {
+        tracing::warn!(
+            keys = %config.ignored_keys.join(", "),
+            "Kafka config keys that have no effect in tessera are ignored"
+        );
+    }
     let mut bound = Vec::new();
     for l in &mut config.listeners {
         let addr = config::resolve_listener(l)?;

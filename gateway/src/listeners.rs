@@ -176,9 +176,16 @@ pub fn parse_listeners(
 ) -> Result<Vec<Listener>, ConfigError> {
     let protocols = parse_protocol_map(&get("listener.security.protocol.map"))?;
     let raw = get("listeners");
+    // Kafka's KRaft controller listeners: the metadata quorum listens where
+    // `controller.quorum.voters` says, so they are not Kafka listeners here.
+    let controller_names = get("controller.listener.names").to_ascii_uppercase();
+    let is_controller = |name: &str| controller_names.split(',').any(|c| c.trim() == name);
     let mut out: Vec<Listener> = Vec::new();
     for entry in raw.split(',').map(str::trim).filter(|e| !e.is_empty()) {
         let (name, host, port) = parse_endpoint("listeners", entry)?;
+        if is_controller(&name) {
+            continue;
+        }
         let protocol = *protocols.get(&name).ok_or_else(|| {
             invalid(
                 "listener.security.protocol.map",

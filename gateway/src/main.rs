@@ -13,7 +13,8 @@ use tessera_gateway::BrokerConfig;
     about = "A Kafka-compatible broker on ranges, segments and a metadata log"
 )]
 struct Cli {
-    /// TOML config file with Kafka config keys (e.g. `"log.dirs" = "/var/lib/tessera"`).
+    /// Config file with Kafka config keys: TOML (`"log.dirs" = "/var/lib/tessera"`),
+    /// or a Kafka `server.properties` when the name ends in `.properties`.
     #[arg(long, env = "TESSERA_CONFIG")]
     config: Option<PathBuf>,
     /// Data directory (`log.dirs`).

@@ -541,7 +541,7 @@ pub fn describe_topic_configs(
             }
             let (value, source) = synonyms
                 .first()
-                .map(|s| (s.value.clone(), s.source))
+                .map(|s| (crate::config::in_millis(&s.name, &s.value), s.source))
                 .unwrap_or_else(|| (k.default.to_string(), SOURCE_DEFAULT));
             DescribedConfig {
                 name: k.name.into(),
@@ -822,6 +822,45 @@ mod tests {
         assert_eq!(
             (c.delete_retention_ms, c.min_cleanable_dirty_ratio),
             (5, 0.25)
+        );
+    }
+
+    #[test]
+    fn retention_hours_describe_in_ms_with_their_own_synonym() {
+        let map = [("log.retention.hours".to_string(), "24".to_string())].into();
+        let broker = BrokerConfig::from_map(&map).unwrap();
+        let image = image_with(&[]);
+        let view = BrokerView::new(&broker, &image);
+        let d = describe_topic_configs(&BTreeMap::new(), &view);
+        let r = find(&d, "retention.ms");
+        assert_eq!(
+            (r.value.as_str(), r.source),
+            ("86400000", SOURCE_STATIC_BROKER)
+        );
+        let names: Vec<(&str, &str)> = r
+            .synonyms
+            .iter()
+            .map(|s| (s.name.as_ref(), s.value.as_str()))
+            .collect();
+        assert_eq!(
+            names,
+            [
+                ("log.retention.hours", "24"),
+                ("log.retention.ms", "604800000")
+            ]
+        );
+        assert_eq!(
+            EffectiveTopicConfig::resolve(&BTreeMap::new(), &view).retention_ms,
+            86_400_000
+        );
+        // A dynamic log.retention.ms still wins over the static hours.
+        let image = image_with(&[(None, "log.retention.ms", "1000")]);
+        let view = BrokerView::new(&broker, &image);
+        let d = describe_topic_configs(&BTreeMap::new(), &view);
+        assert_eq!(find(&d, "retention.ms").value, "1000");
+        assert_eq!(
+            EffectiveTopicConfig::resolve(&BTreeMap::new(), &view).retention_ms,
+            1000
         );
     }
 

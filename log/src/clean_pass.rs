@@ -31,7 +31,11 @@ pub fn remove_stray_copies(dir: &Path) -> Result<(), LogError> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
         if entry.file_name().to_string_lossy().ends_with(".cleaned") {
-            std::fs::remove_file(entry.path())?;
+            match std::fs::remove_file(entry.path()) {
+                // Swapped in or discarded since the listing.
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                other => other?,
+            }
         }
     }
     Ok(())

@@ -106,10 +106,40 @@ pub enum MetadataError {
 }
 
 impl MetadataError {
+    /// Whether the same write may succeed if tried again: the quorum was
+    /// between leaders, or the leader it was forwarded to was stopping.
+    /// The rest (invalid records, damaged or locked storage, a failed or
+    /// stopped controller, bad configuration) will fail the same way.
+    pub fn is_retriable(&self) -> bool {
+        matches!(
+            self,
+            MetadataError::NotLeader { .. }
+                | MetadataError::Timeout(_)
+                | MetadataError::StartTimeout
+                | MetadataError::Raft(_)
+        )
+    }
+
     pub(crate) fn io(context: impl Into<String>, source: std::io::Error) -> Self {
         MetadataError::Io {
             context: context.into(),
             source,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_quorum_between_leaders_is_worth_a_retry() {
+        assert!(MetadataError::NotLeader { leader: None }.is_retriable());
+        assert!(MetadataError::Timeout("forwarded write".into()).is_retriable());
+        assert!(MetadataError::Raft("leader changed".into()).is_retriable());
+        assert!(!MetadataError::Shutdown.is_retriable());
+        assert!(!MetadataError::Failed.is_retriable());
+        assert!(!MetadataError::Config("voters".into()).is_retriable());
+        assert!(!MetadataError::Corrupt("log".into()).is_retriable());
     }
 }

@@ -1,5 +1,7 @@
 //! The log cleaner (compaction): every `log.cleaner.backoff.ms`, the primary
-//! of each active range whose topic's `cleanup.policy` includes `compact`
+//! of each active range (and the first live replica of a sealed range's
+//! last segment: the history a split or merge left) whose topic's
+//! `cleanup.policy` includes `compact`
 //! plans a pass with [`tessera_log::cleaner::plan_pass`] (the sealed
 //! segments that are stable and older than `min.compaction.lag.ms`, when
 //! the part not cleaned yet is at least `min.cleanable.dirty.ratio` of
@@ -22,6 +24,7 @@
 //! `cleanup.policy=compact`) are cleaned like any other: their
 //! coordinators replay the last record of each key, which compaction keeps.
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -33,6 +36,26 @@ use super::clean_passes::{applied_pass, set_applied_pass};
 use super::Broker;
 use crate::metrics::Metrics;
 use crate::topic_config::CompactionConfig;
+
+/// Lets shutdown wait for the pass in flight: once `Broker::shutdown`
+/// returns, no cleaned copy is written, swapped in or discarded (a broker
+/// started again on the same directory, as tests do in one process, would
+/// otherwise find files vanish under it while it opens them).
+#[derive(Default)]
+pub(super) struct CleanerGate {
+    /// Held for a whole pass.
+    pass: tokio::sync::Mutex<()>,
+    /// Set at shutdown: no pass starts after it.
+    stopped: AtomicBool,
+}
+
+impl Broker {
+    /// Waits for the pass in flight and stops the cleaner.
+    pub(super) async fn stop_cleaning(&self) {
+        self.cleaner.stopped.store(true, Ordering::Release);
+        let _pass = self.cleaner.pass.lock().await;
+    }
+}
 
 /// The cleaner's I/O budget, shared by the ranges cleaned in one pass.
 struct Pace {
@@ -87,11 +110,13 @@ impl Broker {
                 continue;
             };
             let segments = image.segments_of(range_id);
-            if !range.active
-                || log.is_sealed()
-                || image.active_segment(range_id).and_then(|s| s.primary()) != Some(me)
-                || self.replicas.cleaning.lock().contains(&range_id)
-            {
+            let cleaner_here = if range.active {
+                !log.is_sealed()
+                    && image.active_segment(range_id).and_then(|s| s.primary()) == Some(me)
+            } else {
+                sealed_range_cleaner(image, &segments) == Some(me)
+            };
+            if !cleaner_here || self.replicas.cleaning.lock().contains(&range_id) {
                 continue;
             }
             let config = CompactionConfig::resolve(&topic.configs, &view);
@@ -292,12 +317,32 @@ impl Broker {
     }
 }
 
+/// Who cleans a sealed range (the history a split or merge left behind,
+/// read by its children): the first live replica of its last segment, its
+/// primary while that one lives. Its copies are cleaned on their own: a
+/// key a child updated again keeps its last record here too (at most one
+/// per key and partition in each ancestor, where Kafka keeps none).
+fn sealed_range_cleaner(
+    image: &MetadataImage,
+    segments: &[Arc<tessera_metadata::SegmentImage>],
+) -> Option<i32> {
+    let last = segments.last()?;
+    last.replicas
+        .iter()
+        .copied()
+        .find(|r| image.brokers.get(r).is_some_and(|b| !b.fenced))
+}
+
 /// Runs cleaning passes until the broker is gone (with the cleaner
 /// disabled, only applies the passes other primaries recorded).
 pub(super) async fn run(broker: Weak<Broker>) {
     loop {
         let Some(b) = broker.upgrade() else { return };
         let backoff = Duration::from_millis(b.config.log_cleaner_backoff_ms);
+        let pass = b.cleaner.pass.lock().await;
+        if b.cleaner.stopped.load(Ordering::Acquire) {
+            return;
+        }
         if b.is_ready() && !b.is_shutting_down() {
             if b.config.log_cleaner_enable {
                 b.clean_logs().await;
@@ -307,6 +352,7 @@ pub(super) async fn run(broker: Weak<Broker>) {
                 b.catch_up_clean_passes(&b.image());
             }
         }
+        drop(pass);
         drop(b);
         tokio::time::sleep(backoff).await;
     }
