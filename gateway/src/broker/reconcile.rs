@@ -5,7 +5,11 @@
 //!    broker is primary of (a split or merge child seeded from its parents),
 //!    keep sealed ranges open read-only for their history, seal a log whose
 //!    range the image sealed, delete logs (and topic directories) the image
-//!    no longer has, and record segment rolls a crash left unrecorded;
+//!    no longer has, and record segment rolls a crash left unrecorded; a
+//!    replicated range whose history before this broker's local segments
+//!    is held elsewhere opens only once the producer snapshot where they
+//!    start is here (fetched from a replica; until then the range is not
+//!    led here, and the pass goes on with the others);
 //! 2. coordinators: the group and transaction coordinators load the
 //!    internal partitions (`__consumer_offsets`, `__transaction_state`) this
 //!    broker now leads and drop those it no longer leads.
@@ -556,8 +560,9 @@ pub(crate) fn seal_of(range: RangeId, s: &SealedSegment) -> SegmentSealRecord {
     }
 }
 
-/// Runs a reconcile pass for every image the controller publishes, and
-/// again after a delay while the last pass failed. Ends with the broker.
+/// Runs a reconcile pass for every image the controller publishes, again
+/// after a delay while the last pass failed, and when one is requested
+/// ([`Broker::request_reconcile`]). Ends with the broker.
 pub(super) async fn follow_images(broker: Arc<Broker>) {
     let mut images = broker.controller.subscribe();
     let wake = broker.reconciler.wake.clone();
