@@ -127,6 +127,9 @@ impl Broker {
 
     async fn reconcile_logs(&self, image: &MetadataImage) -> anyhow::Result<()> {
         let mut missing_records = Vec::new();
+        // How long this pass may wait, over all ranges, for producer
+        // snapshots of ranges it is to lead (see `producer_state_to_lead`).
+        let mut snapshot_budget = super::replicas::LEAD_SNAPSHOT_PASS_BUDGET;
         let gone: Vec<RangeId> = self
             .logs
             .read()
@@ -260,7 +263,10 @@ impl Broker {
                 // not served as primary until it is here (before the
                 // active segment's file exists: that would read as a
                 // segment to resume).
-                if !self.producer_state_to_lead(image, last, &dir).await? {
+                if !self
+                    .producer_state_to_lead(image, last, &dir, &mut snapshot_budget)
+                    .await?
+                {
                     continue;
                 }
                 // The follower copies of this range's sealed segments become

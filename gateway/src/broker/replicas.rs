@@ -77,9 +77,11 @@ struct SnapshotFetches {
 }
 
 /// How long a reconcile pass waits for one replica's answer when it
-/// fetches the snapshot a range it is to lead needs, and for all of them.
+/// fetches the snapshot a range it is to lead needs, for all of them, and
+/// for those of every range of the pass (the rest go to background tasks).
 const LEAD_SNAPSHOT_CALL_TIMEOUT: Duration = Duration::from_secs(1);
 const LEAD_SNAPSHOT_BUDGET: Duration = Duration::from_secs(2);
+pub(super) const LEAD_SNAPSHOT_PASS_BUDGET: Duration = Duration::from_secs(5);
 
 pub(super) fn key(id: SegmentId) -> SegmentKey {
     SegmentKey {
@@ -390,14 +392,16 @@ impl Broker {
     /// segment `active` now: its producer state must not miss the history
     /// it does not hold (see [`snapshot_transfer::snapshot_needed_to_lead`]).
     /// When `<K>.snapshot` is missing, one bounded attempt fetches it from
-    /// a live replica that has it; failing that the range waits (produce
-    /// gets NOT_LEADER_OR_FOLLOWER, as the log is not open), a task keeps
-    /// fetching and runs a reconcile pass once it has it.
+    /// a live replica that has it (within what is left of the pass's
+    /// `budget`); failing that the range waits (produce gets
+    /// NOT_LEADER_OR_FOLLOWER, as the log is not open), a task keeps
+    /// fetching and requests a reconcile pass once it has it.
     pub(super) async fn producer_state_to_lead(
         &self,
         image: &MetadataImage,
         active: &SegmentImage,
         dir: &std::path::Path,
+        budget: &mut Duration,
     ) -> anyhow::Result<bool> {
         let range = active.id.range;
         let mut local = tessera_log::range_log::local_segment_seqs(dir)?;
@@ -439,7 +443,10 @@ impl Broker {
             LEAD_SNAPSHOT_CALL_TIMEOUT,
             &live,
         );
-        if let Ok(Some(peer)) = tokio::time::timeout(LEAD_SNAPSHOT_BUDGET, attempt).await {
+        let started = std::time::Instant::now();
+        let fetched = tokio::time::timeout(LEAD_SNAPSHOT_BUDGET.min(*budget), attempt).await;
+        *budget = budget.saturating_sub(started.elapsed());
+        if let Ok(Some(peer)) = fetched {
             tracing::info!(segment = %id, from = peer, "fetched the producer snapshot of the history held elsewhere before leading the range");
             let mut fetches = self.replicas.snapshots.lock();
             fetches.running.remove(&id);
