@@ -13,6 +13,12 @@ where its first segment starts, both were appended. A transaction aborted
 in the first segment stays hidden from a read_committed consumer reading
 from the spare (its marker is in a segment the spare never held).
 
+The second test makes the spare the leader while that snapshot is not on
+it and no live broker serves it: it must answer NOT_LEADER_OR_FOLLOWER
+(retriable, nothing appended) until a replica that has the snapshot is back,
+then answer as above. Before the new leader waited for the snapshot, it
+appended the retry again at offset 10.
+
 The batches are hand-built (Produce v3, InitProducerId v0 over a socket) so
 that the test can replay a batch exactly, which no client library does on
 demand.
@@ -181,97 +187,196 @@ def snapshot_held(workdir: Path, node: int, topic: str, seq: int) -> bool:
     return any((workdir / "cluster" / f"node-{node}").glob(pattern))
 
 
+class History:
+    """Steps shared by the tests: an RF=3 topic on 5 nodes gets three
+    idempotent batches (epoch 0, then 1) and an aborted transaction in
+    segment 0; a kill -9 of its primary opens segment 1 on the two
+    survivors (`holder`, its primary, and `other`) and a `spare` that holds
+    none of segment 0."""
+
+    def __init__(self, cluster, topic: str):
+        self.cluster = cluster
+        self.topic = topic
+        self.boot = ",".join(cluster["bootstrap"])
+        self.workdir = cluster["workdir"]
+        self.admin = create_replicated(self.boot, topic, 1, 3, {"min.insync.replicas": "2"})
+        self.alive = set(range(1, 6))
+
+        first = self.active_replicas()
+        p0 = first[0]
+        leader_addr = cluster["bootstrap"][p0 - 1]
+        client = RawClient(leader_addr)
+        self.pid, _ = client.init_producer_id()
+        client.close()
+        self.batches = [
+            idempotent_batch(self.pid, 0, 0, [b"a0", b"a1", b"a2"]),
+            idempotent_batch(self.pid, 0, 3, [b"b0", b"b1"]),
+            # The client bumps its epoch (KIP-360): sequences start over.
+            idempotent_batch(self.pid, 1, 0, [b"c0", b"c1"]),
+        ]
+        offsets = [produce_until_answered(leader_addr, topic, b, acks=-1) for b in self.batches]
+        assert offsets == [(NONE, 0), (NONE, 3), (NONE, 5)], offsets
+        # A transaction aborted in the same segment: offsets 7-8, marker at 9.
+        txn = Producer({"bootstrap.servers": self.boot, "transactional.id": "aborted-early"})
+        txn.init_transactions(30)
+        txn.begin_transaction()
+        for v in (b"x0", b"x1"):
+            txn.produce(topic, value=v, partition=0)
+        txn.flush(30)
+        txn.abort_transaction(30)
+        eventually("the abort marker", lambda: high_watermark(self.boot, topic) == 10, timeout=30)
+
+        # kill -9 the primary: the next segment opens on the two survivors
+        # and a spare, which holds none of the segment with the batches.
+        cmd_p0 = node_cmd(self.workdir, p0)
+        os.kill(node_pid(self.workdir, p0), signal.SIGKILL)
+        self.alive.discard(p0)
+        eventually("a new leader", lambda: leader_of(self.admin, topic) not in (p0, -1), timeout=60)
+        restart_node(self.workdir, p0, cmd_p0)
+        # Back before the next kills: a broker whose registration is forwarded
+        # to a controller that stops meanwhile exits at startup.
+        eventually("the first primary back", lambda: ready(cluster["admin"][p0 - 1]), timeout=60)
+        self.alive.add(p0)
+        second = self.active_replicas()
+        self.spare = next(r for r in second if r not in first)
+        self.holder, self.other = second[0], next(r for r in second[1:] if r != self.spare)
+        self.spare_addr = cluster["bootstrap"][self.spare - 1]
+
+    def active_replicas(self) -> list[int]:
+        # From any node that answers (a restarted one may not be up yet, a
+        # node's image may not show the topic yet).
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            for node in sorted(self.alive):
+                try:
+                    segments = http(self.cluster["admin"][node - 1] + "/segments")
+                except OSError:
+                    continue
+                active = [s["replicas"] for s in segments
+                          if s["topic"] == self.topic and s["sealed_bytes"] is None]
+                if active:
+                    return active[0]
+            time.sleep(0.2)
+        raise AssertionError("no node shows the topic's active segment")
+
+    def hand_leadership_to_spare(self, while_down=None):
+        """kill -9 `other`, SIGTERM `holder`: the spare leads segment 2."""
+        hand_leadership_to(self.spare, self.workdir, self.admin, self.topic, self.holder,
+                           self.other, self.alive, while_down)
+        local = {s["seq"]: s for s in http(self.cluster["admin"][self.spare - 1] + "/segments")
+                 if s["topic"] == self.topic}
+        assert self.spare not in local[0]["replicas"], local[0]
+
+    def check_the_spare_knows_the_producers(self):
+        """What the broker that took the batches would answer."""
+        topic, boot = self.topic, self.boot
+        # A retry of the last acknowledged batch: its original offset, nothing appended.
+        retry = produce_until_answered(self.spare_addr, topic, self.batches[2], acks=1)
+        assert retry in [(NONE, 5), (DUPLICATE_SEQUENCE_NUMBER, -1)] or retry[0] == DUPLICATE_SEQUENCE_NUMBER, retry
+        # The old epoch is fenced.
+        stale = produce_until_answered(self.spare_addr, topic,
+                                       idempotent_batch(self.pid, 0, 5, [b"stale"]), acks=1)
+        assert stale[0] in (INVALID_PRODUCER_EPOCH, PRODUCER_FENCED), stale
+        assert leader_of(self.admin, topic) == self.spare
+        assert high_watermark(boot, topic) == 10
+        # The producer goes on at its epoch and next sequence.
+        assert produce_until_answered(self.spare_addr, topic,
+                                      idempotent_batch(self.pid, 1, 2, [b"d0"]), acks=1) == (NONE, 10)
+        # read_committed from the start: the transaction aborted in the segment
+        # the spare never held is left out (its marker is there only).
+        kept = [b"a0", b"a1", b"a2", b"b0", b"b1", b"c0", b"c1"]
+        assert read_values(boot, topic, 10, "read_uncommitted") == kept + [b"x0", b"x1", b"d0"]
+        assert read_values(boot, topic, 8, "read_committed") == kept + [b"d0"]
+
+
+def metric(admin_url: str, name: str) -> float:
+    with urllib.request.urlopen(admin_url + "/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+    return 0.0
+
+
 @pytest.mark.cluster_nodes(5)
 # Re-placement would move a follower onto the restarted first primary and
 # change the replica set the steps below are planned on.
 @pytest.mark.cluster_overrides({"replica.placement.rebalance.enable": "false"})
 def test_a_leader_without_the_history_answers_retries_and_fences_old_epochs(cluster):
-    boot = ",".join(cluster["bootstrap"])
-    workdir = cluster["workdir"]
-    topic = "producers"
-    admin = create_replicated(boot, topic, 1, 3, {"min.insync.replicas": "2"})
-    alive = set(range(1, 6))
-
-    def active_replicas():
-        # From any node that answers (a restarted one may not be up yet).
-        for node in sorted(alive):
-            try:
-                segments = http(cluster["admin"][node - 1] + "/segments")
-            except OSError:
-                continue
-            return next(s["replicas"] for s in segments
-                        if s["topic"] == topic and s["sealed_bytes"] is None)
-        raise AssertionError("no node answers /segments")
-
-    first = active_replicas()
-    p0 = first[0]
-    leader_addr = cluster["bootstrap"][p0 - 1]
-    client = RawClient(leader_addr)
-    pid, _ = client.init_producer_id()
-    client.close()
-    batches = [
-        idempotent_batch(pid, 0, 0, [b"a0", b"a1", b"a2"]),
-        idempotent_batch(pid, 0, 3, [b"b0", b"b1"]),
-        # The client bumps its epoch (KIP-360): sequences start over.
-        idempotent_batch(pid, 1, 0, [b"c0", b"c1"]),
-    ]
-    offsets = [produce_until_answered(leader_addr, topic, b, acks=-1) for b in batches]
-    assert offsets == [(NONE, 0), (NONE, 3), (NONE, 5)], offsets
-    # A transaction aborted in the same segment: offsets 7-8, marker at 9.
-    txn = Producer({"bootstrap.servers": boot, "transactional.id": "aborted-early"})
-    txn.init_transactions(30)
-    txn.begin_transaction()
-    for v in (b"x0", b"x1"):
-        txn.produce(topic, value=v, partition=0)
-    txn.flush(30)
-    txn.abort_transaction(30)
-    eventually("the abort marker", lambda: high_watermark(boot, topic) == 10, timeout=30)
-
-    # 1. kill -9 the primary: the next segment opens on the two survivors
-    #    and a spare, which holds none of the segment with the batches.
-    cmd_p0 = node_cmd(workdir, p0)
-    os.kill(node_pid(workdir, p0), signal.SIGKILL)
-    alive.discard(p0)
-    eventually("a new leader", lambda: leader_of(admin, topic) not in (p0, -1), timeout=60)
-    restart_node(workdir, p0, cmd_p0)
-    # Back before the next kills: a broker whose registration is forwarded
-    # to a controller that stops meanwhile exits at startup.
-    eventually("the first primary back", lambda: ready(cluster["admin"][p0 - 1]), timeout=60)
-    alive.add(p0)
-    second = active_replicas()
-    spare = next(r for r in second if r not in first)
-    holder, other = second[0], next(r for r in second[1:] if r != spare)
+    h = History(cluster, "producers")
     # Give the spare a moment to follow the segment (not asserted: without
     # the producer snapshot transfer the file never comes, and the checks
     # below are what must fail).
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and not snapshot_held(workdir, spare, topic, 1):
+    while time.monotonic() < deadline and not snapshot_held(h.workdir, h.spare, h.topic, 1):
         time.sleep(0.5)
-    print(f"\nspare {spare} holds the producer snapshot of segment 1: "
-          f"{snapshot_held(workdir, spare, topic, 1)}")
+    print(f"\nspare {h.spare} holds the producer snapshot of segment 1: "
+          f"{snapshot_held(h.workdir, h.spare, h.topic, 1)}")
 
-    # 2. kill -9 the other survivor, then SIGTERM the leader: only the spare
-    #    answers the fence besides the leader itself, so it leads next.
-    hand_leadership_to(spare, workdir, admin, topic, holder, other, alive)
-    local = {s["seq"]: s for s in http(cluster["admin"][spare - 1] + "/segments")
-             if s["topic"] == topic}
-    assert spare not in local[0]["replicas"], local[0]
+    # kill -9 the other survivor, then SIGTERM the leader: only the spare
+    # answers the fence besides the leader itself, so it leads next.
+    h.hand_leadership_to_spare()
+    h.check_the_spare_knows_the_producers()
 
-    spare_addr = cluster["bootstrap"][spare - 1]
-    hw = high_watermark(boot, topic)
-    assert hw == 10, hw
-    # A retry of the last acknowledged batch: its original offset, nothing appended.
-    retry = produce_until_answered(spare_addr, topic, batches[2], acks=1)
-    assert retry in [(NONE, 5), (DUPLICATE_SEQUENCE_NUMBER, -1)] or retry[0] == DUPLICATE_SEQUENCE_NUMBER, retry
-    # The old epoch is fenced.
-    stale = produce_until_answered(spare_addr, topic, idempotent_batch(pid, 0, 5, [b"stale"]), acks=1)
-    assert stale[0] in (INVALID_PRODUCER_EPOCH, PRODUCER_FENCED), stale
-    assert leader_of(admin, topic) == spare
-    assert high_watermark(boot, topic) == 10
-    # The producer goes on at its epoch and next sequence.
-    assert produce_until_answered(spare_addr, topic, idempotent_batch(pid, 1, 2, [b"d0"]), acks=1) == (NONE, 10)
-    # read_committed from the start: the transaction aborted in the segment
-    # the spare never held is left out (its marker is there only).
-    kept = [b"a0", b"a1", b"a2", b"b0", b"b1", b"c0", b"c1"]
-    assert read_values(boot, topic, 10, "read_uncommitted") == kept + [b"x0", b"x1", b"d0"]
-    assert read_values(boot, topic, 8, "read_committed") == kept + [b"d0"]
+
+@pytest.mark.cluster_nodes(5)
+@pytest.mark.cluster_overrides({"replica.placement.rebalance.enable": "false",
+                                "replica.producer.snapshot.prefetch.enable": "false"})
+def test_a_leader_waits_for_the_producer_state_of_the_history_it_lacks(cluster):
+    """The spare becomes the leader while the producer snapshot where its
+    segment starts is NOT on it, and the brokers that have it are down.
+
+    `replica.producer.snapshot.prefetch.enable=false` (a test-only key)
+    keeps the spare from fetching `<1>.snapshot`/`<1>.aborted` while it
+    follows segment 1. (Deleting the fetched files from the spare instead
+    would race: it fetches them again at its next reconcile pass for as
+    long as it follows segment 1 and a replica serves them.) Only
+    `holder`, the primary of segment 1, has the files (the first primary
+    never had them, `other` holds segment 0 and needs none). The test moves
+    them out of `holder`'s range directory: `holder` runs the seal that
+    makes the spare the leader (SIGTERM, controlled shutdown) and would
+    otherwise still serve them to the spare in those seconds, which is the
+    happy path. `other` is killed, so the spare leads segment 2 and no
+    broker can serve the snapshot.
+
+    While `holder` and `other` are down the spare must not serve the
+    partition: for 10 s every answer to a retry of the last acknowledged
+    batch is retriable (NOT_LEADER_OR_FOLLOWER), and the spare counts the
+    wait in `tessera_producer_snapshot_waits_total`. Then the files go
+    back into `holder`'s directory and both restart: the spare fetches the
+    snapshot from `holder`, opens its log and answers as the broker that
+    took the batches would (the checks of the test above). Before the
+    change the spare opened its log at once without that state and
+    appended the retry again at offset 10."""
+    h = History(cluster, "waiting")
+    time.sleep(3)
+    assert not snapshot_held(h.workdir, h.spare, h.topic, 1), "the test-only key did not stop the fetch"
+    files = [f for suffix in ("snapshot", "aborted")
+             for f in (h.workdir / "cluster" / f"node-{h.holder}").glob(
+                 f"**/{h.topic}-*/*/{1:010}.{suffix}")]
+    assert len(files) == 2, files
+    aside = h.workdir / "moved-aside"
+    aside.mkdir()
+    for f in files:
+        f.rename(aside / f.name)
+
+    def retries_are_refused():
+        answers = []
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            client = RawClient(h.spare_addr)
+            try:
+                answers.append(client.produce(h.topic, 0, h.batches[2], 1))
+            finally:
+                client.close()
+            assert answers[-1][0] in RETRIABLE, f"answered before the producer state was here: {answers}"
+            time.sleep(0.5)
+        assert any(e == NOT_LEADER_OR_FOLLOWER for e, _ in answers), answers
+        assert not snapshot_held(h.workdir, h.spare, h.topic, 1)
+        waits = metric(cluster["admin"][h.spare - 1], "tessera_producer_snapshot_waits_total")
+        assert waits >= 1, waits
+        for f in files:
+            (aside / f.name).rename(f)
+
+    h.hand_leadership_to_spare(while_down=retries_are_refused)
+    h.check_the_spare_knows_the_producers()
+    assert snapshot_held(h.workdir, h.spare, h.topic, 1)

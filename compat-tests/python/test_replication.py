@@ -446,10 +446,11 @@ def wait_exit(pid: int, timeout: float = 40):
 
 
 def hand_leadership_to(spare: int, workdir: Path, admin: AdminClient, topic: str,
-                       holder: int, other: int, alive: set):
+                       holder: int, other: int, alive: set, while_down=None):
     """kill -9 `other`, SIGTERM the leader `holder`: only `spare` answers
-    the fence besides the leader itself, so it leads next; then both come
-    back and every one of the 5 nodes runs again."""
+    the fence besides the leader itself, so it leads next; then (after
+    `while_down()`, if given, while both are still down) both come back and
+    every one of the 5 nodes runs again."""
     cmd_other, cmd_holder = node_cmd(workdir, other), node_cmd(workdir, holder)
     os.kill(node_pid(workdir, other), signal.SIGKILL)
     alive.discard(other)
@@ -458,6 +459,8 @@ def hand_leadership_to(spare: int, workdir: Path, admin: AdminClient, topic: str
     wait_exit(holder_pid)
     alive.discard(holder)
     eventually("the spare leads", lambda: leader_of(admin, topic) == spare, timeout=60)
+    if while_down is not None:
+        while_down()
     restart_node(workdir, other, cmd_other)
     restart_node(workdir, holder, cmd_holder)
     alive.update({other, holder})

@@ -118,6 +118,12 @@ pub struct BrokerConfig {
     /// `replica.heal.max.bytes.per.sec`: the rate at which this broker
     /// copies segments for healing and repair.
     pub replica_heal_max_bytes_per_sec: u64,
+    /// `replica.producer.snapshot.prefetch.enable`: a follower without the
+    /// range's older segments fetches the producer snapshot where its
+    /// segment starts as soon as it follows it (true). Tessera's own key,
+    /// false only in tests: then it is fetched only when the broker is to
+    /// lead the range, which it does not until it has it.
+    pub replica_producer_snapshot_prefetch_enable: bool,
     /// `replica.placement.rebalance.enable`: the active controller moves
     /// the next segments of existing ranges onto less loaded brokers (a
     /// broker that joined) at a segment boundary. Tessera's own key.
@@ -291,6 +297,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("replica.lag.time.max.ms", "30000"),
     ("replica.heal.delay.ms", "300000"),
     ("replica.heal.max.bytes.per.sec", "52428800"),
+    ("replica.producer.snapshot.prefetch.enable", "true"),
     ("replica.placement.rebalance.enable", "true"),
     ("replica.placement.rebalance.interval.ms", "10000"),
     ("replica.placement.rebalance.max.ranges", "4"),
@@ -836,6 +843,10 @@ impl BrokerConfig {
             replica_lag_time_max_ms: parse(map, "replica.lag.time.max.ms")?,
             replica_heal_delay_ms: parse(map, "replica.heal.delay.ms")?,
             replica_heal_max_bytes_per_sec: parse(map, "replica.heal.max.bytes.per.sec")?,
+            replica_producer_snapshot_prefetch_enable: parse(
+                map,
+                "replica.producer.snapshot.prefetch.enable",
+            )?,
             replica_placement_rebalance_enable: parse(map, "replica.placement.rebalance.enable")?,
             replica_placement_rebalance_interval_ms: parse::<u64>(
                 map,

@@ -413,6 +413,11 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "The rate at which this broker copies segments for healing and repair.",
     ),
     (
+        "replica.producer.snapshot.prefetch.enable",
+        1,
+        "A follower without the range's older segments fetches the producer snapshot where its segment starts as it follows it (false only in tests: fetched only when the broker is to lead).",
+    ),
+    (
         "replica.placement.rebalance.enable",
         1,
         "The active controller moves the next segments of existing ranges onto less loaded brokers (one that joined), at a segment boundary.",

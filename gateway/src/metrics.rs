@@ -24,6 +24,9 @@ pub struct Metrics {
     pub range_merges: AtomicU64,
     /// Ranges whose next segment opened on a new replica set (re-placement).
     pub segments_replaced: AtomicU64,
+    /// Times a range this broker is to lead waited for the producer
+    /// snapshot of the history it does not hold.
+    pub producer_snapshot_waits: AtomicU64,
     /// Re-placements planned by the active controller.
     pub replacements_planned: AtomicU64,
     /// SASL authentications that succeeded / failed.
@@ -71,6 +74,7 @@ impl Default for Metrics {
             range_splits: AtomicU64::new(0),
             range_merges: AtomicU64::new(0),
             segments_replaced: AtomicU64::new(0),
+            producer_snapshot_waits: AtomicU64::new(0),
             replacements_planned: AtomicU64::new(0),
             authentications_succeeded: AtomicU64::new(0),
             authentications_failed: AtomicU64::new(0),
@@ -252,6 +256,11 @@ impl Metrics {
                 "tessera_segments_replaced_total",
                 "Ranges whose next segment this node opened on a new replica set (re-placement at a segment boundary: a follower moved to a less loaded broker).",
                 &self.segments_replaced,
+            ),
+            (
+                "tessera_producer_snapshot_waits_total",
+                "Times a range this node is primary of was not served (NOT_LEADER_OR_FOLLOWER) because the producer snapshot of the history it does not hold was not here yet and no replica served it at once.",
+                &self.producer_snapshot_waits,
             ),
             (
                 "tessera_segment_replacements_planned_total",

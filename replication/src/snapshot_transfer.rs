@@ -37,6 +37,56 @@ pub fn needs_snapshot(seq: u32, local: LocalHistory) -> bool {
     seq > 0 && !local.holds_previous && !local.holds_snapshot
 }
 
+/// Which producer snapshot a broker about to open a replicated range as its
+/// primary must have first: `<K>.snapshot`, K the first segment of the
+/// unbroken run of `local` segments (sorted, the active one included) that
+/// ends at the newest, when segments of the range before K (from `first`,
+/// the range's oldest in the image) are not local and no snapshot is where
+/// a segment of that run starts (`has_snapshot`). `None`: its own segments
+/// and snapshots rebuild the producer state (the whole history since
+/// `first` is local, K is the range's first segment, or a snapshot is here).
+///
+/// Leading without it would forget the idempotent producers, epochs and
+/// open or aborted transactions of the history held elsewhere: a retried
+/// batch would be appended again at a new offset.
+#[must_use]
+pub fn snapshot_needed_to_lead(
+    first: u32,
+    local: &[u32],
+    has_snapshot: impl Fn(u32) -> bool,
+) -> Option<u32> {
+    let newest = *local.last()?;
+    let mut start = newest;
+    for &seq in local.iter().rev().skip(1) {
+        if seq + 1 != start {
+            break;
+        }
+        start = seq;
+    }
+    let local = LocalHistory {
+        // Nothing of the range lies before its first segment (retention
+        // deleted it, or it is segment 0).
+        holds_previous: start <= first,
+        holds_snapshot: (start..=newest).any(has_snapshot),
+    };
+    needs_snapshot(start, local).then_some(start)
+}
+
+/// The brokers to ask for `<seq>.snapshot`, in order: the other replicas of
+/// segment `seq` (its primary wrote it as the segment opened; a follower
+/// may have fetched it), then those of `seq - 1` (its primary wrote it at
+/// the roll or the seal that ended `seq - 1`).
+#[must_use]
+pub fn snapshot_sources(me: i32, replicas: &[i32], previous_replicas: &[i32]) -> Vec<i32> {
+    let mut sources = Vec::new();
+    for &r in replicas.iter().chain(previous_replicas) {
+        if r != me && !sources.contains(&r) {
+            sources.push(r);
+        }
+    }
+    sources
+}
+
 /// Serves `ReadSnapshot`: the bytes of `<seq>.snapshot` and `<seq>.aborted`
 /// in the range's directory, or `Refused` when this broker has no snapshot.
 pub fn serve(segment: SegmentKey, dir: &dyn Directory) -> Message {
@@ -113,5 +163,39 @@ mod tests {
         assert!(!needs_snapshot(3, local(true, false)));
         assert!(!needs_snapshot(3, local(false, true)));
         assert!(!needs_snapshot(0, local(false, false)));
+    }
+
+    #[test]
+    fn a_primary_needs_the_snapshot_where_its_last_unbroken_run_starts() {
+        let none = |_| false;
+        // The whole history is local.
+        assert_eq!(snapshot_needed_to_lead(0, &[0, 1, 2], none), None);
+        // A spare that followed segment 1 leads segment 2.
+        assert_eq!(snapshot_needed_to_lead(0, &[1, 2], none), Some(1));
+        assert_eq!(snapshot_needed_to_lead(0, &[1, 2], |s| s == 1), None);
+        // A snapshot where a later segment of the run starts does as well.
+        assert_eq!(snapshot_needed_to_lead(0, &[1, 2, 3], |s| s == 2), None);
+        // Away for segment 2: the run after the gap counts, an older
+        // snapshot does not.
+        assert_eq!(
+            snapshot_needed_to_lead(0, &[0, 1, 3, 4], |s| s == 1),
+            Some(3)
+        );
+        // Retention deleted what came before the local run.
+        assert_eq!(snapshot_needed_to_lead(5, &[5, 6], none), None);
+        assert_eq!(snapshot_needed_to_lead(5, &[2, 5, 6], none), None);
+        // Only the new active segment is local.
+        assert_eq!(snapshot_needed_to_lead(0, &[4], none), Some(4));
+        assert_eq!(snapshot_needed_to_lead(0, &[0], none), None);
+        assert_eq!(snapshot_needed_to_lead(0, &[], none), None);
+    }
+
+    #[test]
+    fn snapshot_sources_ask_the_segments_replicas_then_the_previous_ones() {
+        assert_eq!(
+            snapshot_sources(3, &[1, 2, 3], &[4, 1, 5]),
+            vec![1, 2, 4, 5]
+        );
+        assert_eq!(snapshot_sources(3, &[3], &[]), Vec::<i32>::new());
     }
 }

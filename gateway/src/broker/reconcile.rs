@@ -5,7 +5,11 @@
 //!    broker is primary of (a split or merge child seeded from its parents),
 //!    keep sealed ranges open read-only for their history, seal a log whose
 //!    range the image sealed, delete logs (and topic directories) the image
-//!    no longer has, and record segment rolls a crash left unrecorded;
+//!    no longer has, and record segment rolls a crash left unrecorded; a
+//!    replicated range whose history before this broker's local segments
+//!    is held elsewhere opens only once the producer snapshot where they
+//!    start is here (fetched from a replica; until then the range is not
+//!    led here, and the pass goes on with the others);
 //! 2. coordinators: the group and transaction coordinators load the
 //!    internal partitions (`__consumer_offsets`, `__transaction_state`) this
 //!    broker now leads and drop those it no longer leads.
@@ -48,6 +52,10 @@ pub(super) struct Reconciler {
     /// Active segments this broker is primary of that another broker's
     /// seal-by-quorum fenced, whose entry the image does not show yet.
     fenced_unrecorded: parking_lot::Mutex<HashMap<SegmentId, std::time::Instant>>,
+    /// A pass is wanted although the image did not move (a range waiting
+    /// for its producer snapshot has it now): set, then `wake`.
+    requested: AtomicBool,
+    wake: Arc<tokio::sync::Notify>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -104,6 +112,12 @@ impl Broker {
         }
     }
 
+    /// Asks [`follow_images`] for a pass against the current image.
+    pub(super) fn request_reconcile(&self) {
+        self.reconciler.requested.store(true, Ordering::Release);
+        self.reconciler.wake.notify_one();
+    }
+
     /// No pass runs after this returns (the one running, if any, finished).
     pub(super) async fn stop_reconciling(&self) {
         self.reconciler.stopped.store(true, Ordering::Release);
@@ -113,6 +127,9 @@ impl Broker {
 
     async fn reconcile_logs(&self, image: &MetadataImage) -> anyhow::Result<()> {
         let mut missing_records = Vec::new();
+        // How long this pass may wait, over all ranges, for producer
+        // snapshots of ranges it is to lead (see `producer_state_to_lead`).
+        let mut snapshot_budget = super::replicas::LEAD_SNAPSHOT_PASS_BUDGET;
         let gone: Vec<RangeId> = self
             .logs
             .read()
@@ -241,6 +258,17 @@ impl Broker {
                     self.seal_by_quorum(last.id);
                     continue;
                 }
+                // Without the history before its local segments, the
+                // producer state comes from the snapshot where they start:
+                // not served as primary until it is here (before the
+                // active segment's file exists: that would read as a
+                // segment to resume).
+                if !self
+                    .producer_state_to_lead(image, last, &dir, &mut snapshot_budget)
+                    .await?
+                {
+                    continue;
+                }
                 // The follower copies of this range's sealed segments become
                 // the log's history; the active segment starts empty.
                 self.replicas.store.close_range(range.id);
@@ -292,6 +320,7 @@ impl Broker {
             .fenced_unrecorded
             .lock()
             .retain(|id, _| image.segments.get(id).is_some_and(|s| !s.is_sealed()));
+        self.retain_lead_waits(image);
         self.apply_log_starts(image)?;
         if !missing_records.is_empty() {
             self.controller.write(missing_records).await?;
@@ -537,10 +566,12 @@ pub(crate) fn seal_of(range: RangeId, s: &SealedSegment) -> SegmentSealRecord {
     }
 }
 
-/// Runs a reconcile pass for every image the controller publishes, and
-/// again after a delay while the last pass failed. Ends with the broker.
+/// Runs a reconcile pass for every image the controller publishes, again
+/// after a delay while the last pass failed, and when one is requested
+/// ([`Broker::request_reconcile`]). Ends with the broker.
 pub(super) async fn follow_images(broker: Arc<Broker>) {
     let mut images = broker.controller.subscribe();
+    let wake = broker.reconciler.wake.clone();
     let weak: Weak<Broker> = Arc::downgrade(&broker);
     drop(broker);
     loop {
@@ -552,16 +583,19 @@ pub(super) async fn follow_images(broker: Arc<Broker>) {
             let done = broker.reconciler.done.borrow();
             (done.offset < broker.image().offset, done.error.is_some())
         };
-        if behind || failed {
+        let requested = broker.reconciler.requested.swap(false, Ordering::AcqRel);
+        if behind || failed || requested {
             if let Err(e) = broker.reconcile().await {
                 tracing::warn!(error = %format!("{e:#}"), "reconcile pass failed; retrying");
             }
         }
         let failed = broker.reconciler.done.borrow().error.is_some();
         drop(broker);
+        // A request made since the check above left a permit.
         tokio::select! {
             changed = images.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(RETRY_FAILED_PASS), if failed => {}
+            _ = wake.notified() => {}
         }
     }
 }

@@ -47,8 +47,10 @@ pub(crate) struct Replicas {
     sealing: Mutex<HashSet<SegmentId>>,
     /// Follower copies being repaired (one task each).
     pub(super) repairing: Mutex<HashSet<SegmentId>>,
-    /// Segments whose producer snapshot is being fetched (one task each).
-    fetching_snapshots: Mutex<HashSet<SegmentId>>,
+    /// Producer snapshots being fetched, and ranges waiting for one before
+    /// they are led here (one lock: a fetch task decides to end and a
+    /// range starts waiting on it atomically).
+    snapshots: Mutex<SnapshotFetches>,
     /// Seals already applied to this broker's copies.
     pub(super) sealed_copies: Mutex<HashSet<SegmentId>>,
     /// Ranges a cleaning pass runs on here (planned as primary, or applied
@@ -63,6 +65,23 @@ pub(crate) struct Replicas {
     /// Complete sealed copies opened for fetches from followers.
     pub(super) read_copies: Mutex<HashMap<SegmentId, Arc<tessera_log::segment::Segment>>>,
 }
+
+#[derive(Default)]
+struct SnapshotFetches {
+    /// Segments whose `<seq>.snapshot` is being fetched (one fetch each:
+    /// a background task, or the attempt of a reconcile pass).
+    running: HashSet<SegmentId>,
+    /// Ranges this broker is primary of whose log does not open until the
+    /// snapshot at this segment is here (`Broker::producer_state_to_lead`).
+    awaiting: HashMap<RangeId, u32>,
+}
+
+/// How long a reconcile pass waits for one replica's answer when it
+/// fetches the snapshot a range it is to lead needs, for all of them, and
+/// for those of every range of the pass (the rest go to background tasks).
+const LEAD_SNAPSHOT_CALL_TIMEOUT: Duration = Duration::from_secs(1);
+const LEAD_SNAPSHOT_BUDGET: Duration = Duration::from_secs(2);
+pub(super) const LEAD_SNAPSHOT_PASS_BUDGET: Duration = Duration::from_secs(5);
 
 pub(super) fn key(id: SegmentId) -> SegmentKey {
     SegmentKey {
@@ -343,7 +362,10 @@ impl Broker {
     /// transactions of the history it does not hold.
     pub(super) fn fetch_producer_snapshot(&self, image: &MetadataImage, segment: &SegmentImage) {
         let me = self.config.node_id;
-        if segment.is_sealed() || !segment.replicas[1..].contains(&me) {
+        if segment.is_sealed()
+            || !segment.replicas[1..].contains(&me)
+            || !self.config.replica_producer_snapshot_prefetch_enable
+        {
             return;
         }
         let Some(dir) = self.range_dir_of(image, segment.id.range) else {
@@ -361,9 +383,102 @@ impl Broker {
         if !snapshot_transfer::needs_snapshot(seq, local) {
             return;
         }
-        if self.replicas.fetching_snapshots.lock().insert(segment.id) {
+        if self.replicas.snapshots.lock().running.insert(segment.id) {
             tokio::spawn(fetch_snapshot(self.weak(), segment.id));
         }
+    }
+
+    /// Whether this broker may open `range` as the primary of its active
+    /// segment `active` now: its producer state must not miss the history
+    /// it does not hold (see [`snapshot_transfer::snapshot_needed_to_lead`]).
+    /// When `<K>.snapshot` is missing, one bounded attempt fetches it from
+    /// a live replica that has it (within what is left of the pass's
+    /// `budget`); failing that the range waits (produce gets
+    /// NOT_LEADER_OR_FOLLOWER, as the log is not open), a task keeps
+    /// fetching and requests a reconcile pass once it has it.
+    pub(super) async fn producer_state_to_lead(
+        &self,
+        image: &MetadataImage,
+        active: &SegmentImage,
+        dir: &std::path::Path,
+        budget: &mut Duration,
+    ) -> anyhow::Result<bool> {
+        let range = active.id.range;
+        let mut local = tessera_log::range_log::local_segment_seqs(dir)?;
+        if !local.contains(&active.id.seq) {
+            local.push(active.id.seq);
+            local.sort_unstable();
+        }
+        let first = image
+            .segments_of(range)
+            .first()
+            .map_or(active.id.seq, |s| s.id.seq);
+        let needed = snapshot_transfer::snapshot_needed_to_lead(first, &local, |seq| {
+            snapshot_path(dir, seq).exists()
+        });
+        let Some(seq) = needed else {
+            self.replicas.snapshots.lock().awaiting.remove(&range);
+            return Ok(true);
+        };
+        let id = SegmentId::new(range, seq);
+        {
+            let mut fetches = self.replicas.snapshots.lock();
+            if fetches.running.contains(&id) {
+                // A task is on it (it sees this range waiting, under the
+                // same lock, before it ends).
+                if fetches.awaiting.insert(range, seq) != Some(seq) {
+                    drop(fetches);
+                    self.start_waiting(id);
+                }
+                return Ok(false);
+            }
+            fetches.running.insert(id);
+        }
+        let live = |b: &i32| image.brokers.get(b).is_some_and(|b| !b.fenced);
+        let attempt = fetch_snapshot_once(
+            self.weak(),
+            image,
+            id,
+            dir,
+            LEAD_SNAPSHOT_CALL_TIMEOUT,
+            &live,
+        );
+        let started = std::time::Instant::now();
+        let fetched = tokio::time::timeout(LEAD_SNAPSHOT_BUDGET.min(*budget), attempt).await;
+        *budget = budget.saturating_sub(started.elapsed());
+        if let Ok(Some(peer)) = fetched {
+            tracing::info!(segment = %id, from = peer, "fetched the producer snapshot of the history held elsewhere before leading the range");
+            let mut fetches = self.replicas.snapshots.lock();
+            fetches.running.remove(&id);
+            fetches.awaiting.remove(&range);
+            return Ok(true);
+        }
+        let new = self.replicas.snapshots.lock().awaiting.insert(range, seq) != Some(seq);
+        if new {
+            self.start_waiting(id);
+        }
+        // The task owns the fetch slot taken above.
+        tokio::spawn(fetch_snapshot(self.weak(), id));
+        Ok(false)
+    }
+
+    /// A range starts waiting for the producer snapshot at `id`.
+    fn start_waiting(&self, id: SegmentId) {
+        crate::metrics::Metrics::add(&self.metrics.producer_snapshot_waits, 1);
+        tracing::warn!(segment = %id, "not leading the range yet: no replica served the producer snapshot of the history before this segment (produce answers NOT_LEADER_OR_FOLLOWER until it is here)");
+    }
+
+    /// Forgets the waits of ranges this broker no longer is to lead, or
+    /// leads now.
+    pub(super) fn retain_lead_waits(&self, image: &MetadataImage) {
+        let me = self.config.node_id;
+        let open: HashSet<RangeId> = self.logs.read().keys().copied().collect();
+        self.replicas.snapshots.lock().awaiting.retain(|range, _| {
+            !open.contains(range)
+                && image
+                    .active_segment(*range)
+                    .is_some_and(|s| s.primary() == Some(me))
+        });
     }
 
     /// Reserves `bytes` of the copying budget; returns when they may have
@@ -506,8 +621,9 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
 }
 
 /// Fetches the producer snapshot of `id` (see
-/// [`Broker::fetch_producer_snapshot`]) until it is here or this broker no
-/// longer follows the segment as active.
+/// [`Broker::fetch_producer_snapshot`] and [`Broker::producer_state_to_lead`])
+/// until it is here or this broker neither follows the segment as active
+/// nor waits for it to lead the range. Holds the segment's fetch slot.
 async fn fetch_snapshot(broker: Weak<Broker>, id: SegmentId) {
     let mut attempts = 0u32;
     loop {
@@ -517,45 +633,79 @@ async fn fetch_snapshot(broker: Weak<Broker>, id: SegmentId) {
         let following = image
             .segments
             .get(&id)
-            .filter(|s| !s.is_sealed() && s.replicas[1..].contains(&me))
-            .cloned();
-        let (Some(seg), Some(dir)) = (following, b.range_dir_of(&image, id.range)) else {
-            tracing::info!(segment = %id, attempts, "no longer following the segment; producer snapshot not fetched");
-            break;
-        };
-        if snapshot_path(&dir, id.seq).exists() {
-            break;
-        }
-        attempts += 1;
-        // The primary wrote it; another follower may have fetched it.
-        let mut fetched = false;
-        for &peer in seg.replicas.iter().filter(|r| **r != me) {
-            let Some(addr) = View(broker.clone()).address_of(peer) else {
-                continue;
-            };
-            match snapshot_transfer::fetch(&addr, key(id), &dir, CALL_TIMEOUT).await {
-                Ok(()) => {
-                    tracing::info!(segment = %id, from = peer, "fetched the producer snapshot where the segment starts");
-                    fetched = true;
-                    break;
+            .is_some_and(|s| !s.is_sealed() && s.replicas[1..].contains(&me));
+        let dir = b.range_dir_of(&image, id.range);
+        let done = dir
+            .as_ref()
+            .is_some_and(|dir| snapshot_path(dir, id.seq).exists());
+        {
+            let mut fetches = b.replicas.snapshots.lock();
+            let awaited = fetches.awaiting.get(&id.range) == Some(&id.seq);
+            if done || dir.is_none() || !(following || awaited) {
+                fetches.running.remove(&id);
+                drop(fetches);
+                if done && awaited {
+                    b.request_reconcile();
+                } else if !done {
+                    tracing::info!(segment = %id, attempts, "no longer following or leading the segment's range; producer snapshot not fetched");
                 }
-                Err(e) => {
-                    tracing::debug!(segment = %id, peer, error = %e, "producer snapshot fetch failed")
-                }
+                return;
             }
         }
+        let Some(dir) = dir else { return };
+        attempts += 1;
+        match fetch_snapshot_once(broker.clone(), &image, id, &dir, CALL_TIMEOUT, &|_| true).await {
+            Some(peer) => {
+                tracing::info!(segment = %id, from = peer, "fetched the producer snapshot where the segment starts");
+                // The next turn ends the task (and reconciles if a range waits).
+                continue;
+            }
+            None if attempts.is_multiple_of(20) => {
+                tracing::warn!(segment = %id, attempts, "no replica served the producer snapshot yet");
+            }
+            None => {}
+        }
         drop(b);
-        if fetched {
-            break;
-        }
-        if attempts.is_multiple_of(20) {
-            tracing::warn!(segment = %id, attempts, "no replica served the producer snapshot yet");
-        }
         tokio::time::sleep(RETRY).await;
     }
-    if let Some(b) = broker.upgrade() {
-        b.replicas.fetching_snapshots.lock().remove(&id);
+}
+
+/// One round of asking the replicas of `id` and of the segment before it
+/// (those `ask` allows) for `<id.seq>.snapshot`, kept in `dir` on success.
+/// The broker that served it.
+async fn fetch_snapshot_once(
+    broker: Weak<Broker>,
+    image: &MetadataImage,
+    id: SegmentId,
+    dir: &std::path::Path,
+    timeout: Duration,
+    ask: &(dyn Fn(&i32) -> bool + Sync),
+) -> Option<i32> {
+    let replicas_of = |seq: u32| {
+        image
+            .segments
+            .get(&SegmentId::new(id.range, seq))
+            .map(|s| s.replicas.clone())
+            .unwrap_or_default()
+    };
+    let previous = id.seq.checked_sub(1).map(replicas_of).unwrap_or_default();
+    let node_id = broker.upgrade()?.config.node_id;
+    let view = View(broker);
+    for peer in snapshot_transfer::snapshot_sources(node_id, &replicas_of(id.seq), &previous) {
+        if !ask(&peer) {
+            continue;
+        }
+        let Some(addr) = view.address_of(peer) else {
+            continue;
+        };
+        match snapshot_transfer::fetch(&addr, key(id), dir, timeout).await {
+            Ok(()) => return Some(peer),
+            Err(e) => {
+                tracing::debug!(segment = %id, peer, error = %e, "producer snapshot fetch failed")
+            }
+        }
     }
+    None
 }
 
 /// Why a segment is sealed by quorum.
