@@ -438,6 +438,13 @@ def test_unregister_broker_removes_a_gone_broker_and_heals_its_copies_at_once(cl
                    if s["topic"] == topic and 4 in s["replicas"] and s["sealed_bytes"] is not None]
     assert sealed_on_4, "expected rolled (sealed) segments on broker 4"
 
+    # As in Kafka, a live broker may be unregistered: it registers again on
+    # its next heartbeat (and stays a learner of the quorum).
+    assert unregister_broker(first, 4)[0] == NONE
+    eventually("live broker 4 registered again",
+               lambda: described_brokers(first).get(4) is False, timeout=30)
+    assert http_ready(admin4)
+
     # It leaves for good: stopped, then fenced when its session expires.
     os.kill(node_pid(cluster["workdir"], 4), signal.SIGKILL)
     eventually("broker 4 fenced", lambda: described_brokers(first).get(4) is True, timeout=30)
