@@ -303,3 +303,174 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
             # Produce order = offset order (one producer, idempotent).
             seq = [int(v.rsplit(b"-", 1)[1]) for _, v in got[p]]
             assert seq == sorted(seq) and len(set(seq)) == len(seq)
+
+
+# --- UnregisterBroker (API key 64, KIP-631) -------------------------------
+# No Python client has this API, so its frames (and DescribeCluster v2's, to
+# see fenced brokers) are hand-built: both are flexible versions (request
+# header v2, compact strings, tagged fields; response header v1).
+
+NONE, INVALID_REQUEST, BROKER_ID_NOT_REGISTERED = 0, 42, 102
+
+
+def uvarint(n: int) -> bytes:
+    out = b""
+    while n >= 0x80:
+        out += bytes([(n & 0x7F) | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
+class Reader:
+    def __init__(self, data: bytes):
+        self.data, self.at = data, 0
+
+    def take(self, fmt: str):
+        import struct
+        size = struct.calcsize(fmt)
+        values = struct.unpack(fmt, self.data[self.at:self.at + size])
+        self.at += size
+        return values[0] if len(values) == 1 else values
+
+    def uvarint(self) -> int:
+        n, shift = 0, 0
+        while True:
+            b = self.data[self.at]
+            self.at += 1
+            n |= (b & 0x7F) << shift
+            if b < 0x80:
+                return n
+            shift += 7
+
+    def compact_string(self) -> str | None:
+        n = self.uvarint()
+        if n == 0:
+            return None
+        s = self.data[self.at:self.at + n - 1].decode()
+        self.at += n - 1
+        return s
+
+    def tagged_fields(self):
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self.at += self.uvarint()
+
+
+def flexible_request(bootstrap: str, api_key: int, version: int, body: bytes) -> Reader:
+    """One request with header v2 (client id "t"); the response body after
+    header v1."""
+    import struct
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        msg = struct.pack(">hhih", api_key, version, 7, 1) + b"t" + uvarint(0) + body
+        s.sendall(struct.pack(">i", len(msg)) + msg)
+
+        def recv(n: int) -> bytes:
+            buf = b""
+            while len(buf) < n:
+                chunk = s.recv(n - len(buf))
+                assert chunk, "connection closed"
+                buf += chunk
+            return buf
+
+        size = struct.unpack(">i", recv(4))[0]
+        r = Reader(recv(size))
+    assert r.take(">i") == 7
+    r.tagged_fields()
+    return r
+
+
+def unregister_broker(bootstrap: str, broker_id: int) -> tuple[int, str | None]:
+    """UnregisterBroker v0: (error code, error message)."""
+    import struct
+    r = flexible_request(bootstrap, 64, 0, struct.pack(">i", broker_id) + uvarint(0))
+    _throttle, error = r.take(">ih")
+    return error, r.compact_string()
+
+
+def described_brokers(bootstrap: str) -> dict[int, bool]:
+    """DescribeCluster v2 with include_fenced_brokers: broker id -> fenced."""
+    import struct
+    body = struct.pack(">?b?", False, 1, True) + uvarint(0)
+    r = flexible_request(bootstrap, 60, 2, body)
+    _throttle, error = r.take(">ih")
+    assert error == NONE, error
+    r.compact_string()  # error message
+    r.take(">b")  # endpoint type
+    r.compact_string()  # cluster id
+    r.take(">i")  # controller id
+    brokers = {}
+    for _ in range(r.uvarint() - 1):
+        broker_id = r.take(">i")
+        r.compact_string()  # host
+        r.take(">i")  # port
+        r.compact_string()  # rack
+        brokers[broker_id] = r.take(">?")
+        r.tagged_fields()
+    return brokers
+
+
+@pytest.mark.cluster_overrides({"replica.heal.delay.ms": "3600000", "log.segment.bytes": "65536"})
+def test_unregister_broker_removes_a_gone_broker_and_heals_its_copies_at_once(cluster):
+    """`kafka-cluster.sh unregister`: a broker-only node that left for good
+    is unregistered; it disappears from Metadata and DescribeCluster (fenced
+    brokers included), leaves the quorum's learners, and its sealed copies
+    heal back to three at once (the heal delay here is an hour: only the
+    unregistration can start the healing)."""
+    boot = ",".join(cluster["bootstrap"])
+    first = cluster["bootstrap"][0]
+    assert unregister_broker(first, 4)[0] == BROKER_ID_NOT_REGISTERED
+
+    port, admin4 = start_fourth_broker(cluster)
+    eventually("broker 4 joined", lambda: http_ready(admin4)
+               and brokers_seen(boot) == [1, 2, 3, 4], timeout=60)
+    topic = None
+    for i in range(8):
+        name = f"unreg-{i}"
+        create_replicated(boot, name, 2, 3, {"min.insync.replicas": "2"})
+        md = AdminClient({"bootstrap.servers": boot}).list_topics(name, timeout=10)
+        if any(4 in p.replicas for p in md.topics[name].partitions.values()):
+            topic = name
+            break
+    assert topic, "no new topic was placed on broker 4"
+    acked = produce(boot, topic, 2, 20000)
+    sealed_on_4 = [s for s in http(admin4 + "/segments")
+                   if s["topic"] == topic and 4 in s["replicas"] and s["sealed_bytes"] is not None]
+    assert sealed_on_4, "expected rolled (sealed) segments on broker 4"
+
+    # As in Kafka, a live broker may be unregistered: it registers again on
+    # its next heartbeat (and stays a learner of the quorum).
+    assert unregister_broker(first, 4)[0] == NONE
+    eventually("live broker 4 registered again",
+               lambda: described_brokers(first).get(4) is False, timeout=30)
+    assert http_ready(admin4)
+
+    # It leaves for good: stopped, then fenced when its session expires.
+    os.kill(node_pid(cluster["workdir"], 4), signal.SIGKILL)
+    eventually("broker 4 fenced", lambda: described_brokers(first).get(4) is True, timeout=30)
+
+    # A controller (raft voter) cannot be unregistered.
+    error, message = unregister_broker(first, 1)
+    assert error == INVALID_REQUEST and "controller" in message, (error, message)
+
+    error, message = unregister_broker(cluster["bootstrap"][1], 4)
+    assert error == NONE, (error, message)
+    for b in cluster["bootstrap"][:3]:
+        eventually(f"{b} forgot broker 4", lambda b=b: 4 not in described_brokers(b), timeout=10)
+        assert brokers_seen(b) == [1, 2, 3]
+    # Unknown ids (broker 4 again, an id never seen) are BROKER_ID_NOT_REGISTERED.
+    assert unregister_broker(first, 4)[0] == BROKER_ID_NOT_REGISTERED
+    assert unregister_broker(first, 99)[0] == BROKER_ID_NOT_REGISTERED
+
+    # It left the raft membership (the leader stops replicating to it).
+    log = cluster["workdir"] / "cluster.log"
+    eventually("learner 4 removed", lambda: b"metadata learner 4 removed" in log.read_bytes(),
+               timeout=20)
+
+    def healed():
+        now = [s for s in http(cluster["admin"][0] + "/segments")
+               if s["topic"] == topic and s["sealed_bytes"] is not None]
+        return now and all(4 not in s["replicas"] and len(s["replicas"]) == 3 for s in now)
+
+    eventually("sealed segments of broker 4 healed to three copies", healed, timeout=60)
+    assert consume_all(boot, topic, 2, len(acked)) == acked

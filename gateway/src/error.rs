@@ -70,6 +70,9 @@ pub enum ApiError {
     InvalidConfig(String),
     #[error("invalid request: {0}")]
     InvalidRequest(String),
+    /// UnregisterBroker of a broker id the image does not hold.
+    #[error("{0}")]
+    BrokerIdNotRegistered(String),
     #[error("unsupported version: {0}")]
     UnsupportedVersion(String),
     #[error("corrupt message: {0}")]
@@ -201,6 +204,7 @@ impl ApiError {
             ApiError::InvalidReplicaAssignment(_) => K::InvalidReplicaAssignment,
             ApiError::InvalidConfig(_) => K::InvalidConfig,
             ApiError::InvalidRequest(_) => K::InvalidRequest,
+            ApiError::BrokerIdNotRegistered(_) => K::BrokerIdNotRegistered,
             ApiError::UnsupportedVersion(_) => K::UnsupportedVersion,
             ApiError::CorruptMessage(_) => K::CorruptMessage,
             ApiError::UnsupportedForMessageFormat(_) => K::UnsupportedForMessageFormat,
@@ -393,5 +397,7 @@ mod tests {
         assert_eq!(ApiError::TransactionalIdAuthorizationFailed.code(), 53);
         assert_eq!(ApiError::SecurityDisabled.code(), 54);
         assert_eq!(ApiError::OperationNotAttempted.code(), 55);
+        assert_eq!(ApiError::BrokerIdNotRegistered(String::new()).code(), 102);
+        assert_eq!(ApiError::InvalidRequest(String::new()).code(), 42);
     }
 }

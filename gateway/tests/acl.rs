@@ -775,6 +775,18 @@ async fn admin_group_and_transaction_apis() {
     assert_eq!(codes, [TOPIC_DENIED, 0]);
     assert!(running.broker.image().topic_by_name("a-2").is_none());
     assert!(running.broker.image().topic_by_name("b-1").is_some());
+
+    // UnregisterBroker: ALTER on the cluster; then an unknown id is
+    // BROKER_ID_NOT_REGISTERED and this node (the controller, a voter)
+    // INVALID_REQUEST.
+    use kafka_protocol::messages::{BrokerId, UnregisterBrokerRequest};
+    let unregister = |id: i32| UnregisterBrokerRequest::default().with_broker_id(BrokerId(id));
+    let me = running.broker.config.node_id;
+    assert_eq!(alice.call(0, &unregister(99)).await.error_code, 31);
+    assert_eq!(admin.call(0, &unregister(99)).await.error_code, 102);
+    let r = admin.call(0, &unregister(me)).await;
+    assert_eq!(r.error_code, 42, "{r:?}");
+    assert!(running.broker.image().brokers.contains_key(&me));
     running.shutdown().await;
 }
 

@@ -492,6 +492,64 @@ impl Controller {
         }
     }
 
+    /// True when `node_id` is a raft voter (a controller). With no voter
+    /// map (a single voter) only this node is one.
+    pub fn is_voter(&self, node_id: u64) -> bool {
+        if self.voters.is_empty() {
+            node_id == self.node_id
+        } else {
+            self.voters.contains_key(&node_id)
+        }
+    }
+
+    /// The reverse of a broker-only node's join: the leader removes learner
+    /// `node_id` from the raft membership (openraft's
+    /// `ChangeMembers::RemoveNodes`), so it stops replicating to a node
+    /// that left for good (after its `UnregisterBroker` committed). Done
+    /// here when this node leads, else asked of the leader. `Ok(false)`:
+    /// it was not a member. A voter's id is refused
+    /// ([`MetadataError::Config`]): the voter set is static.
+    pub async fn remove_learner(&self, node_id: u64) -> Result<bool, MetadataError> {
+        let deadline = Instant::now() + WRITE_TIMEOUT;
+        loop {
+            if self.shut_down.load(Ordering::SeqCst) {
+                return Err(MetadataError::Shutdown);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(MetadataError::Timeout("removing a learner".into()));
+            }
+            let leader = self.raft.metrics().borrow().current_leader;
+            let result = match leader {
+                None => Err(ServiceCallError::NotLeader(None)),
+                Some(l) if l == self.node_id => crate::network::remove_learner(&self.raft, node_id)
+                    .await
+                    .map_err(|e| match e {
+                        crate::network::ServiceError::NotLeader { leader } => {
+                            ServiceCallError::NotLeader(leader)
+                        }
+                        crate::network::ServiceError::Failed(m) => ServiceCallError::Failed(m),
+                    }),
+                Some(l) => {
+                    self.transport
+                        .remove_learner(l, node_id, left.min(READ_INDEX_TIMEOUT))
+                        .await
+                }
+            };
+            match result {
+                Ok(removed) => return Ok(removed),
+                Err(ServiceCallError::Failed(m)) if m.starts_with(REFUSED) => {
+                    return Err(MetadataError::Config(m));
+                }
+                Err(ServiceCallError::Failed(m)) => return Err(MetadataError::Raft(m)),
+                Err(e) => {
+                    tracing::debug!("removing learner {node_id}: {e}");
+                    tokio::time::sleep(RETRY_PAUSE.max(Duration::from_millis(200)).min(left)).await;
+                }
+            }
+        }
+    }
+
     /// Waits until a leader is confirmed and this node has applied
     /// everything committed before the call: the leader confirms its
     /// leadership with a quorum and reports its read index (asked over the

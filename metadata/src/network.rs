@@ -23,7 +23,9 @@
 //! - BrokerHeartbeat (6): `i32` broker id, then (optional, 0 when absent)
 //!   `u8` want-shutdown flag (answered by the leader only);
 //! - JoinAsLearner (7): `u64` node id, `u32 length` + the address (UTF-8)
-//!   the learner listens on (answered by the leader only).
+//!   the learner listens on (answered by the leader only);
+//! - RemoveLearner (8): `u64` node id (answered by the leader only; a
+//!   broker-only node that was unregistered leaves the membership).
 //!
 //! A response payload is `u8 protocol version`, `u8 status` (0 ok, 1 error
 //! reported by the peer), then JSON: the openraft response or `RaftError`
@@ -87,6 +89,7 @@ const KIND_CLIENT_WRITE: u8 = 4;
 const KIND_READ_INDEX: u8 = 5;
 const KIND_BROKER_HEARTBEAT: u8 = 6;
 const KIND_JOIN_AS_LEARNER: u8 = 7;
+const KIND_REMOVE_LEARNER: u8 = 8;
 
 /// Prefix of a [`ServiceError::Failed`] message that retrying cannot fix
 /// (a learner's join refused because its id is a voter's).
@@ -140,6 +143,11 @@ pub(crate) enum Request {
     JoinAsLearner {
         node_id: u64,
         address: String,
+    },
+    /// Removes a learner (an unregistered broker-only node) from the
+    /// membership.
+    RemoveLearner {
+        node_id: u64,
     },
 }
 
@@ -207,6 +215,7 @@ pub(crate) fn encode_request(from: u64, to: u64, req: &Request) -> Result<Vec<u8
         Request::ReadIndex => KIND_READ_INDEX,
         Request::BrokerHeartbeat { .. } => KIND_BROKER_HEARTBEAT,
         Request::JoinAsLearner { .. } => KIND_JOIN_AS_LEARNER,
+        Request::RemoveLearner { .. } => KIND_REMOVE_LEARNER,
     });
     b.extend_from_slice(&from.to_be_bytes());
     b.extend_from_slice(&to.to_be_bytes());
@@ -262,6 +271,7 @@ pub(crate) fn encode_request(from: u64, to: u64, req: &Request) -> Result<Vec<u8
             put_u32(&mut b, address.len())?;
             b.extend_from_slice(address.as_bytes());
         }
+        Request::RemoveLearner { node_id } => b.extend_from_slice(&node_id.to_be_bytes()),
     }
     let len = b.len() - 4;
     if len > MAX_FRAME_BYTES {
@@ -394,6 +404,11 @@ pub(crate) fn decode_request(payload: &[u8]) -> Result<(u64, u64, Request), Stri
                 .to_string();
             r.end()?;
             Request::JoinAsLearner { node_id, address }
+        }
+        KIND_REMOVE_LEARNER => {
+            let node_id = r.u64()?;
+            r.end()?;
+            Request::RemoveLearner { node_id }
         }
         k => return Err(format!("unknown request kind {k}")),
     };
@@ -717,6 +732,20 @@ impl Transport {
         self.service_call(target, &frame, timeout, true).await
     }
 
+    /// Asks `target` (the leader) to remove learner `node_id` from the
+    /// membership; `Ok(false)`: it was not a member.
+    pub(crate) async fn remove_learner(
+        &self,
+        target: u64,
+        node_id: u64,
+        timeout: Duration,
+    ) -> Result<bool, ServiceCallError> {
+        let remove = Request::RemoveLearner { node_id };
+        let frame =
+            encode_request(self.node_id, target, &remove).map_err(ServiceCallError::NotSent)?;
+        self.service_call(target, &frame, timeout, true).await
+    }
+
     /// Asks `target` (the leader) for its linearizable read index.
     pub(crate) async fn read_index(
         &self,
@@ -1026,6 +1055,7 @@ async fn handle(raft: &MetadataRaft, heartbeats: &Heartbeats, req: Request) -> (
         Request::JoinAsLearner { node_id, address } => {
             reply(join_as_learner(raft, node_id, address).await)
         }
+        Request::RemoveLearner { node_id } => reply(remove_learner(raft, node_id).await),
     }
 }
 
@@ -1064,6 +1094,42 @@ async fn join_as_learner(
         Ok(_) => {
             tracing::info!("metadata learner {node_id} at {address} added");
             Ok(())
+        }
+        Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
+            Err(ServiceError::NotLeader {
+                leader: f.leader_id,
+            })
+        }
+        Err(RaftError::APIError(e)) => Err(ServiceError::Failed(e.to_string())),
+        Err(RaftError::Fatal(f)) => Err(ServiceError::Failed(fatal_text(&f))),
+    }
+}
+
+/// On the leader: removes learner `node_id` from the membership (the
+/// reverse of [`join_as_learner`]; openraft's `ChangeMembers::RemoveNodes`).
+/// `Ok(false)`: it was not a member (this node still confirms it leads). A
+/// voter's id is refused: the voter set is static.
+pub(crate) async fn remove_learner(
+    raft: &MetadataRaft,
+    node_id: u64,
+) -> Result<bool, ServiceError> {
+    let membership = raft
+        .with_raft_state(|s| s.membership_state.effective().membership().clone())
+        .await
+        .map_err(|f| ServiceError::Failed(fatal_text(&f)))?;
+    if membership.voter_ids().any(|v| v == node_id) {
+        return Err(ServiceError::Failed(format!(
+            "{REFUSED}node id {node_id} is a controller voter; the voter set is static"
+        )));
+    }
+    if membership.get_node(&node_id).is_none() {
+        return read_index(raft).await.map(|_| false);
+    }
+    let change = openraft::ChangeMembers::RemoveNodes(std::collections::BTreeSet::from([node_id]));
+    match raft.change_membership(change, false).await {
+        Ok(_) => {
+            tracing::info!("metadata learner {node_id} removed from the membership");
+            Ok(true)
         }
         Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
             Err(ServiceError::NotLeader {

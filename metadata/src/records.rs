@@ -221,6 +221,14 @@ pub enum MetadataRecord {
     UnfenceBroker {
         broker_id: i32,
     },
+    /// Kafka's UnregisterBrokerRecord (`Admin.unregisterBroker`): the
+    /// broker leaves the image (registration and fenced state). Placement,
+    /// failover and healing then treat its copies as gone. Replay skips an
+    /// unknown broker. A broker that runs again registers anew (as in
+    /// Kafka, where it re-registers on its next heartbeat).
+    UnregisterBroker {
+        broker_id: i32,
+    },
     CreateTopic(TopicRecord),
     /// Removes the topic and its ranges, segments and log start offsets.
     DeleteTopic {
@@ -343,8 +351,9 @@ pub mod record_type {
     pub const REMOVE_ACL: u16 = 20;
     pub const CLEAN_SEGMENTS: u16 = 21;
     pub const CLIENT_QUOTA: u16 = 22;
+    pub const UNREGISTER_BROKER: u16 = 23;
     /// The largest type number this build reads.
-    pub const MAX: u16 = CLIENT_QUOTA;
+    pub const MAX: u16 = UNREGISTER_BROKER;
 }
 
 impl MetadataRecord {
@@ -356,6 +365,7 @@ impl MetadataRecord {
             MetadataRecord::RegisterBroker(_) => REGISTER_BROKER,
             MetadataRecord::FenceBroker { .. } => FENCE_BROKER,
             MetadataRecord::UnfenceBroker { .. } => UNFENCE_BROKER,
+            MetadataRecord::UnregisterBroker { .. } => UNREGISTER_BROKER,
             MetadataRecord::CreateTopic(_) => CREATE_TOPIC,
             MetadataRecord::DeleteTopic { .. } => DELETE_TOPIC,
             MetadataRecord::SetTopicConfig { .. } => SET_TOPIC_CONFIG,
@@ -403,7 +413,8 @@ impl MetadataRecord {
                 }
             }
             MetadataRecord::FenceBroker { broker_id }
-            | MetadataRecord::UnfenceBroker { broker_id } => w.i32(*broker_id),
+            | MetadataRecord::UnfenceBroker { broker_id }
+            | MetadataRecord::UnregisterBroker { broker_id } => w.i32(*broker_id),
             MetadataRecord::CreateTopic(t) => {
                 w.uuid(&t.topic_id);
                 w.str16(&t.name);
@@ -601,6 +612,9 @@ impl MetadataRecord {
                 broker_id: r.i32("broker_id")?,
             },
             UNFENCE_BROKER => MetadataRecord::UnfenceBroker {
+                broker_id: r.i32("broker_id")?,
+            },
+            UNREGISTER_BROKER => MetadataRecord::UnregisterBroker {
                 broker_id: r.i32("broker_id")?,
             },
             CREATE_TOPIC => {
@@ -842,7 +856,8 @@ impl MetadataRecord {
                 Ok(())
             }
             MetadataRecord::FenceBroker { broker_id }
-            | MetadataRecord::UnfenceBroker { broker_id } => {
+            | MetadataRecord::UnfenceBroker { broker_id }
+            | MetadataRecord::UnregisterBroker { broker_id } => {
                 check_broker_id("broker_id", *broker_id)
             }
             MetadataRecord::CreateTopic(t) => {
@@ -1468,6 +1483,7 @@ pub(crate) mod tests {
                 }),
             (0i32..).prop_map(|broker_id| MetadataRecord::FenceBroker { broker_id }),
             (0i32..).prop_map(|broker_id| MetadataRecord::UnfenceBroker { broker_id }),
+            (0i32..).prop_map(|broker_id| MetadataRecord::UnregisterBroker { broker_id }),
             (
                 arb_uuid(),
                 arb_name(),
@@ -1890,6 +1906,7 @@ pub(crate) mod tests {
             offset: -1,
         });
         rejects(MetadataRecord::FenceBroker { broker_id: -1 });
+        rejects(MetadataRecord::UnregisterBroker { broker_id: -1 });
         rejects(MetadataRecord::RegisterBroker(BrokerRegistration {
             broker_id: 1,
             incarnation_id: uuid::Uuid::from_u128(1),
@@ -1967,9 +1984,24 @@ pub(crate) mod tests {
         rejects(increase(0, 5));
         increase(9, MAX_PARTITIONS).validate().unwrap();
         assert_eq!(
-            MetadataRecord::decode(&[0, 23, 0, 0]),
-            Err(RecordDecodeError::UnknownType(23))
+            MetadataRecord::decode(&[0, 24, 0, 0]),
+            Err(RecordDecodeError::UnknownType(24))
         );
+    }
+
+    #[test]
+    fn unregister_broker_codec() {
+        let rec = MetadataRecord::UnregisterBroker { broker_id: 4 };
+        assert_eq!(rec.record_type(), record_type::UNREGISTER_BROKER);
+        assert_eq!(record_type::UNREGISTER_BROKER, 23);
+        let bytes = rec.encode();
+        assert_eq!(bytes, [0u8, 23, 0, 0, 0, 0, 0, 4]);
+        assert_eq!(MetadataRecord::decode(&bytes), Ok(rec));
+        rejects(MetadataRecord::UnregisterBroker { broker_id: -1 });
+        // Truncated, trailing bytes, an unknown version.
+        assert!(MetadataRecord::decode(&[0, 23, 0, 0, 0, 0, 4]).is_err());
+        assert!(MetadataRecord::decode(&[0, 23, 0, 0, 0, 0, 0, 4, 0]).is_err());
+        assert!(MetadataRecord::decode(&[0, 23, 0, 1, 0, 0, 0, 4]).is_err());
     }
 
     #[test]

@@ -71,7 +71,9 @@ impl MetadataImage {
             R::CreateAcl { id, acl } => fail(self.acls.contains_key(id), "ACL id exists")
                 .or_else(|| fail(self.acls.values().any(|a| a == acl), "the ACL exists")),
             R::RemoveAcl { id } => fail(!self.acls.contains_key(id), "unknown ACL"),
-            R::FenceBroker { broker_id } | R::UnfenceBroker { broker_id } => {
+            R::FenceBroker { broker_id }
+            | R::UnfenceBroker { broker_id }
+            | R::UnregisterBroker { broker_id } => {
                 fail(!self.brokers.contains_key(broker_id), "unknown broker")
             }
             R::CreateTopic(t) => fail(self.topics.contains_key(&t.topic_id), "topic id exists")
@@ -225,6 +227,13 @@ impl MetadataImage {
                 if let Some(b) = self.brokers.get_mut(broker_id) {
                     b.fenced = false;
                 }
+            }
+            // The image holds no other per-broker state: heartbeats and
+            // sessions live in the controller's in-memory tracker, which
+            // forgets a broker that is not registered (and dynamic broker
+            // configs stay, as Kafka keeps a broker's ConfigRecords).
+            R::UnregisterBroker { broker_id } => {
+                self.brokers.remove(broker_id);
             }
             R::CreateTopic(t) => {
                 self.topic_names.insert(t.name.clone(), t.topic_id);
@@ -659,6 +668,36 @@ mod tests {
             img.brokers[&1].registration.incarnation_id,
             uuid::Uuid::from_u128(2)
         );
+    }
+
+    #[test]
+    fn unregister_broker() {
+        assert!(!last_applies(&[MetadataRecord::UnregisterBroker {
+            broker_id: 1
+        }]));
+        let (img, applied) = replay(&[
+            broker(1, 1),
+            broker(2, 1),
+            MetadataRecord::UnfenceBroker { broker_id: 1 },
+            MetadataRecord::FenceBroker { broker_id: 1 },
+            MetadataRecord::UnregisterBroker { broker_id: 1 },
+            // Gone: fencing it again is skipped.
+            MetadataRecord::FenceBroker { broker_id: 1 },
+        ]);
+        assert_eq!(applied, vec![true, true, true, true, true, false]);
+        assert!(!img.brokers.contains_key(&1), "registration removed");
+        assert!(img.brokers.contains_key(&2), "other brokers stay");
+        assert_snapshot_round_trips(&img);
+        // A live (unfenced) broker may be unregistered too (as in Kafka);
+        // registering again starts it fenced, like a new broker.
+        let (img, applied) = replay(&[
+            broker(1, 1),
+            MetadataRecord::UnfenceBroker { broker_id: 1 },
+            MetadataRecord::UnregisterBroker { broker_id: 1 },
+            broker(1, 1),
+        ]);
+        assert_eq!(applied, vec![true, true, true, true]);
+        assert!(img.brokers[&1].fenced);
     }
 
     #[test]
@@ -1273,6 +1312,7 @@ mod tests {
             (0i32..3, 0u128..2).prop_map(|(b, i)| broker(b, i + 1)),
             (0i32..3).prop_map(|broker_id| MetadataRecord::FenceBroker { broker_id }),
             (0i32..3).prop_map(|broker_id| MetadataRecord::UnfenceBroker { broker_id }),
+            (0i32..3).prop_map(|broker_id| MetadataRecord::UnregisterBroker { broker_id }),
             (t.clone(), 0usize..3, 1u32..6).prop_map(|(id, n, p)| topic(id, ["a", "b", "c"][n], p)),
             t.clone()
                 .prop_map(|id| MetadataRecord::DeleteTopic { topic_id: tid(id) }),

@@ -633,3 +633,44 @@ async fn a_learner_follows_the_log_forwards_writes_and_rejoins_at_a_new_address(
     learner.shutdown().await;
     c.stop_all().await;
 }
+
+/// UnregisterBroker's second half: a learner that left for good is removed
+/// from the raft membership by the leader, asked from a follower (forwarded
+/// over the transport, RemoveLearner) or on the leader itself; a second
+/// removal finds nothing to do, and a voter's id is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_learner_that_left_is_removed_from_the_membership() {
+    let mut c = Cluster::new(3, 1000);
+    c.start_all().await;
+    let leader = c.wait_leader().await;
+    let dir = tempfile::tempdir().unwrap();
+    let learner = start_node(
+        ControllerConfig::new(4, dir.path())
+            .with_voters(c.voters.clone())
+            .as_learner("127.0.0.1:0"),
+    )
+    .await;
+    let learners = |node: &Controller| -> Vec<u64> {
+        let m = node.raft().metrics().borrow().membership_config.clone();
+        m.membership().learner_ids().collect()
+    };
+    assert_eq!(learners(c.node(leader)), vec![4]);
+    learner.shutdown().await;
+
+    let follower = c.ids().into_iter().find(|id| *id != leader).unwrap();
+    assert!(c.node(follower).is_voter(leader));
+    assert!(!c.node(follower).is_voter(4));
+    assert!(c.node(follower).remove_learner(4).await.unwrap());
+    eventually("the leader no longer lists learner 4", || {
+        learners(c.node(leader)).is_empty().then_some(())
+    })
+    .await;
+    assert!(!c.node(leader).remove_learner(4).await.unwrap());
+    assert!(matches!(
+        c.node(follower).remove_learner(leader).await,
+        Err(MetadataError::Config(_))
+    ));
+    // The quorum still commits.
+    c.node(leader).write(vec![topic(1, "after")]).await.unwrap();
+    c.stop_all().await;
+}

@@ -846,7 +846,9 @@ pub(crate) fn seal_and_open_next(
 }
 
 /// Healing: every sealed segment with a copy on a broker in `gone` (fenced
-/// for longer than the heal delay) gets that copy replaced by one on a live
+/// for longer than the heal delay) or on a broker that is not registered
+/// any more (UnregisterBroker: the operator said it is gone, so its copies
+/// heal at once, with no delay) gets that copy replaced by one on a live
 /// broker outside its replica set, placed like a new segment (weighted
 /// rendezvous, racks spread). Survivors keep their order; the new copies
 /// come last (they are repaired from the survivors). At most `max_segments`
@@ -858,24 +860,22 @@ pub fn heal_segments(
     gone: &std::collections::BTreeSet<i32>,
     max_segments: usize,
 ) -> Vec<MetadataRecord> {
-    if gone.is_empty() {
-        return Vec::new();
-    }
     let live = |id: &i32| image.brokers.get(id).is_some_and(|b| !b.fenced);
+    let is_gone = |id: &i32| gone.contains(id) || !image.brokers.contains_key(id);
     let all = candidates(image);
     let mut records = Vec::new();
     for seg in image.segments.values() {
         if records.len() >= max_segments {
             break;
         }
-        if !seg.is_sealed() || !seg.replicas.iter().any(|r| gone.contains(r)) {
+        if !seg.is_sealed() || !seg.replicas.iter().any(is_gone) {
             continue;
         }
         let survivors: Vec<i32> = seg
             .replicas
             .iter()
             .copied()
-            .filter(|r| !gone.contains(r))
+            .filter(|r| !is_gone(r))
             .collect();
         if !survivors.iter().any(live) {
             continue; // nobody left to copy from
@@ -898,7 +898,7 @@ pub fn heal_segments(
         replicas.extend(
             seg.replicas
                 .iter()
-                .filter(|r| gone.contains(r))
+                .filter(|r| is_gone(r))
                 .skip(wanted)
                 .copied(),
         );

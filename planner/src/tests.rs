@@ -561,6 +561,73 @@ fn healing_replaces_the_copies_of_a_gone_broker_on_sealed_segments_only() {
 }
 
 #[test]
+fn an_unregistered_broker_is_gone_at_once_for_healing_and_failover() {
+    let (mut image, range) = replicated_topic(4, 3);
+    let first = image.active_segment(range).unwrap();
+    let victim = first.replicas[1];
+    let spare = *image
+        .brokers
+        .keys()
+        .find(|b| !first.replicas.contains(b))
+        .unwrap();
+    let roll = record_local_segments(
+        &image,
+        range,
+        &[SegmentSealRecord {
+            segment: first.id,
+            size_bytes: 100,
+            spans: vec![],
+        }],
+        Some(1),
+    );
+    assert_eq!(commit(&mut image, &roll), 0);
+    // Fenced but still registered, and not (yet) in `gone`: no healing.
+    fence(&mut image, victim);
+    assert!(heal_segments(&image, &none(), 10).is_empty());
+    // Unregistered: its copies heal at once, no `gone` (heal delay) needed.
+    assert_eq!(
+        commit(
+            &mut image,
+            &[MetadataRecord::UnregisterBroker { broker_id: victim }]
+        ),
+        0
+    );
+    assert!(!image.brokers.contains_key(&victim));
+    let records = heal_segments(&image, &none(), 10);
+    assert_eq!(
+        records,
+        vec![MetadataRecord::SetSegmentReplicas {
+            segment: first.id,
+            replicas: vec![first.replicas[0], first.replicas[2], spare],
+        }]
+    );
+    assert_eq!(commit(&mut image, &records), 0);
+    assert!(heal_segments(&image, &none(), 10).is_empty());
+    // Failover: a quorum seal of the active segment replaces the
+    // unregistered replica with a live broker, like a fenced one.
+    let active = image.active_segment(range).unwrap();
+    assert!(active.replicas.contains(&victim));
+    let q = QuorumSeal {
+        segment: active.id,
+        size_bytes: 0,
+        spans: vec![],
+        holder: active.replicas[0],
+    };
+    let records = seal_by_quorum(&image, &q).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    let next = image.active_segment(range).unwrap();
+    assert!(!next.replicas.contains(&victim), "{next:?}");
+    assert_eq!(next.replicas.len(), 3);
+    // Placement of a new topic never picks it.
+    let records = create_topic(&image, spec("after", 1, 3)).unwrap();
+    for r in &records {
+        if let MetadataRecord::OpenSegment(s) = r {
+            assert!(!s.replicas.contains(&victim));
+        }
+    }
+}
+
+#[test]
 fn healing_waits_for_a_spare_broker_and_is_bounded() {
     // Three brokers, RF 3: no spare to copy to.
     let (mut image, range) = replicated_topic(3, 3);

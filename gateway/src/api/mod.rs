@@ -50,6 +50,7 @@ pub mod sasl_authenticate;
 pub mod sasl_handshake;
 pub mod sync_group;
 pub mod txn_offset_commit;
+pub mod unregister_broker;
 pub mod write_txn_markers;
 
 use std::future::Future;
@@ -124,6 +125,7 @@ pub const SUPPORTED_APIS: &[(ApiKey, i16, i16)] = &[
     (ApiKey::DeleteAcls, 1, 3),
     (ApiKey::DescribeClientQuotas, 0, 1),
     (ApiKey::AlterClientQuotas, 0, 1),
+    (ApiKey::UnregisterBroker, 0, 0),
 ];
 
 /// A config name on the wire: a fixed key without a copy, a stored one
@@ -415,6 +417,7 @@ async fn dispatch(
         ApiKey::DeleteAcls => call!(delete_acls),
         ApiKey::DescribeClientQuotas => call!(describe_client_quotas),
         ApiKey::AlterClientQuotas => call!(alter_client_quotas),
+        ApiKey::UnregisterBroker => call!(unregister_broker),
         other => ready(Reply::Close(format!("API {other:?} has no handler"))),
     }
 }

@@ -23,6 +23,15 @@ pub(super) async fn heartbeat(broker: Weak<Broker>) {
             return; // a controlled shutdown sends its own (want-shutdown) heartbeats
         }
         let interval = Duration::from_millis(b.config.broker_heartbeat_interval_ms.max(1));
+        // Unregistered while running (UnregisterBroker of a live broker):
+        // as a Kafka broker does on its next heartbeat, register again (a
+        // new incarnation, fenced until its heartbeats unfence it).
+        if !b.image().brokers.contains_key(&b.config.node_id) {
+            match b.register().await {
+                Ok(()) => tracing::info!("registered again after being unregistered"),
+                Err(e) => tracing::warn!(error = %e, "could not register again"),
+            }
+        }
         if let Err(e) = b.controller.heartbeat(b.config.node_id).await {
             tracing::debug!(error = %e, "broker heartbeat not delivered");
         }
