@@ -213,6 +213,15 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
 
     # Steady produce to every existing topic, before, during and after the join.
     acked: dict[str, dict[int, list[tuple[int, bytes]]]] = {t: {0: [], 1: []} for t in topics}
+    # Acknowledged without an offset: librdkafka reports a retried batch as
+    # delivered, offset unknown, when the broker answers its retry with
+    # OUT_OF_ORDER_SEQUENCE_NUMBER below the sequence it already saw
+    # acknowledged ("likely persisted"). That happens when the primary
+    # reopens the range at the re-placement seal and reloads its producers
+    # from the snapshot, which keeps only each producer's last batch (Kafka's
+    # snapshot rule), while up to 5 batches were in flight. The records are
+    # in the log once; their offsets are just not reported.
+    no_offset: dict[str, dict[int, list[bytes]]] = {t: {0: [], 1: []} for t in topics}
     errors: list = []
     stop = threading.Event()
 
@@ -223,6 +232,8 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
         def on_delivery(err, msg):
             if err is not None:
                 errors.append(err)
+            elif msg.offset() is None:
+                no_offset[msg.topic()][msg.partition()].append(msg.value())
             else:
                 acked[msg.topic()][msg.partition()].append((msg.offset(), msg.value()))
 
@@ -287,10 +298,20 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
     assert any(s["local_bytes"] for s in http(admin4 + "/segments")
                if s["topic"] in topics and 4 in s["replicas"]), "nothing written to broker 4"
 
-    # Every acknowledged record exactly once, in order, at its offset.
+    # Every acknowledged record exactly once, in order, at its offset (the
+    # ones acknowledged without an offset: exactly once, in order).
     for t in topics:
         got = read_to_end(boot, t, 2)
         for p in (0, 1):
+            unplaced = set(no_offset[t][p])
+            if unplaced:
+                print(f"{t}/{p}: {len(unplaced)} record(s) acknowledged without an offset")
+            values = [v for _, v in got[p]]
+            assert all(values.count(v) == 1 for v in unplaced), f"{t}/{p}: an offset-less ack not read once"
+            # Produce order = offset order (one producer, idempotent).
+            seq = [int(v.rsplit(b"-", 1)[1]) for v in values]
+            assert seq == sorted(seq) and len(set(seq)) == len(seq)
+            got[p] = [(o, v) for o, v in got[p] if v not in unplaced]
             want = sorted(acked[t][p])
             assert want, f"nothing acknowledged on {t}/{p}"
             if got[p] != want:
@@ -300,9 +321,6 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
                     print("dup", t, p, d, [o for o, v in got[p] if v == d], [o for o, v in want if v == d])
                 print("workdir", cluster["workdir"])
             assert got[p] == want, f"{t}/{p}: {len(got[p])} read, {len(want)} acknowledged"
-            # Produce order = offset order (one producer, idempotent).
-            seq = [int(v.rsplit(b"-", 1)[1]) for _, v in got[p]]
-            assert seq == sorted(seq) and len(set(seq)) == len(seq)
 
 
 # --- UnregisterBroker (API key 64, KIP-631) -------------------------------
