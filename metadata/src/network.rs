@@ -1059,6 +1059,31 @@ async fn handle(raft: &MetadataRaft, heartbeats: &Heartbeats, req: Request) -> (
     }
 }
 
+/// The membership in effect on this node.
+async fn effective_membership(
+    raft: &MetadataRaft,
+) -> Result<openraft::Membership<u64, BasicNode>, ServiceError> {
+    raft.with_raft_state(|s| s.membership_state.effective().membership().clone())
+        .await
+        .map_err(|f| ServiceError::Failed(fatal_text(&f)))
+}
+
+/// A failed write to the raft log (records, or a membership change) as the
+/// service answers it: forwarded to the leader it names, or failed.
+fn client_write_error(
+    e: RaftError<u64, openraft::error::ClientWriteError<u64, BasicNode>>,
+) -> ServiceError {
+    match e {
+        RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f)) => {
+            ServiceError::NotLeader {
+                leader: f.leader_id,
+            }
+        }
+        RaftError::APIError(e) => ServiceError::Failed(e.to_string()),
+        RaftError::Fatal(f) => ServiceError::Failed(fatal_text(&f)),
+    }
+}
+
 /// On the leader: adds `node_id` as a learner at `address`, or updates the
 /// address of a learner that restarted elsewhere; nothing to write when the
 /// membership already says so. A voter's id is refused.
@@ -1067,10 +1092,7 @@ async fn join_as_learner(
     node_id: u64,
     address: String,
 ) -> Result<(), ServiceError> {
-    let membership = raft
-        .with_raft_state(|s| s.membership_state.effective().membership().clone())
-        .await
-        .map_err(|f| ServiceError::Failed(fatal_text(&f)))?;
+    let membership = effective_membership(raft).await?;
     if membership.voter_ids().any(|v| v == node_id) {
         return Err(ServiceError::Failed(format!(
             "{REFUSED}node id {node_id} is a controller voter; a broker-only node needs an id of its own"
@@ -1095,13 +1117,7 @@ async fn join_as_learner(
             tracing::info!("metadata learner {node_id} at {address} added");
             Ok(())
         }
-        Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
-            Err(ServiceError::NotLeader {
-                leader: f.leader_id,
-            })
-        }
-        Err(RaftError::APIError(e)) => Err(ServiceError::Failed(e.to_string())),
-        Err(RaftError::Fatal(f)) => Err(ServiceError::Failed(fatal_text(&f))),
+        Err(e) => Err(client_write_error(e)),
     }
 }
 
@@ -1113,10 +1129,7 @@ pub(crate) async fn remove_learner(
     raft: &MetadataRaft,
     node_id: u64,
 ) -> Result<bool, ServiceError> {
-    let membership = raft
-        .with_raft_state(|s| s.membership_state.effective().membership().clone())
-        .await
-        .map_err(|f| ServiceError::Failed(fatal_text(&f)))?;
+    let membership = effective_membership(raft).await?;
     if membership.voter_ids().any(|v| v == node_id) {
         return Err(ServiceError::Failed(format!(
             "{REFUSED}node id {node_id} is a controller voter; the voter set is static"
@@ -1131,13 +1144,7 @@ pub(crate) async fn remove_learner(
             tracing::info!("metadata learner {node_id} removed from the membership");
             Ok(true)
         }
-        Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
-            Err(ServiceError::NotLeader {
-                leader: f.leader_id,
-            })
-        }
-        Err(RaftError::APIError(e)) => Err(ServiceError::Failed(e.to_string())),
-        Err(RaftError::Fatal(f)) => Err(ServiceError::Failed(fatal_text(&f))),
+        Err(e) => Err(client_write_error(e)),
     }
 }
 
@@ -1159,13 +1166,7 @@ async fn client_write(
             offset: resp.log_id.index,
             skipped: resp.data.skipped,
         }),
-        Err(RaftError::APIError(openraft::error::ClientWriteError::ForwardToLeader(f))) => {
-            Err(ServiceError::NotLeader {
-                leader: f.leader_id,
-            })
-        }
-        Err(RaftError::APIError(e)) => Err(ServiceError::Failed(e.to_string())),
-        Err(RaftError::Fatal(f)) => Err(ServiceError::Failed(fatal_text(&f))),
+        Err(e) => Err(client_write_error(e)),
     }
 }
 

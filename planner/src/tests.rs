@@ -522,8 +522,10 @@ fn a_quorum_seal_needs_a_holder_in_the_replica_set_and_spans_in_the_range() {
     assert!(seal_by_quorum(&image, &q).is_err());
 }
 
-#[test]
-fn healing_replaces_the_copies_of_a_gone_broker_on_sealed_segments_only() {
+/// An RF=3 topic on 4 brokers whose first segment was rolled (sealed, the
+/// next one open on the same set): the image, that first segment, its
+/// second replica (the one tests take away) and the broker outside its set.
+fn rolled_replicated_topic() -> (MetadataImage, Arc<SegmentImage>, i32, i32) {
     let (mut image, range) = replicated_topic(4, 3);
     let first = image.active_segment(range).unwrap();
     let victim = first.replicas[1];
@@ -532,7 +534,6 @@ fn healing_replaces_the_copies_of_a_gone_broker_on_sealed_segments_only() {
         .keys()
         .find(|b| !first.replicas.contains(b))
         .unwrap();
-    // Seal the first segment (a roll) and open the next on the same set.
     let roll = record_local_segments(
         &image,
         range,
@@ -544,6 +545,12 @@ fn healing_replaces_the_copies_of_a_gone_broker_on_sealed_segments_only() {
         Some(1),
     );
     assert_eq!(commit(&mut image, &roll), 0);
+    (image, first, victim, spare)
+}
+
+#[test]
+fn healing_replaces_the_copies_of_a_gone_broker_on_sealed_segments_only() {
+    let (mut image, first, victim, spare) = rolled_replicated_topic();
     fence(&mut image, victim);
     let gone: std::collections::BTreeSet<i32> = [victim].into();
     let records = heal_segments(&image, &gone, 10);
@@ -562,25 +569,8 @@ fn healing_replaces_the_copies_of_a_gone_broker_on_sealed_segments_only() {
 
 #[test]
 fn an_unregistered_broker_is_gone_at_once_for_healing_and_failover() {
-    let (mut image, range) = replicated_topic(4, 3);
-    let first = image.active_segment(range).unwrap();
-    let victim = first.replicas[1];
-    let spare = *image
-        .brokers
-        .keys()
-        .find(|b| !first.replicas.contains(b))
-        .unwrap();
-    let roll = record_local_segments(
-        &image,
-        range,
-        &[SegmentSealRecord {
-            segment: first.id,
-            size_bytes: 100,
-            spans: vec![],
-        }],
-        Some(1),
-    );
-    assert_eq!(commit(&mut image, &roll), 0);
+    let (mut image, first, victim, spare) = rolled_replicated_topic();
+    let range = first.id.range;
     // Fenced but still registered, and not (yet) in `gone`: no healing.
     fence(&mut image, victim);
     assert!(heal_segments(&image, &none(), 10).is_empty());
