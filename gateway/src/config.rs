@@ -373,9 +373,17 @@ pub fn in_millis(key: &str, value: &str) -> String {
         .find(|(k, _)| *k == key)
         .map(|(_, unit)| *unit);
     match (unit, value.trim().parse::<i64>()) {
-        (Some(_), Ok(v)) if v < 0 => "-1".into(),
-        (Some(unit), Ok(v)) => v.saturating_mul(unit).to_string(),
+        (Some(unit), Ok(v)) => scaled_millis(v, unit).to_string(),
         _ => value.to_string(),
+    }
+}
+
+/// `v` units of `unit` ms; any negative value is -1 (unlimited).
+fn scaled_millis(v: i64, unit: i64) -> i64 {
+    if v < 0 {
+        -1
+    } else {
+        v.saturating_mul(unit)
     }
 }
 
@@ -388,8 +396,7 @@ fn parse_millis(map: &BTreeMap<String, String>, key: &str) -> Result<i64, Config
     }
     for (synonym, unit) in time_synonyms(key) {
         if map.contains_key(*synonym) {
-            let v: i64 = parse(map, synonym)?;
-            return Ok(if v < 0 { -1 } else { v.saturating_mul(*unit) });
+            return Ok(scaled_millis(parse(map, synonym)?, *unit));
         }
     }
     parse(map, key)
