@@ -131,8 +131,14 @@ pub struct BrokerConfig {
     /// `replica.placement.rebalance.interval.ms`: how often it looks.
     pub replica_placement_rebalance_interval_ms: u64,
     /// `replica.placement.rebalance.max.ranges`: the most ranges it
-    /// re-places per look.
+    /// re-places per look (and moves the leadership of per check).
     pub replica_placement_rebalance_max_ranges: usize,
+    /// `auto.leader.rebalance.enable`: the active controller evens out the
+    /// number of ranges each live broker leads (Kafka's preferred-leader
+    /// rebalance; see `tessera_planner::plan_leader_moves`).
+    pub auto_leader_rebalance_enable: bool,
+    /// `leader.imbalance.check.interval.seconds`: how often it checks.
+    pub leader_imbalance_check_interval_seconds: u64,
     /// `quota.window.num`: the samples client quotas are measured over.
     pub quota_window_num: usize,
     /// `quota.window.size.seconds`: the length of one quota sample.
@@ -301,6 +307,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("replica.placement.rebalance.enable", "true"),
     ("replica.placement.rebalance.interval.ms", "10000"),
     ("replica.placement.rebalance.max.ranges", "4"),
+    ("auto.leader.rebalance.enable", "true"),
+    ("leader.imbalance.check.interval.seconds", "300"),
     ("quota.window.num", "11"),
     ("quota.window.size.seconds", "1"),
     ("replica.selector.class", ""),
@@ -864,6 +872,13 @@ impl BrokerConfig {
                 map,
                 "replica.placement.rebalance.max.ranges",
             )?,
+            auto_leader_rebalance_enable: parse(map, "auto.leader.rebalance.enable")?,
+            // Kafka's minimum (`atLeast(1)`).
+            leader_imbalance_check_interval_seconds: parse::<u64>(
+                map,
+                "leader.imbalance.check.interval.seconds",
+            )?
+            .max(1),
             // Kafka's minimums (`atLeast(1)`).
             quota_window_num: parse::<usize>(map, "quota.window.num")?.max(1),
             quota_window_size_seconds: parse::<u64>(map, "quota.window.size.seconds")?.max(1),

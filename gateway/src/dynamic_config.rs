@@ -430,7 +430,17 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
     (
         "replica.placement.rebalance.max.ranges",
         3,
-        "The most ranges re-placed per look.",
+        "The most ranges re-placed per look, and whose leadership moves per leader-imbalance check.",
+    ),
+    (
+        "auto.leader.rebalance.enable",
+        1,
+        "The active controller evens out the number of ranges each live broker leads, handing a range's next segment to a follower of it (a broker that restarted or joined leads again).",
+    ),
+    (
+        "leader.imbalance.check.interval.seconds",
+        5,
+        "How often the active controller checks the leadership balance.",
     ),
     (
         "quota.window.num",

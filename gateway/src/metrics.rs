@@ -29,6 +29,10 @@ pub struct Metrics {
     pub producer_snapshot_waits: AtomicU64,
     /// Re-placements planned by the active controller.
     pub replacements_planned: AtomicU64,
+    /// Leadership moves planned by the active controller, and those that
+    /// ended with the planned follower leading.
+    pub leader_moves_planned: AtomicU64,
+    pub leader_moves_done: AtomicU64,
     /// SASL authentications that succeeded / failed.
     pub authentications_succeeded: AtomicU64,
     pub authentications_failed: AtomicU64,
@@ -76,6 +80,8 @@ impl Default for Metrics {
             segments_replaced: AtomicU64::new(0),
             producer_snapshot_waits: AtomicU64::new(0),
             replacements_planned: AtomicU64::new(0),
+            leader_moves_planned: AtomicU64::new(0),
+            leader_moves_done: AtomicU64::new(0),
             authentications_succeeded: AtomicU64::new(0),
             authentications_failed: AtomicU64::new(0),
             tls_handshake_failures: AtomicU64::new(0),
@@ -266,6 +272,16 @@ impl Metrics {
                 "tessera_segment_replacements_planned_total",
                 "Re-placements this node planned as the active controller (some end as plain seals when the image moved on).",
                 &self.replacements_planned,
+            ),
+            (
+                "tessera_leader_moves_planned_total",
+                "Leadership moves this node planned as the active controller (auto.leader.rebalance.enable).",
+                &self.leader_moves_planned,
+            ),
+            (
+                "tessera_leader_moves_total",
+                "Leadership moves this node carried out that ended with the planned follower leading the range's next segment (the others end as plain seals).",
+                &self.leader_moves_done,
             ),
             (
                 "tessera_cleaner_passes_total",

@@ -1283,3 +1283,148 @@ fn a_stale_replacement_seals_as_a_failover() {
     // Sealed already: refused (the seal task then stops, as the image shows it sealed).
     assert!(seal_and_replace(&image, &q, &plan).is_err());
 }
+
+// ---- leadership balance ----
+
+/// Seals `segment` by quorum with `holder` holding the end (what a failover
+/// or a leader move writes).
+fn seal_on(image: &mut MetadataImage, segment: SegmentId, holder: i32) {
+    let q = QuorumSeal {
+        segment,
+        size_bytes: 10,
+        spans: vec![],
+        holder,
+    };
+    let records = seal_by_quorum(image, &q).unwrap();
+    assert_eq!(commit(image, &records), 0);
+}
+
+/// Carries out `moves` as if the follower caught up and held the end.
+fn move_leaders(image: &mut MetadataImage, moves: &[LeaderMove]) {
+    for m in moves {
+        seal_on(image, m.segment, m.to);
+    }
+}
+
+#[test]
+fn leadership_comes_back_to_a_broker_that_restarted() {
+    // 6 RF=3 ranges on brokers 1-3; broker 1 dies and its ranges fail over.
+    let mut image = joined(3, 3, 6, 3);
+    let led_by_1: Vec<SegmentId> = image
+        .ranges
+        .keys()
+        .filter_map(|r| image.active_segment(*r))
+        .filter(|s| s.primary() == Some(1))
+        .map(|s| s.id)
+        .collect();
+    assert!(!led_by_1.is_empty(), "{:?}", leader_load(&image));
+    fence(&mut image, 1);
+    assert!(
+        plan_leader_moves(&image, 10).is_empty(),
+        "a fenced replica: failover's job"
+    );
+    for seg in led_by_1 {
+        let next = image.segments[&seg].replicas[1];
+        seal_on(&mut image, seg, next);
+    }
+    // Broker 1 is back: it leads nothing.
+    let all: std::collections::BTreeSet<i32> = [1, 2, 3].into();
+    let records = broker_liveness(&image, &all, &none(), true);
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(leader_load(&image)[&1], 0);
+    let moves = plan_leader_moves(&image, 1);
+    assert_eq!(moves.len(), 1, "bounded by max_moves");
+    assert_eq!(moves[0].to, 1);
+    let mut passes = 0;
+    loop {
+        let moves = plan_leader_moves(&image, 1);
+        if moves.is_empty() {
+            break;
+        }
+        for m in &moves {
+            let seg = &image.segments[&m.segment];
+            assert_eq!(seg.primary(), Some(m.from));
+            assert!(
+                seg.replicas[1..].contains(&m.to),
+                "only a follower leads next"
+            );
+        }
+        let epochs: Vec<i32> = moves
+            .iter()
+            .map(|m| image.segments[&m.segment].leader_epoch)
+            .collect();
+        move_leaders(&mut image, &moves);
+        for (m, epoch) in moves.iter().zip(epochs) {
+            let next = image.active_segment(m.segment.range).unwrap();
+            assert_eq!(next.primary(), Some(m.to));
+            assert_eq!(next.leader_epoch, epoch + 1);
+            let mut before = image.segments[&m.segment].replicas.clone();
+            let mut after = next.replicas.clone();
+            before.sort_unstable();
+            after.sort_unstable();
+            assert_eq!(before, after, "the replica set stays");
+        }
+        passes += 1;
+        assert!(passes < 10, "leader balance does not settle");
+    }
+    assert_eq!(
+        leader_load(&image),
+        BTreeMap::from([(1, 2), (2, 2), (3, 2)])
+    );
+}
+
+#[test]
+fn leadership_never_ping_pongs_and_ends_within_one() {
+    // 7 ranges on 5 brokers, RF=3; broker 1 then leads everything it holds.
+    let mut image = joined(5, 5, 7, 3);
+    let segs: Vec<(SegmentId, Vec<i32>)> = image
+        .ranges
+        .keys()
+        .filter_map(|r| image.active_segment(*r))
+        .map(|s| (s.id, s.replicas.clone()))
+        .collect();
+    for (id, replicas) in segs {
+        // Pile leadership on the lowest replica id.
+        let holder = *replicas.iter().min().unwrap();
+        if replicas[0] != holder {
+            seal_on(&mut image, id, holder);
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    for _ in 0..30 {
+        let moves = plan_leader_moves(&image, 2);
+        if moves.is_empty() {
+            break;
+        }
+        for m in &moves {
+            assert!(
+                !seen.contains(&(m.segment.range, m.to, m.from)),
+                "{m:?} undoes a move"
+            );
+            seen.insert((m.segment.range, m.from, m.to));
+        }
+        move_leaders(&mut image, &moves);
+    }
+    assert!(plan_leader_moves(&image, 2).is_empty());
+    // Each remaining gap is one a follower cannot close (no range led by
+    // the busier broker has the idler one as a follower) or is at most 1.
+    let load = leader_load(&image);
+    for seg in image.ranges.keys().filter_map(|r| image.active_segment(*r)) {
+        let from = seg.primary().unwrap();
+        for to in &seg.replicas[1..] {
+            assert!(load[&from] - load[to] <= 1, "{load:?}");
+        }
+    }
+}
+
+#[test]
+fn rf1_single_broker_and_balanced_clusters_move_no_leadership() {
+    assert!(plan_leader_moves(&joined(1, 1, 3, 1), 10).is_empty());
+    assert!(
+        plan_leader_moves(&joined(3, 4, 6, 1), 10).is_empty(),
+        "RF=1 never moves"
+    );
+    // A joined broker that is nobody's follower yet leads nothing either:
+    // re-placement makes it a follower first.
+    assert!(plan_leader_moves(&joined(3, 4, 1, 3), 10).is_empty());
+}

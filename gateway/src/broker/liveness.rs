@@ -49,8 +49,10 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
     let started = Instant::now();
     // When this controller first saw each broker fenced (for healing).
     let mut fenced_since: HashMap<i32, Instant> = HashMap::new();
-    // When this controller last looked for ranges to re-place.
+    // When this controller last looked for ranges to re-place, and last
+    // checked the leadership balance.
     let mut last_rebalance: Option<Instant> = None;
+    let mut last_leader_check: Option<Instant> = None;
     loop {
         let Some(b) = broker.upgrade() else { return };
         let interval = Duration::from_millis(b.config.broker_heartbeat_interval_ms.max(1));
@@ -135,9 +137,26 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
                 last_rebalance = Some(Instant::now());
                 rebalance(&b, &image);
             }
+            // Leadership balance (Kafka's auto.leader.rebalance.enable):
+            // after failovers, or once re-placement made a joined broker a
+            // follower, ranges hand their leadership to a follower on a
+            // broker that leads fewer.
+            // As in Kafka, the first check comes one interval after this
+            // node became the active controller.
+            let every = Duration::from_secs(b.config.leader_imbalance_check_interval_seconds);
+            let since = *last_leader_check.get_or_insert_with(Instant::now);
+            if b.config.auto_leader_rebalance_enable
+                && started.elapsed() >= session
+                && since.elapsed() >= every
+                && b.seals_in_flight() == 0
+            {
+                last_leader_check = Some(Instant::now());
+                balance_leaders(&b, &image);
+            }
         } else {
             fenced_since.clear();
             last_rebalance = None;
+            last_leader_check = None;
         }
         drop(b);
         tokio::time::sleep(interval).await;
@@ -167,6 +186,27 @@ fn rebalance(b: &Broker, image: &tessera_metadata::MetadataImage) {
         );
         if b.replace_segment(plan) {
             crate::metrics::Metrics::add(&b.metrics.replacements_planned, 1);
+        }
+    }
+}
+
+/// One leadership balance check (`tessera_planner::plan_leader_moves`),
+/// each move carried out by a seal-by-quorum that prefers the follower.
+fn balance_leaders(b: &Broker, image: &tessera_metadata::MetadataImage) {
+    let moves =
+        tessera_planner::plan_leader_moves(image, b.config.replica_placement_rebalance_max_ranges);
+    if moves.is_empty() {
+        return;
+    }
+    tracing::info!(
+        ranges = moves.len(),
+        leaders = ?tessera_planner::leader_load(image),
+        "leader balance: handing ranges to followers on brokers that lead fewer"
+    );
+    for m in moves {
+        tracing::info!(segment = %m.segment, from = m.from, to = m.to, "leader move planned");
+        if b.move_leader(m) {
+            crate::metrics::Metrics::add(&b.metrics.leader_moves_planned, 1);
         }
     }
 }

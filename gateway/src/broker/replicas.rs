@@ -521,6 +521,22 @@ impl Broker {
         true
     }
 
+    /// Hands a range's leadership to a follower of its active segment
+    /// (planned by `tessera_planner::plan_leader_moves`): the primary is
+    /// fenced first, the follower gets a moment to catch up to its end,
+    /// then the others are fenced and, among equal ends, the follower is
+    /// the holder that leads the next segment. If it still lags, the seal
+    /// is an ordinary one (the holder leads). False if a seal of that
+    /// segment is already running.
+    pub(crate) fn move_leader(&self, plan: tessera_planner::LeaderMove) -> bool {
+        let segment = plan.segment;
+        if !self.replicas.sealing.lock().insert(segment) {
+            return false;
+        }
+        tokio::spawn(seal_task(self.weak(), segment, SealFor::MoveLeader(plan)));
+        true
+    }
+
     /// Seals by quorum running on this broker (failovers, moves).
     pub(crate) fn seals_in_flight(&self) -> usize {
         self.replicas.sealing.lock().len()
@@ -716,7 +732,15 @@ enum SealFor {
     Failover { avoid: Option<i32> },
     /// Re-placement: the next segment opens on the planned replicas.
     Replace(tessera_planner::Replacement),
+    /// Leadership balance: the planned follower leads the next segment.
+    MoveLeader(tessera_planner::LeaderMove),
 }
+
+/// How long a leader move gives the follower, after the primary stopped
+/// taking appends, to receive what the primary had shipped but it had not
+/// acknowledged yet, before it is fenced too (a follower with the same end
+/// as the primary leads next).
+const LEADER_MOVE_CATCH_UP: Duration = Duration::from_millis(300);
 
 /// Fences the replicas of `segment`, and once a quorum has reported, seals
 /// it at the largest durable end among them and opens the next segment on
@@ -754,16 +778,35 @@ impl Broker {
         let (avoid, prefer) = match purpose {
             SealFor::Failover { avoid } => (*avoid, None),
             SealFor::Replace(plan) => (None, plan.current.first().copied()),
+            SealFor::MoveLeader(plan) => (None, Some(plan.to)),
+        };
+        // A leader move fences the primary first (no append lands after
+        // this), then the others once the follower had time to catch up.
+        let fence_first = match purpose {
+            SealFor::MoveLeader(plan) if seg.primary() == Some(plan.from) => Some(plan.from),
+            _ => None,
         };
         let me = self.config.node_id;
         let k = key(seg.id);
         let view = View(self.weak());
         let mut calls = tokio::task::JoinSet::new();
+        let (first_fenced, first_fenced_rx) = tokio::sync::watch::channel(fence_first.is_none());
+        let first_fenced = Arc::new(first_fenced);
         for &r in &seg.replicas {
             let addr = view.address_of(r);
             let store = self.replicas.store.clone();
             let view = View(self.weak());
+            let is_first = Some(r) == fence_first;
+            let first_done = is_first.then(|| first_fenced.clone());
+            let mut wait_first = first_fenced_rx.clone();
             calls.spawn(async move {
+                if !is_first && !*wait_first.borrow() {
+                    // The primary's answer (or its failure) first; then the
+                    // catch-up moment. A primary that does not answer at
+                    // all is waited for at most one call timeout.
+                    let _ = tokio::time::timeout(CALL_TIMEOUT, wait_first.wait_for(|f| *f)).await;
+                    tokio::time::sleep(LEADER_MOVE_CATCH_UP).await;
+                }
                 let reply = if r == me {
                     Ok(service::fence(k, &store, &view))
                 } else {
@@ -774,6 +817,9 @@ impl Broker {
                         None => Err("no address".into()),
                     }
                 };
+                if let Some(done) = first_done {
+                    done.send_replace(true);
+                }
                 (r, reply)
             });
         }
@@ -860,7 +906,9 @@ impl Broker {
             holder: point.replica,
         };
         let records = match purpose {
-            SealFor::Failover { .. } => tessera_planner::seal_by_quorum(image, &seal)?,
+            SealFor::Failover { .. } | SealFor::MoveLeader(_) => {
+                tessera_planner::seal_by_quorum(image, &seal)?
+            }
             SealFor::Replace(plan) => tessera_planner::seal_and_replace(image, &seal, plan)?,
         };
         let next_replicas = records.iter().find_map(|r| match r {
@@ -869,6 +917,14 @@ impl Broker {
         });
         tracing::info!(segment = %seg.id, size = point.end, next_primary = point.replica, ?next_replicas, "sealing by quorum");
         let outcome = self.controller.write_detailed(records).await?;
+        if let SealFor::MoveLeader(plan) = purpose {
+            if outcome.skipped.is_empty() && point.replica == plan.to {
+                crate::metrics::Metrics::add(&self.metrics.leader_moves_done, 1);
+                tracing::info!(segment = %seg.id, from = plan.from, to = plan.to, "leader move: the follower leads the range's next segment");
+            } else {
+                tracing::info!(segment = %seg.id, to = plan.to, holder = point.replica, "leader move: the follower did not hold the end; sealed as an ordinary seal");
+            }
+        }
         if let SealFor::Replace(plan) = purpose {
             if !outcome.skipped.is_empty() {
                 tracing::info!(segment = %seg.id, "re-placement: lost a race with another seal of the segment");
