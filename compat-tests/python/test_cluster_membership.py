@@ -213,14 +213,11 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
 
     # Steady produce to every existing topic, before, during and after the join.
     acked: dict[str, dict[int, list[tuple[int, bytes]]]] = {t: {0: [], 1: []} for t in topics}
-    # Acknowledged without an offset: librdkafka reports a retried batch as
-    # delivered, offset unknown, when the broker answers its retry with
-    # OUT_OF_ORDER_SEQUENCE_NUMBER below the sequence it already saw
-    # acknowledged ("likely persisted"). That happens when the primary
-    # reopens the range at the re-placement seal and reloads its producers
-    # from the snapshot, which keeps only each producer's last batch (Kafka's
-    # snapshot rule), while up to 5 batches were in flight. The records are
-    # in the log once; their offsets are just not reported.
+    # Acknowledged without an offset: librdkafka reports a batch as
+    # delivered, offset unknown, when its request's outcome was lost (timed
+    # out, connection closed: "possibly persisted") and a later batch of the
+    # producer succeeded (an implicit ack). Such records must be in the log
+    # once, in order; their offsets are just not reported.
     no_offset: dict[str, dict[int, list[bytes]]] = {t: {0: [], 1: []} for t in topics}
     errors: list = []
     stop = threading.Event()
