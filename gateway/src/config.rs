@@ -885,12 +885,14 @@ impl BrokerConfig {
                     format!("{h}:{p}")
                 }
             }),
-            _ => return Err(ConfigError::InvalidValue {
-                key: "process.roles".into(),
-                value: format!(
+            _ => {
+                return Err(ConfigError::InvalidValue {
+                    key: "process.roles".into(),
+                    value: format!(
                     "{roles} (\"broker,controller\", \"broker\" or \"controller\" are supported)"
                 ),
-            }),
+                })
+            }
         };
         let admin = get("admin.listener");
         let (admin_host, admin_port) = parse_listener("admin.listener", &admin)?;
