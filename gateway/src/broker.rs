@@ -187,6 +187,25 @@ impl Broker {
             config,
         });
         broker.init_replicas();
+        if broker.config.controller_only {
+            // Kafka's isolated controller: a voter that is no broker. It
+            // never registers (so nothing is placed on it and Metadata
+            // never lists it) nor heartbeats, hosts no range and no
+            // coordinator, and runs the active controller's duties when it
+            // leads. Reconciling still follows the image (it finds nothing
+            // to open), so that writes made through its admin port (a
+            // split) complete. Ready once `Controller::start` has joined
+            // the quorum and caught up.
+            tracing::info!(
+                node_id = broker.config.node_id,
+                "process.roles=controller: a metadata quorum voter, not a broker"
+            );
+            broker.reconcile().await?;
+            tokio::spawn(reconcile::follow_images(broker.clone()));
+            liveness::start_controller(&broker);
+            broker.ready.store(true, Ordering::Release);
+            return Ok(broker);
+        }
         broker.register().await?;
         // The first pass opens every log this broker serves and loads the
         // coordinators of the internal partitions it leads (Kafka's
@@ -268,13 +287,18 @@ impl Broker {
         (registration.host.clone(), i32::from(registration.port))
     }
 
-    /// The node id of the metadata quorum's leader, as Metadata and
-    /// DescribeCluster report the active controller (this node while no
-    /// leader is known).
+    /// The node id Metadata and DescribeCluster report as the controller:
+    /// the metadata quorum's leader when it is a registered broker (a
+    /// combined node), else this broker (while no leader is known, or when
+    /// the leader is a controller-only node, which clients cannot reach:
+    /// as a KRaft broker reports some live broker, since any broker takes
+    /// the admin requests clients send to "the controller").
     pub fn controller_id(&self) -> i32 {
-        self.controller
-            .leader()
-            .map_or(self.config.node_id, |l| l.node_id as i32)
+        let leader = self.controller.leader().map(|l| l.node_id as i32);
+        match leader {
+            Some(id) if self.image().brokers.contains_key(&id) => id,
+            _ => self.config.node_id,
+        }
     }
 
     /// The open log of a range, if this broker holds it.

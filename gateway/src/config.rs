@@ -39,6 +39,13 @@ pub struct BrokerConfig {
     pub data_dir: PathBuf,
     /// `broker.rack`
     pub rack: Option<String>,
+    /// `process.roles=controller` (Kafka's isolated controller): a metadata
+    /// quorum voter that runs the active controller's duties (fencing,
+    /// failover, healing, re-placement) when it leads, and the admin
+    /// listener; it registers as no broker and has no Kafka listener
+    /// (`listeners` is empty; `listener` and the advertised address are its
+    /// own entry in `controller.quorum.voters`).
+    pub controller_only: bool,
     /// `controller.quorum.voters` (`1@host:port,2@host:port,...`): the
     /// metadata quorum, each voter's controller listener. Empty: this node
     /// is the only voter and listens for no other.
@@ -700,6 +707,70 @@ fn parse_listener(key: &str, raw: &str) -> Result<(String, u16), ConfigError> {
     }
 }
 
+/// This node's own entry of `controller.quorum.voters` (`host`, `port`):
+/// a controller-only node's controller listener. As in Kafka, a node whose
+/// only role is controller must be one of the voters.
+fn own_voter_address(node_id: i32, voters: &str) -> Result<(String, u16), ConfigError> {
+    let key = "controller.quorum.voters";
+    let parsed = if voters.trim().is_empty() {
+        Default::default()
+    } else {
+        tessera_metadata::ControllerConfig::parse_voters(voters).map_err(|e| {
+            ConfigError::InvalidValue {
+                key: key.into(),
+                value: e.to_string(),
+            }
+        })?
+    };
+    let own = u64::try_from(node_id).ok().and_then(|id| parsed.get(&id));
+    let Some(address) = own else {
+        return Err(ConfigError::InvalidValue {
+            key: key.into(),
+            value: format!(
+                "{voters} (if process.roles contains just the 'controller' role, the node id \
+                 {node_id} must be included in the set of voters {key})"
+            ),
+        });
+    };
+    let (host, port) = address
+        .rsplit_once(':')
+        .expect("parse_voters checked host:port");
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    Ok((
+        host.to_string(),
+        port.parse().expect("parse_voters checked the port"),
+    ))
+}
+
+/// Checks a controller-only node's listeners: as in Kafka, `listeners` may
+/// name only controller listeners (`controller.listener.names`); they are
+/// the metadata quorum's, bound from the node's own voter entry. Kafka's
+/// default `listeners` (not set at all) is not held against it.
+fn controller_only_listeners(
+    map: &BTreeMap<String, String>,
+    get: &impl Fn(&str) -> String,
+    node_id: i32,
+    voters: &str,
+) -> Result<(), ConfigError> {
+    own_voter_address(node_id, voters)?;
+    if !map.contains_key("listeners") {
+        return Ok(());
+    }
+    let clients = crate::listeners::client_listener_names(get)?;
+    if !clients.is_empty() {
+        return Err(ConfigError::InvalidValue {
+            key: "listeners".into(),
+            value: format!(
+                "{} (the controller.listener.names config must only contain KRaft controller \
+                 listeners from listeners when process.roles=controller; not: {})",
+                get("listeners"),
+                clients.join(", ")
+            ),
+        });
+    }
+    Ok(())
+}
+
 /// The address a listener binds.
 pub fn resolve_listener(l: &Listener) -> Result<SocketAddr, ConfigError> {
     resolve("listeners", &l.host, l.port)
@@ -738,11 +809,26 @@ impl BrokerConfig {
                     .to_string()
             })
         };
-        let listeners = parse_listeners(map, get)?;
+        // A node is controller and broker at once (Kafka's combined mode),
+        // a broker only, following the metadata log as a learner, or a
+        // controller only (a metadata voter serving no Kafka client).
+        let roles = get("process.roles");
+        let mut role_list: Vec<&str> = roles.split(',').map(str::trim).collect();
+        role_list.sort_unstable();
+        role_list.dedup();
+        let controller_only = role_list == ["controller"];
+        let node_id: i32 = parse(map, "node.id")?;
+        let voters = get("controller.quorum.voters");
+        let listeners = if controller_only {
+            controller_only_listeners(map, &get, node_id, &voters)?;
+            Vec::new()
+        } else {
+            parse_listeners(map, get)?
+        };
         let inter_broker = get("inter.broker.listener.name")
             .trim()
             .to_ascii_uppercase();
-        let inter_broker_listener = if inter_broker.is_empty() {
+        let inter_broker_listener = if inter_broker.is_empty() || controller_only {
             listeners
                 .iter()
                 .position(|l| l.protocol == crate::listeners::SecurityProtocol::Plaintext)
@@ -756,12 +842,26 @@ impl BrokerConfig {
                     value: format!("{inter_broker} is not in listeners"),
                 })?
         };
-        let inter_broker = &listeners[inter_broker_listener];
-        let listener = resolve("listeners", &inter_broker.host, inter_broker.port)?;
-        let (advertised_host, advertised_port) = (
-            inter_broker.advertised_host.clone(),
-            inter_broker.advertised_port,
-        );
+        // A controller-only node has no Kafka listener: its address is its
+        // controller listener, its own entry in controller.quorum.voters.
+        let (inter_host, inter_port, advertised_host, advertised_port) =
+            match listeners.get(inter_broker_listener) {
+                Some(l) => (
+                    l.host.clone(),
+                    l.port,
+                    l.advertised_host.clone(),
+                    l.advertised_port,
+                ),
+                None => {
+                    let (h, p) = own_voter_address(node_id, &voters)?;
+                    (h.clone(), p, h, p)
+                }
+            };
+        let listener = if controller_only {
+            resolve("controller.quorum.voters", &inter_host, inter_port)?
+        } else {
+            resolve("listeners", &inter_host, inter_port)?
+        };
         for l in &listeners {
             resolve_listener(l)?;
         }
@@ -778,15 +878,8 @@ impl BrokerConfig {
         } else {
             None
         };
-        // A node is controller and broker at once (Kafka's combined mode)
-        // or a broker only, following the metadata log as a learner; a
-        // controller-only node is not supported yet.
-        let roles = get("process.roles");
-        let mut role_list: Vec<&str> = roles.split(',').map(str::trim).collect();
-        role_list.sort_unstable();
-        let voters = get("controller.quorum.voters");
         let metadata_learner_listener = match role_list.as_slice() {
-            ["broker", "controller"] => None,
+            ["broker", "controller"] | ["controller"] => None,
             ["broker"] if voters.trim().is_empty() => {
                 return Err(ConfigError::InvalidValue {
                     key: "process.roles".into(),
@@ -794,7 +887,7 @@ impl BrokerConfig {
                 })
             }
             ["broker"] => Some(match get("metadata.listener").trim() {
-                "" => format!("{}:0", inter_broker.host),
+                "" => format!("{inter_host}:0"),
                 given => {
                     let (h, p) = parse_listener("metadata.listener", given)?;
                     format!("{h}:{p}")
@@ -803,7 +896,9 @@ impl BrokerConfig {
             _ => {
                 return Err(ConfigError::InvalidValue {
                     key: "process.roles".into(),
-                    value: format!("{roles} (\"broker,controller\" or \"broker\" are supported)"),
+                    value: format!(
+                    "{roles} (\"broker,controller\", \"broker\" or \"controller\" are supported)"
+                ),
                 })
             }
         };
@@ -811,7 +906,8 @@ impl BrokerConfig {
         let (admin_host, admin_port) = parse_listener("admin.listener", &admin)?;
         let rack = get("broker.rack");
         let config = BrokerConfig {
-            node_id: parse(map, "node.id")?,
+            node_id,
+            controller_only,
             listeners,
             tls,
             inter_broker_listener,
@@ -1151,17 +1247,129 @@ log.retention.check.interval.ms 300000
             placed.metadata_learner_listener.as_deref(),
             Some("127.0.0.1:19099")
         );
-        // A broker-only node needs the quorum; a controller-only node is not
-        // supported.
+        assert!(!broker.controller_only && !combined.controller_only);
+        // A broker-only node needs the quorum; unknown roles are refused.
         for bad in [
             map(&[("process.roles", "broker")]),
-            map(&[("process.roles", "controller"), voters]),
+            map(&[("process.roles", "observer"), voters]),
         ] {
             assert!(matches!(
                 BrokerConfig::from_map(&bad),
                 Err(ConfigError::InvalidValue { key, .. }) if key == "process.roles"
             ));
         }
+    }
+
+    #[test]
+    fn a_controller_only_node_is_one_of_the_voters_with_no_kafka_listener() {
+        let map = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let voters = "1@127.0.0.1:19092,2@127.0.0.1:19093,3@127.0.0.1:19094";
+        let c = BrokerConfig::from_map(&map(&[
+            ("process.roles", "controller"),
+            ("node.id", "2"),
+            ("controller.quorum.voters", voters),
+        ]))
+        .unwrap();
+        assert!(c.controller_only);
+        assert_eq!(c.metadata_learner_listener, None);
+        // Kafka's default `listeners` is not held against it; its address
+        // is its own voter entry.
+        assert!(c.listeners.is_empty());
+        assert_eq!(c.listener, "127.0.0.1:19093".parse().unwrap());
+        assert_eq!(
+            (c.advertised_host.as_str(), c.advertised_port),
+            ("127.0.0.1", 19093)
+        );
+        // Kafka's controller-only shape: only the CONTROLLER listener.
+        let kafka_shape = map(&[
+            ("process.roles", "controller"),
+            ("node.id", "1"),
+            ("controller.quorum.voters", voters),
+            ("listeners", "CONTROLLER://:19092"),
+            ("controller.listener.names", "CONTROLLER"),
+        ]);
+        assert!(BrokerConfig::from_map(&kafka_shape)
+            .unwrap()
+            .listeners
+            .is_empty());
+        // As in Kafka, the node must be one of the voters.
+        for bad in [
+            map(&[("process.roles", "controller")]),
+            map(&[
+                ("process.roles", "controller"),
+                ("node.id", "4"),
+                ("controller.quorum.voters", voters),
+            ]),
+        ] {
+            match BrokerConfig::from_map(&bad) {
+                Err(ConfigError::InvalidValue { key, value }) => {
+                    assert_eq!(key, "controller.quorum.voters");
+                    assert!(
+                        value.contains("must be included in the set of voters"),
+                        "{value}"
+                    );
+                }
+                other => panic!("{other:?}"),
+            }
+        }
+        // As in Kafka, `listeners` may name only controller listeners: a
+        // client listener is refused, not ignored.
+        let mut with_client = kafka_shape.clone();
+        with_client.insert(
+            "listeners".into(),
+            "PLAINTEXT://127.0.0.1:9092,CONTROLLER://:19092".into(),
+        );
+        match BrokerConfig::from_map(&with_client) {
+            Err(ConfigError::InvalidValue { key, value }) => {
+                assert_eq!(key, "listeners");
+                assert!(value.contains("PLAINTEXT"), "{value}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // A CONTROLLER listener not named in controller.listener.names is a
+        // client listener too.
+        let mut unnamed = kafka_shape.clone();
+        unnamed.remove("controller.listener.names");
+        assert!(matches!(
+            BrokerConfig::from_map(&unnamed),
+            Err(ConfigError::InvalidValue { key, .. }) if key == "listeners"
+        ));
+    }
+
+    #[test]
+    fn a_kafka_controller_properties_file_loads() {
+        // Kafka 3.x's config/kraft/controller.properties (port made free).
+        let text = r#"
+process.roles=controller
+node.id=1
+controller.quorum.voters=1@localhost:19093
+listeners=CONTROLLER://:19093
+controller.listener.names=CONTROLLER
+num.network.threads=3
+num.io.threads=8
+socket.send.buffer.bytes=102400
+socket.receive.buffer.bytes=102400
+socket.request.max.bytes=104857600
+log.dirs=/tmp/kraft-controller-logs
+num.partitions=1
+num.recovery.threads.per.data.dir=1
+offsets.topic.replication.factor=1
+transaction.state.log.replication.factor=1
+transaction.state.log.min.isr=1
+log.retention.hours=168
+log.segment.bytes=1073741824
+log.retention.check.interval.ms=300000
+"#;
+        let c = BrokerConfig::from_map(&parse_properties(text)).unwrap();
+        assert!(c.controller_only && c.listeners.is_empty());
+        assert_eq!(c.listener.port(), 19093);
+        assert_eq!(c.data_dir, PathBuf::from("/tmp/kraft-controller-logs"));
+        assert!(c.ignored_keys.contains(&"num.io.threads".to_string()));
     }
 
     #[test]

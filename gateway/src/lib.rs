@@ -41,9 +41,11 @@ pub use config::BrokerConfig;
 /// A running broker: its listeners' bound addresses and a way to stop it.
 pub struct Running {
     pub broker: Arc<Broker>,
-    /// The inter-broker listener's bound address (the only one by default).
+    /// The inter-broker listener's bound address (the only one by default;
+    /// a controller-only node's controller address).
     pub kafka_addr: std::net::SocketAddr,
-    /// Every Kafka listener: its name and bound address.
+    /// Every Kafka listener: its name and bound address (none on a
+    /// controller-only node).
     pub listener_addrs: Vec<(String, std::net::SocketAddr)>,
     pub admin_addr: std::net::SocketAddr,
     shutdown: watch::Sender<bool>,
@@ -76,11 +78,17 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
     }
     let admin_listener = TcpListener::bind(config.admin_listener).await?;
     let admin_addr = admin_listener.local_addr()?;
-    // The inter-broker listener's bound address.
+    // The inter-broker listener's bound address (a controller-only node has
+    // no Kafka listener: its controller address, where raft binds).
     let inter = config.inter_broker_listener;
-    let kafka_addr = bound[inter].1;
-    config.listener = kafka_addr;
-    config.advertised_port = config.listeners[inter].advertised_port;
+    let kafka_addr = match bound.get(inter) {
+        Some((_, addr)) => *addr,
+        None => config.listener,
+    };
+    if let Some(l) = config.listeners.get(inter) {
+        config.listener = kafka_addr;
+        config.advertised_port = l.advertised_port;
+    }
     let specs: Vec<Arc<listeners::Listener>> =
         config.listeners.iter().cloned().map(Arc::new).collect();
     let broker = Broker::start(config).await?;
@@ -109,7 +117,12 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
         broker.config.max_connections_per_ip,
         broker.config.max_connections_per_ip_overrides.clone(),
     );
-    let inter_broker_name = broker.config.listeners[inter].name.clone();
+    let inter_broker_name = broker
+        .config
+        .listeners
+        .get(inter)
+        .map(|l| l.name.clone())
+        .unwrap_or_default();
     let mut listener_addrs = Vec::new();
     for ((socket, local), spec) in bound.into_iter().zip(specs) {
         tracing::info!(listener = %spec.name, protocol = spec.protocol.name(), addr = %local, "listening");
@@ -136,7 +149,11 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
             shutdown_rx.clone(),
         )));
     }
-    tracing::info!(%kafka_addr, %admin_addr, data_dir = %broker.config.data_dir.display(), "tessera is serving");
+    if broker.config.controller_only {
+        tracing::info!(controller_addr = %kafka_addr, %admin_addr, data_dir = %broker.config.data_dir.display(), "tessera controller is running");
+    } else {
+        tracing::info!(%kafka_addr, %admin_addr, data_dir = %broker.config.data_dir.display(), "tessera is serving");
+    }
     Ok(Running {
         broker,
         kafka_addr,

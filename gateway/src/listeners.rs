@@ -168,6 +168,25 @@ pub fn is_listener_key(key: &str) -> bool {
 
 const REAUTH_KEY: &str = "connections.max.reauth.ms";
 
+/// The names in `listeners` that are not KRaft controller listeners
+/// (`controller.listener.names`), in order: the Kafka client listeners. A
+/// controller-only node must have none (Kafka's rule).
+pub fn client_listener_names(get: impl Fn(&str) -> String) -> Result<Vec<String>, ConfigError> {
+    let controller_names = get("controller.listener.names").to_ascii_uppercase();
+    let mut out = Vec::new();
+    for entry in get("listeners")
+        .split(',')
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+    {
+        let (name, _, _) = parse_endpoint("listeners", entry)?;
+        if !controller_names.split(',').any(|c| c.trim() == name) {
+            out.push(name);
+        }
+    }
+    Ok(out)
+}
+
 /// Builds the listeners from the flattened config (`get` returns a key's
 /// value or its default).
 pub fn parse_listeners(

@@ -318,7 +318,10 @@ impl Controller {
         let state_machine = StateMachineStore::open(shared.clone())?;
 
         let interval = cfg.snapshot_interval_entries.max(1);
-        let config = if cfg.voters.len() > 1 || learner_address.is_some() {
+        // A node of a multi-process quorum (a voter map, even of one voter
+        // replicating to learners) gets network timing; only a single node
+        // without one gets the tight in-process timing.
+        let config = if !cfg.voters.is_empty() || learner_address.is_some() {
             Config {
                 cluster_name: "tessera-metadata".into(),
                 // The heartbeat interval is also openraft's deadline for one
@@ -889,7 +892,9 @@ impl Controller {
                     })
                 }
             };
-            if !forward || self.voters.len() <= 1 {
+            // A lone voter has no one to forward to; a learner always has
+            // (also when the quorum is a single voter, a controller-only node).
+            if !forward || (self.voters.len() <= 1 && self.learner_address.is_none()) {
                 return Err(MetadataError::NotLeader {
                     leader: leader.map(|l| self.leader_info(l)),
                 });

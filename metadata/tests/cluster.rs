@@ -543,6 +543,27 @@ fn voters_parse_kafka_syntax() {
     }
 }
 
+/// A quorum of one voter (a controller-only node with broker-only nodes):
+/// a learner's writes are forwarded to it as well.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_learner_of_a_single_voter_forwards_its_writes() {
+    let mut c = Cluster::new(1, 1000);
+    c.start_all().await;
+    let leader = c.wait_leader().await;
+    let dir = tempfile::tempdir().unwrap();
+    let learner = start_node(
+        ControllerConfig::new(2, dir.path())
+            .with_voters(c.voters.clone())
+            .as_learner("127.0.0.1:0"),
+    )
+    .await;
+    let off = learner.write(vec![topic(1, "from-learner")]).await.unwrap();
+    assert!(learner.image().offset >= off);
+    let img = c.wait_converged(off).await;
+    assert!(img.topic_by_name("from-learner").is_some());
+    assert_eq!(c.node(leader).image().offset, img.offset);
+}
+
 /// A broker-only node (Kafka's `process.roles=broker`) follows the
 /// metadata log as an openraft learner: it is added by the leader when it
 /// asks, sees every committed entry, forwards its writes, never votes (the

@@ -216,3 +216,10 @@ pub(super) fn start(broker: &Arc<Broker>) {
     tokio::spawn(heartbeat(Arc::downgrade(broker)));
     tokio::spawn(fence_expired_sessions(Arc::downgrade(broker)));
 }
+
+/// A controller-only node (`process.roles=controller`) is no broker: it
+/// does not heartbeat, it only fences, fails over, heals and re-places
+/// when it leads the quorum.
+pub(super) fn start_controller(broker: &Arc<Broker>) {
+    tokio::spawn(fence_expired_sessions(Arc::downgrade(broker)));
+}
