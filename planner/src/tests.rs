@@ -1433,7 +1433,10 @@ fn rf1_single_broker_and_balanced_clusters_move_no_leadership() {
 fn a_joined_broker_leads_once_re_placement_made_it_a_follower() {
     // 4 RF=3 ranges on brokers 1-3 (one of them leads two); broker 4 joins.
     let mut image = joined(3, 4, 4, 3);
-    assert!(plan_leader_moves(&image, 10).is_empty(), "4 follows nothing yet");
+    assert!(
+        plan_leader_moves(&image, 10).is_empty(),
+        "4 follows nothing yet"
+    );
     loop {
         let plans = plan_replacements(&image, 4);
         if plans.is_empty() {
@@ -1444,9 +1447,16 @@ fn a_joined_broker_leads_once_re_placement_made_it_a_follower() {
     // Broker 4 follows three of the four ranges, so one of the busiest
     // leader's ranges is among them.
     let moves = plan_leader_moves(&image, 10);
-    assert!(moves.iter().any(|m| m.to == 4), "{moves:?} {:?}", leader_load(&image));
+    assert!(
+        moves.iter().any(|m| m.to == 4),
+        "{moves:?} {:?}",
+        leader_load(&image)
+    );
     move_leaders(&mut image, &moves);
     assert_eq!(leader_load(&image)[&4], 1);
     let load = leader_load(&image);
-    assert!(load.values().max().unwrap() - load.values().min().unwrap() <= 1, "{load:?}");
+    assert!(
+        load.values().max().unwrap() - load.values().min().unwrap() <= 1,
+        "{load:?}"
+    );
 }
