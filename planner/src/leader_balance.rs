@@ -46,18 +46,8 @@ pub struct LeaderMove {
 /// Ranges each live, unfenced broker leads (the primaries of replicated
 /// active segments; a broker leading none counts 0).
 pub fn leader_load(image: &MetadataImage) -> BTreeMap<i32, i64> {
-    let mut load: BTreeMap<i32, i64> = image
-        .brokers
-        .values()
-        .filter(|b| !b.fenced)
-        .map(|b| (b.registration.broker_id, 0))
-        .collect();
-    for seg in replicated_active_segments(image) {
-        if let Some(n) = seg.primary().and_then(|p| load.get_mut(&p)) {
-            *n += 1;
-        }
-    }
-    load
+    let primaries = replicated_active_segments(image).filter_map(|s| s.primary());
+    crate::replacement::live_broker_counts(image, primaries)
 }
 
 fn replicated_active_segments(

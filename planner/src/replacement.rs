@@ -52,19 +52,30 @@ pub struct Replacement {
 /// Replicas of active segments (primary or follower) held by each live,
 /// unfenced broker: what re-placement balances.
 pub fn replica_load(image: &MetadataImage) -> BTreeMap<i32, i64> {
+    let held = image
+        .ranges
+        .values()
+        .filter(|r| r.active)
+        .filter_map(|r| image.active_segment(r.id))
+        .flat_map(|seg| seg.replicas.clone());
+    live_broker_counts(image, held)
+}
+
+/// How often each live, unfenced broker appears in `brokers` (0 for one
+/// that does not; others are not counted).
+pub(crate) fn live_broker_counts(
+    image: &MetadataImage,
+    brokers: impl Iterator<Item = i32>,
+) -> BTreeMap<i32, i64> {
     let mut load: BTreeMap<i32, i64> = image
         .brokers
         .values()
         .filter(|b| !b.fenced)
         .map(|b| (b.registration.broker_id, 0))
         .collect();
-    for range in image.ranges.values().filter(|r| r.active) {
-        if let Some(seg) = image.active_segment(range.id) {
-            for r in &seg.replicas {
-                if let Some(n) = load.get_mut(r) {
-                    *n += 1;
-                }
-            }
+    for b in brokers {
+        if let Some(n) = load.get_mut(&b) {
+            *n += 1;
         }
     }
     load
