@@ -12,13 +12,14 @@
 #                         release binary must already exist)
 #   PYTEST_ARGS="..."     extra pytest args (e.g. "-k admin -x")
 #   TESSERA_BIN=path      binary for the compat tests (default target/release/tessera)
+#   FAULTS_CI=0|1         the fault-harness stage (scripts/faults.sh, about 7
+#                         minutes in all; default FAULTS_CI_DEFAULT below)
+#   FAULTS_SEED=N FAULTS_MINUTES=M FAULTS_NEMESES=a,b  its seed, length, nemeses
 set -euo pipefail
 export DEBIAN_FRONTEND=noninteractive
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
-VENV="$ROOT/.venv"
-REQS="$ROOT/compat-tests/python/requirements.txt"
 
 # The last line of every run is the verdict, whatever happened before it:
 #   ==> RESULT: PASSED (all stages)
@@ -62,36 +63,9 @@ if ! command -v openssl >/dev/null 2>&1; then
     as_root apt-get install -y openssl
 fi
 
-PY=${PYTHON:-}
-if [ -z "$PY" ]; then
-    for c in python3.11 python3; do
-        if command -v "$c" >/dev/null 2>&1; then PY=$c; break; fi
-    done
-fi
-[ -n "$PY" ] || { echo "python3 not found" >&2; exit 1; }
-
-if [ ! -x "$VENV/bin/python" ]; then
-    step "creating venv at $VENV"
-    if ! "$PY" -m venv "$VENV"; then
-        # Debian's python needs the venv module from its own package
-        rm -rf "$VENV"
-        ver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
-        as_root apt-get update
-        as_root apt-get install -y "python${ver}-venv" || \
-            as_root apt-get install -y python3-venv
-        "$PY" -m venv "$VENV"
-    fi
-fi
-
-# Reinstall only when requirements.txt changed (stamp = its sha256).
-stamp="$VENV/.compat-requirements.sha256"
-want=$(sha256sum "$REQS" | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-    step "installing python packages into $VENV"
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -q --upgrade pip
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r "$REQS"
-    echo "$want" > "$stamp"
-fi
+# shellcheck source=scripts/python-env.sh
+. "$ROOT/scripts/python-env.sh"
+ensure_venv
 
 # kafkajs for compat-tests/node (Node.js and npm from Debian when missing).
 if ! command -v npm >/dev/null 2>&1; then
@@ -153,6 +127,20 @@ rc=0
 # shellcheck disable=SC2086
 run_stage "compat tests" "compat tests (pytest compat-tests/python)" \
     "$VENV/bin/python" -m pytest -v ${PYTEST_ARGS:-} . || rc=$?
+
+# ---- fault harness (docs/RELIABILITY.md) -------------------------------------
+# A short seeded run: 3 nodes, a few minutes of mixed faults, the checker's
+# verdict. Needs root (network namespaces), as CI has.
+FAULTS_CI_DEFAULT=1
+if [ "${FAULTS_CI:-$FAULTS_CI_DEFAULT}" = "1" ]; then
+    cd "$ROOT"
+    frc=0
+    run_stage "fault harness" "fault harness (scripts/faults.sh, seed ${FAULTS_SEED:-1})" \
+        ./scripts/faults.sh --minutes "${FAULTS_MINUTES:-3}" --seed "${FAULTS_SEED:-1}" \
+        --nodes 3 --nemeses "${FAULTS_NEMESES:-kill,crash,pause,partition,fsync-hang,split,merge,join,leave}" \
+        --keep "$ROOT/target/fault-runs/ci" || frc=$?
+    [ $rc -ne 0 ] || rc=$frc
+fi
 # finish (the EXIT trap) prints the RESULT line; keep pytest's own exit code
 # (1 tests failed, 2 interrupted, ...) when pytest is what failed.
 exit $rc

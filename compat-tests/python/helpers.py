@@ -9,6 +9,15 @@ from confluent_kafka import KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
+def uvarint(n: int) -> bytes:
+    """Kafka's unsigned varint (compact lengths, tagged-field counts)."""
+    out = b""
+    while n >= 0x80:
+        out += bytes([(n & 0x7F) | 0x80])
+        n >>= 7
+    return out + bytes([n])
+
+
 def unique_topic(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:10]}"
 

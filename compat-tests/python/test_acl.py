@@ -1,6 +1,7 @@
 """ACLs with real clients: a broker with `authorizer.class.name` set, a
-PLAINTEXT listener (the inter-broker one, trusted as the broker itself) and
-a SASL_PLAINTEXT listener with PLAIN users admin (a super user), alice and
+PLAINTEXT listener (the inter-broker one, whose connections are ANONYMOUS,
+named a super user as a Kafka operator with a PLAINTEXT inter-broker
+listener does) and a SASL_PLAINTEXT listener with PLAIN users admin (a super user), alice and
 bob. ACLs are managed with kafka-python's KafkaAdminClient and with
 confluent-kafka's AdminClient; alice may produce and consume topics
 prefixed `a-` (and read her group), bob is denied and sees
@@ -44,7 +45,9 @@ def acl_broker(broker_factory):
             "sasl.enabled.mechanisms": "PLAIN",
             "listener.name.sasl_plaintext.plain.sasl.jaas.config": JAAS,
             "authorizer.class.name": "org.apache.kafka.metadata.authorizer.StandardAuthorizer",
-            "super.users": "User:admin",
+            # The brokers' principal on a PLAINTEXT inter-broker listener
+            # is ANONYMOUS (test setup goes through it too).
+            "super.users": "User:admin;User:ANONYMOUS",
         }
     )
     b.start()

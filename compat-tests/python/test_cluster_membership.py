@@ -20,6 +20,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 import procguard
+from helpers import uvarint
 from conftest import tessera_bin
 from test_cluster import cluster, eventually, http, node_pid  # noqa: F401 - fixture
 from test_replication import create_replicated
@@ -326,14 +327,6 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
 # header v2, compact strings, tagged fields; response header v1).
 
 NONE, INVALID_REQUEST, BROKER_ID_NOT_REGISTERED = 0, 42, 102
-
-
-def uvarint(n: int) -> bytes:
-    out = b""
-    while n >= 0x80:
-        out += bytes([(n & 0x7F) | 0x80])
-        n >>= 7
-    return out + bytes([n])
 
 
 class Reader:

@@ -82,18 +82,22 @@ class Deliveries:
                 self.times.append(time.monotonic())
 
 
+def kill_node(workdir: Path, node: int) -> list[str]:
+    """SIGKILLs node `node`; returns its command line, to start it again
+    with `restart_node`."""
+    cmd = node_cmd(workdir, node)
+    os.kill(node_pid(workdir, node), signal.SIGKILL)
+    return cmd
+
+
 def kill_and_restart_later(workdir: Path, node: int, delay: float):
     """SIGKILLs node `node` and starts it again with the same command line
     after `delay` seconds (in a thread). Returns the thread."""
-    pid = node_pid(workdir, node)
-    assert pid, f"node {node} is not running"
-    cmd = [c.decode() for c in (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0") if c]
-    os.kill(pid, signal.SIGKILL)
+    cmd = kill_node(workdir, node)
 
     def restart():
         time.sleep(delay)
-        log = open(workdir / f"node-{node}-restart.log", "ab")
-        procguard.spawn(cmd, cwd=workdir, stdout=log, stderr=log)
+        restart_node(workdir, node, cmd)
 
     t = threading.Thread(target=restart, daemon=True)
     t.start()
@@ -208,14 +212,22 @@ def test_kill_the_primary_every_10s_loses_no_acknowledged_record(cluster):
 
 
 def test_min_insync_replicas_refuses_acks_all_with_a_follower_down(cluster):
+    """RF=3, ``min.insync.replicas=3`` on 3 nodes; a follower is killed.
+    As in Kafka: acks=all gets NOT_ENOUGH_REPLICAS while only 2 replicas
+    are in sync, and an acks=1 record is accepted *and readable at once*
+    (Kafka's shrunk ISR moves the high watermark; here the dead follower
+    leaves the active segment's replica set at the next boundary, which
+    Metadata shows). Once the follower is back it rejoins the set, acks=all
+    works again, and every acknowledged record is read at its offset."""
     boot = ",".join(cluster["bootstrap"])
     topic = "insync"
-    admin = create_replicated(boot, topic, 1, 2, {"min.insync.replicas": "2"})
+    admin = create_replicated(boot, topic, 1, 3, {"min.insync.replicas": "3"})
     leader = leader_of(admin, topic)
     replicas = admin.list_topics(topic, timeout=10).topics[topic].partitions[0].replicas
     follower = next(r for r in replicas if r != leader)
+    acked: dict[int, bytes] = {}
 
-    def produce(acks: str):
+    def produce(acks: str, value: bytes):
         out = []
         p = Producer(
             {
@@ -225,22 +237,68 @@ def test_min_insync_replicas_refuses_acks_all_with_a_follower_down(cluster):
                 "message.timeout.ms": 20000,
             }
         )
-        p.produce(topic, b"x", on_delivery=lambda e, m: out.append(e))
-        p.flush(30)
-        return out[0]
+        p.produce(topic, value, partition=0, on_delivery=lambda e, m: out.append((e, m)))
+        assert p.flush(30) == 0, "delivery report never came"
+        err, msg = out[0]
+        if err is None:
+            acked[msg.offset()] = value
+        return err
 
-    assert produce("all") is None
-    pid = node_pid(cluster["workdir"], follower)
-    os.kill(pid, signal.SIGKILL)
-    # replica.lag.time.max.ms is 2 s in this cluster: the follower leaves
-    # the in-sync replicas.
+    assert produce("all", b"before") is None
+    cmd = kill_node(cluster["workdir"], follower)
     err = eventually(
         "NOT_ENOUGH_REPLICAS",
-        lambda: (e := produce("all")) is not None and e.code() == KafkaError.NOT_ENOUGH_REPLICAS and e,
+        lambda: (e := produce("all", b"refused")) is not None
+        and e.code() == KafkaError.NOT_ENOUGH_REPLICAS
+        and e,
         timeout=60,
     )
     assert err.code() == KafkaError.NOT_ENOUGH_REPLICAS
-    assert produce("1") is None
+    # The dead follower left the replica set (no spare: the set shrank).
+    eventually(
+        "the replica set without the dead follower",
+        lambda: follower
+        not in admin.list_topics(topic, timeout=10).topics[topic].partitions[0].replicas,
+    )
+    assert produce("1", b"acks-1") is None
+    one = max(o for o, v in acked.items() if v == b"acks-1")
+
+    def read_back(upto: int) -> dict[int, bytes]:
+        c = Consumer(
+            {
+                "bootstrap.servers": boot,
+                "group.id": f"insync-{time.monotonic_ns()}",
+                "auto.offset.reset": "earliest",
+                "enable.auto.commit": False,
+            }
+        )
+        c.assign([TopicPartition(topic, 0, 0)])
+        got: dict[int, bytes] = {}
+        deadline = time.monotonic() + 60
+        while max(got, default=-1) < upto and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None:
+                assert not m.error(), m.error()
+                got[m.offset()] = m.value()
+        c.close()
+        return got
+
+    # Readable now, with the follower still down.
+    got = read_back(one)
+    assert got.get(one) == b"acks-1", got
+    # Back: it rejoins the active segment's set and acks=all works again.
+    restart_node(cluster["workdir"], follower, cmd)
+    eventually(
+        "the follower back in the replica set",
+        lambda: len(admin.list_topics(topic, timeout=10).topics[topic].partitions[0].replicas) == 3,
+        timeout=90,
+    )
+    eventually("acks=all accepted again", lambda: produce("all", b"after") is None, timeout=60)
+    last = max(acked)
+    got = read_back(last)
+    for offset, value in acked.items():
+        assert got.get(offset) == value, (offset, value, got.get(offset))
+    assert sorted(got) == list(range(min(got), max(got) + 1)), "offsets are dense"
 
 
 # A session long enough that the controller cannot have failed the range

@@ -44,6 +44,11 @@ fn render_broker_metrics(broker: &Broker) -> String {
             broker.segment_count() as u64,
         ),
         (
+            "tessera_under_replicated_partitions",
+            "Partitions led here whose active segment has a follower out of sync (Kafka's UnderReplicatedPartitions).",
+            broker.under_replicated_partitions(),
+        ),
+        (
             "tessera_topics",
             "Topics in the metadata image.",
             broker.image().topics.len() as u64,

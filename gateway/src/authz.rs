@@ -5,12 +5,13 @@
 //! (from the connection), the broker's settings, the exemptions, logging
 //! of denials (debug) and `tessera_authorization_denied_total`.
 //!
-//! Authorization is on only when `authorizer.class.name` is set. Then:
-//! - a connection on the inter-broker listener is the broker itself (as a
-//!   Kafka broker's own principal is a super user): replication, remote
-//!   reads and transaction markers go through it;
-//! - a request handled outside a connection (tests calling handlers, the
-//!   broker's own internal calls) is allowed.
+//! Authorization is on only when `authorizer.class.name` is set. Then every
+//! connection is authorized by its principal, on whichever listener it
+//! came in (the inter-broker one too, as in Kafka): only `super.users` are
+//! super, and other brokers prove they are brokers with their credentials
+//! (SASL, or a client certificate, whose principal is in `super.users` or
+//! granted CLUSTER_ACTION). A request handled outside a connection (tests
+//! calling handlers, the broker's own internal calls) is allowed.
 
 use std::sync::Arc;
 
@@ -19,6 +20,7 @@ use tessera_metadata::MetadataImage;
 
 pub use tessera_metadata::acl::{AclOperation as Op, ResourceType as Resource, CLUSTER_NAME};
 
+use crate::api::Connection;
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
@@ -40,24 +42,28 @@ struct Subject<'b> {
 impl<'b> Authz<'b> {
     /// The authorization context of the request being handled.
     pub fn current(broker: &'b Broker) -> Authz<'b> {
-        let subject = broker.config.authorizer.as_ref().and_then(|settings| {
-            let connection = crate::api::CONNECTION.try_with(|c| c.clone()).ok()?;
-            let inter_broker = &broker.config.listeners[broker.config.inter_broker_listener];
-            if connection.listener.name == inter_broker.name {
-                return None;
-            }
-            Some(Subject {
-                settings,
-                principal: connection
-                    .principal
-                    .clone()
-                    .unwrap_or_else(|| Arc::from("User:ANONYMOUS")),
-                host: connection
-                    .peer
-                    .map(|p| p.ip().to_string())
-                    .unwrap_or_default(),
-                image: broker.image(),
-            })
+        match crate::api::CONNECTION.try_with(|c| c.clone()) {
+            Ok(connection) => Authz::for_connection(broker, &connection),
+            Err(_) => Authz {
+                broker,
+                subject: None,
+            },
+        }
+    }
+
+    /// The authorization context of `connection`'s requests.
+    pub fn for_connection(broker: &'b Broker, connection: &Connection) -> Authz<'b> {
+        let subject = broker.config.authorizer.as_ref().map(|settings| Subject {
+            settings,
+            principal: connection
+                .principal
+                .clone()
+                .unwrap_or_else(|| Arc::from("User:ANONYMOUS")),
+            host: connection
+                .peer
+                .map(|p| p.ip().to_string())
+                .unwrap_or_default(),
+            image: broker.image(),
         });
         Authz { broker, subject }
     }

@@ -38,6 +38,7 @@ use crate::producer_ids::ProducerIdManager;
 use crate::topic_config::EffectiveTopicConfig;
 
 pub(crate) use reconcile::local_segment_records;
+pub(crate) use follower_fetch::SealedSource;
 pub use topics::NewTopic;
 
 /// Where a partition's data lives right now.
@@ -76,6 +77,9 @@ pub struct Broker {
     shutting_down: AtomicBool,
     /// Lets shutdown wait for a cleaning pass in flight.
     cleaner: cleaner::CleanerGate,
+    /// This broker's connections to other brokers, authenticated as their
+    /// inter-broker listener asks.
+    pub inter_broker: Arc<crate::inter_broker::InterBrokerClient>,
 }
 
 /// Reads or creates `meta.properties` (Kafka's name for it) with the cluster id.
@@ -140,11 +144,22 @@ pub fn controller_config(config: &BrokerConfig) -> anyhow::Result<ControllerConf
     } else {
         ControllerConfig::parse_voters(&config.controller_quorum_voters)?
     };
+    let security = config.controller_security.clone().map(|s| {
+        if let Err(why) = &s.client.login {
+            tracing::warn!(listener = %s.listener.name, %why, "this node cannot authenticate to the controllers");
+        }
+        Arc::new(crate::inter_broker::quorum::QuorumSecurity::new(
+            s,
+            config.authorizer.clone(),
+            config.sasl_server_max_receive_size,
+        )) as Arc<dyn tessera_metadata::network_auth::TransportSecurity>
+    });
     let controller = ControllerConfig {
         snapshot_interval_entries: config.metadata_snapshot_interval_entries,
         ..ControllerConfig::new(config.node_id as u64, config.data_dir.join("meta"))
     }
-    .with_voters(voters);
+    .with_voters(voters)
+    .with_security(security);
     Ok(match &config.metadata_learner_listener {
         // A broker-only node follows the metadata log as a learner.
         Some(address) => controller.as_learner(address.clone()),
@@ -184,8 +199,14 @@ impl Broker {
             replicas: replicas::Replicas::default(),
             shutting_down: AtomicBool::new(false),
             cleaner: cleaner::CleanerGate::default(),
+            inter_broker: Arc::new(crate::inter_broker::InterBrokerClient::new(
+                config.inter_broker_client.clone(),
+            )),
             config,
         });
+        if let Err(why) = &broker.config.inter_broker_client.login {
+            tracing::warn!(listener = %broker.config.inter_broker_client.listener, %why, "this broker cannot authenticate to other brokers' inter-broker listener: replication to and from peers will fail");
+        }
         broker.init_replicas();
         if broker.config.controller_only {
             // Kafka's isolated controller: a voter that is no broker. It

@@ -26,6 +26,13 @@ pub struct BrokerConfig {
     pub tls: Option<std::sync::Arc<crate::tls::ListenerTls>>,
     /// Index in `listeners` of the inter-broker listener.
     pub inter_broker_listener: usize,
+    /// How this broker's own connections to the other brokers' inter-broker
+    /// listener authenticate (`sasl.mechanism.inter.broker.protocol`, the
+    /// listener's JAAS `username`/`password`, the `ssl.*` keystore).
+    pub inter_broker_client: crate::inter_broker::ClientSettings,
+    /// The KRaft controller listener when it is SSL or SASL_*: how the
+    /// metadata quorum transport authenticates, both ways. `None`: PLAINTEXT.
+    pub controller_security: Option<crate::inter_broker::ControllerSecurity>,
     /// The inter-broker listener's address (`inter.broker.listener.name`;
     /// by default the first PLAINTEXT listener, else the first one): what
     /// this broker registers, and where peers reach it.
@@ -257,6 +264,10 @@ const DEFAULTS: &[(&str, &str)] = &[
         crate::listeners::DEFAULT_PROTOCOL_MAP,
     ),
     ("inter.broker.listener.name", ""),
+    ("security.inter.broker.protocol", "PLAINTEXT"),
+    ("sasl.mechanism.inter.broker.protocol", "GSSAPI"),
+    ("sasl.mechanism.controller.protocol", "GSSAPI"),
+    ("ssl.endpoint.identification.algorithm", "https"),
     ("sasl.enabled.mechanisms", "GSSAPI"),
     ("ssl.keystore.type", "JKS"),
     ("ssl.keystore.location", ""),
@@ -828,6 +839,27 @@ impl BrokerConfig {
         let inter_broker = get("inter.broker.listener.name")
             .trim()
             .to_ascii_uppercase();
+        // Kafka's rule: one of the two names the inter-broker listener; the
+        // protocol names the listener called after it.
+        let inter_broker = match (inter_broker.is_empty(), map.get("security.inter.broker.protocol")) {
+            (false, Some(_)) => {
+                return Err(ConfigError::InvalidValue {
+                    key: "security.inter.broker.protocol".into(),
+                    value: "(only one of inter.broker.listener.name and security.inter.broker.protocol may be set)".into(),
+                })
+            }
+            (true, Some(protocol)) => {
+                let name = protocol.trim().to_ascii_uppercase();
+                if crate::listeners::SecurityProtocol::parse(&name).is_none() {
+                    return Err(ConfigError::InvalidValue {
+                        key: "security.inter.broker.protocol".into(),
+                        value: protocol.clone(),
+                    });
+                }
+                name
+            }
+            _ => inter_broker,
+        };
         let inter_broker_listener = if inter_broker.is_empty() || controller_only {
             listeners
                 .iter()
@@ -902,6 +934,31 @@ impl BrokerConfig {
                 })
             }
         };
+        let inter_broker_client = match listeners.get(inter_broker_listener) {
+            Some(l) => crate::inter_broker::ClientSettings::parse(
+                map,
+                &get,
+                &l.name,
+                l.protocol,
+                "sasl.mechanism.inter.broker.protocol",
+            )?,
+            // A controller-only node has no Kafka listener but fences the
+            // brokers' segments: it connects as their inter-broker listener
+            // (named by the keys above) asks.
+            None => match crate::listeners::listener_protocol(get, &inter_broker)? {
+                Some(protocol) if !inter_broker.is_empty() => {
+                    crate::inter_broker::ClientSettings::parse(
+                        map,
+                        &get,
+                        &inter_broker,
+                        protocol,
+                        "sasl.mechanism.inter.broker.protocol",
+                    )?
+                }
+                _ => crate::inter_broker::ClientSettings::plaintext(&inter_broker),
+            },
+        };
+        let controller_security = crate::inter_broker::ControllerSecurity::parse(map, &get)?;
         let admin = get("admin.listener");
         let (admin_host, admin_port) = parse_listener("admin.listener", &admin)?;
         let rack = get("broker.rack");
@@ -911,6 +968,8 @@ impl BrokerConfig {
             listeners,
             tls,
             inter_broker_listener,
+            inter_broker_client,
+            controller_security,
             listener,
             advertised_host,
             advertised_port,

@@ -237,6 +237,26 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "The listener registered for other brokers; empty: the first PLAINTEXT listener, else the first.",
     ),
     (
+        "security.inter.broker.protocol",
+        2,
+        "Names the inter-broker listener by its protocol when inter.broker.listener.name is not set.",
+    ),
+    (
+        "sasl.mechanism.inter.broker.protocol",
+        2,
+        "The SASL mechanism this broker logs in with to other brokers' inter-broker listener (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512).",
+    ),
+    (
+        "sasl.mechanism.controller.protocol",
+        2,
+        "The SASL mechanism this node logs in with to the controllers' listener (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512).",
+    ),
+    (
+        "ssl.endpoint.identification.algorithm",
+        2,
+        "https: this broker checks the host name in the certificates of the brokers and controllers it connects to; empty: not.",
+    ),
+    (
         "sasl.enabled.mechanisms",
         7,
         "SASL mechanisms of SASL listeners (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); listener.name.<name>.sasl.enabled.mechanisms overrides it per listener, and listener.name.<name>.plain.sasl.jaas.config lists PLAIN users (user_NAME=\"password\").",

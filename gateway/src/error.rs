@@ -303,6 +303,7 @@ impl From<tessera_log::LogError> for ApiError {
             L::Sequence(e) => ApiError::OutOfOrderSequence(e.to_string()),
             L::Io(e) => ApiError::Storage(e.to_string()),
             L::StorageFailed => ApiError::Storage("log storage failed".into()),
+            L::NotEnoughReplicasAfterAppend => ApiError::NotEnoughReplicasAfterAppend,
             e @ L::SegmentNotFound(_) => ApiError::Storage(e.to_string()),
         }
     }

@@ -13,6 +13,7 @@ pub mod coordinator;
 pub mod dynamic_config;
 pub mod error;
 pub mod groups;
+pub mod inter_broker;
 pub mod internal_topics;
 pub mod leader_epochs;
 pub mod listeners;

@@ -3,7 +3,8 @@
 //! `advertised.listeners`, `inter.broker.listener.name`, and each SASL
 //! listener's mechanisms (`sasl.enabled.mechanisms`, or
 //! `listener.name.<name>.sasl.enabled.mechanisms`) and PLAIN users
-//! (`listener.name.<name>.plain.sasl.jaas.config`). Pure parsing.
+//! (`listener.name.<name>.plain.sasl.jaas.config`), also of the KRaft
+//! controller listener (`controller.listener.names`). Pure parsing.
 
 use std::collections::BTreeMap;
 
@@ -259,6 +260,62 @@ pub fn parse_listeners(
     Ok(out)
 }
 
+/// The security protocol `listener.security.protocol.map` gives the
+/// listener `name` (upper-case), if it names one.
+pub fn listener_protocol(
+    get: impl Fn(&str) -> String,
+    name: &str,
+) -> Result<Option<SecurityProtocol>, ConfigError> {
+    Ok(parse_protocol_map(&get("listener.security.protocol.map"))?
+        .get(name)
+        .copied())
+}
+
+/// The KRaft controller listener (the first of `controller.listener.names`)
+/// as the metadata quorum transport secures it: its protocol from
+/// `listener.security.protocol.map` and, for SASL, its mechanisms and PLAIN
+/// users, read as a Kafka listener's are. `None` without
+/// `controller.listener.names` (the transport is PLAINTEXT). It binds where
+/// `controller.quorum.voters` says, so no host or port is kept.
+pub fn controller_listener(
+    map: &BTreeMap<String, String>,
+    get: impl Fn(&str) -> String,
+) -> Result<Option<Listener>, ConfigError> {
+    let names = get("controller.listener.names").to_ascii_uppercase();
+    let Some(name) = names.split(',').map(str::trim).find(|n| !n.is_empty()) else {
+        return Ok(None);
+    };
+    let protocols = parse_protocol_map(&get("listener.security.protocol.map"))?;
+    // Kafka's `effectiveListenerSecurityProtocolMap`: without an explicit
+    // map a controller listener it does not name is PLAINTEXT.
+    let protocol = match protocols.get(name) {
+        Some(p) => *p,
+        None if !map.contains_key("listener.security.protocol.map") => SecurityProtocol::Plaintext,
+        None => {
+            return Err(invalid(
+                "listener.security.protocol.map",
+                format!("no security protocol for controller listener {name}"),
+            ))
+        }
+    };
+    let mut listener = Listener {
+        name: name.to_string(),
+        protocol,
+        host: String::new(),
+        port: 0,
+        advertised_host: String::new(),
+        advertised_port: 0,
+        mechanisms: Vec::new(),
+        plain_users: BTreeMap::new(),
+        oauthbearer: Default::default(),
+        reauth_ms: BTreeMap::new(),
+    };
+    if protocol.is_sasl() {
+        sasl_settings(map, &get, &mut listener)?;
+    }
+    Ok(Some(listener))
+}
+
 fn sasl_settings(
     map: &BTreeMap<String, String>,
     get: &impl Fn(&str) -> String,
@@ -434,6 +491,50 @@ mod tests {
             ("listener.security.protocol.map", "A:SASL_PLAINTEXT"),
             ("sasl.enabled.mechanisms", "SCRAM-SHA-256"),
             ("listener.name.a.connections.max.reauth.ms", "soon"),
+        ])
+        .is_err());
+    }
+
+    #[test]
+    fn the_controller_listener() {
+        let c = |pairs: &[(&str, &str)]| {
+            let map: BTreeMap<String, String> = pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            let get = |k: &str| {
+                map.get(k).cloned().unwrap_or_else(|| match k {
+                    "listener.security.protocol.map" => DEFAULT_PROTOCOL_MAP.into(),
+                    "connections.max.reauth.ms" => "0".into(),
+                    _ => String::new(),
+                })
+            };
+            controller_listener(&map, get)
+        };
+        assert_eq!(c(&[]).unwrap(), None);
+        // Kafka's default: an unmapped controller listener is PLAINTEXT.
+        let l = c(&[("controller.listener.names", "CONTROLLER")])
+            .unwrap()
+            .unwrap();
+        assert_eq!(l.protocol, SecurityProtocol::Plaintext);
+        let jaas = "org.apache.kafka.common.security.plain.PlainLoginModule required user_b=\"p\";";
+        let l = c(&[
+            ("controller.listener.names", "CONTROLLER"),
+            (
+                "listener.security.protocol.map",
+                "CONTROLLER:SASL_PLAINTEXT,PLAINTEXT:PLAINTEXT",
+            ),
+            ("listener.name.controller.sasl.enabled.mechanisms", "PLAIN"),
+            ("listener.name.controller.plain.sasl.jaas.config", jaas),
+        ])
+        .unwrap()
+        .unwrap();
+        assert_eq!(l.protocol, SecurityProtocol::SaslPlaintext);
+        assert_eq!(l.plain_users["b"], "p");
+        // An explicit map that leaves it out is an error, as in Kafka.
+        assert!(c(&[
+            ("controller.listener.names", "CONTROLLER"),
+            ("listener.security.protocol.map", "PLAINTEXT:PLAINTEXT"),
         ])
         .is_err());
     }

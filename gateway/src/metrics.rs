@@ -27,6 +27,12 @@ pub struct Metrics {
     /// Times a range this broker is to lead waited for the producer
     /// snapshot of the history it does not hold.
     pub producer_snapshot_waits: AtomicU64,
+    /// Times a range this broker is to lead waited for copies of its
+    /// sealed segments to be repaired here first.
+    pub history_repair_waits: AtomicU64,
+    /// Followers of an active segment replaced at a segment boundary
+    /// because they were fenced or out of sync.
+    pub follower_replacements: AtomicU64,
     /// Re-placements planned by the active controller.
     pub replacements_planned: AtomicU64,
     /// Leadership moves planned by the active controller, and those that
@@ -50,6 +56,9 @@ pub struct Metrics {
     pub connections_rejected: AtomicU64,
     /// Operations the authorizer denied (`authorizer.class.name` set).
     pub authorization_denied: AtomicU64,
+    /// Replication upgrades refused: not the inter-broker listener, not
+    /// authenticated, or a principal without CLUSTER_ACTION.
+    pub replication_upgrades_refused: AtomicU64,
     /// Log cleaner: segment bytes read and written by cleaning passes (as
     /// they go), and the bytes the rewritten segments held before and after.
     pub cleaner_io_bytes: AtomicU64,
@@ -79,6 +88,8 @@ impl Default for Metrics {
             range_merges: AtomicU64::new(0),
             segments_replaced: AtomicU64::new(0),
             producer_snapshot_waits: AtomicU64::new(0),
+            history_repair_waits: AtomicU64::new(0),
+            follower_replacements: AtomicU64::new(0),
             replacements_planned: AtomicU64::new(0),
             leader_moves_planned: AtomicU64::new(0),
             leader_moves_done: AtomicU64::new(0),
@@ -91,6 +102,7 @@ impl Default for Metrics {
             connections_idle_closed: AtomicU64::new(0),
             connections_rejected: AtomicU64::new(0),
             authorization_denied: AtomicU64::new(0),
+            replication_upgrades_refused: AtomicU64::new(0),
             cleaner_io_bytes: AtomicU64::new(0),
             cleaner_bytes_before: AtomicU64::new(0),
             cleaner_bytes_after: AtomicU64::new(0),
@@ -234,6 +246,11 @@ impl Metrics {
                 &self.authorization_denied,
             ),
             (
+                "tessera_replication_upgrades_refused_total",
+                "Connections that asked to become a replication stream and were closed: not on the inter-broker listener, not authenticated, or without CLUSTER_ACTION on the cluster.",
+                &self.replication_upgrades_refused,
+            ),
+            (
                 "tessera_connections_opened_total",
                 "Client connections accepted.",
                 &self.connections_opened,
@@ -267,6 +284,16 @@ impl Metrics {
                 "tessera_producer_snapshot_waits_total",
                 "Times a range this node is primary of was not served (NOT_LEADER_OR_FOLLOWER) because the producer snapshot of the history it does not hold was not here yet and no replica served it at once.",
                 &self.producer_snapshot_waits,
+            ),
+            (
+                "tessera_history_repair_waits_total",
+                "Times a range this node is primary of was not served (NOT_LEADER_OR_FOLLOWER) because its copies of the range's sealed segments were still being repaired here.",
+                &self.history_repair_waits,
+            ),
+            (
+                "tessera_follower_replacements_total",
+                "Followers of an active segment this node replaced at a segment boundary because their broker was fenced or they stayed out of sync longer than replica.lag.time.max.ms.",
+                &self.follower_replacements,
             ),
             (
                 "tessera_segment_replacements_planned_total",

@@ -1,47 +1,72 @@
 //! A broker's own Kafka client for the inter-broker requests it sends
-//! (today WriteTxnMarkers from a transaction coordinator to the leaders of
-//! a transaction's partitions): one request per connection, bounded in time.
+//! (WriteTxnMarkers from a transaction coordinator to the leaders of a
+//! transaction's partitions, a leader's Fetch of a sealed copy another
+//! replica holds): one request per connection, bounded in time, on a
+//! connection authenticated as the inter-broker listener asks
+//! ([`crate::inter_broker::InterBrokerClient`]).
 
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{RequestHeader, ResponseHeader};
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tessera_replication::auth::Connector;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::inter_broker::InterBrokerClient;
 
 /// Largest response accepted from a peer.
 const MAX_RESPONSE_BYTES: usize = 64 << 20;
 
+/// The client id of the broker's own requests.
+const CLIENT_ID: &str = "tessera-broker";
+
 /// Sends `body` at `version` to the broker at `host:port` and returns its
 /// response, or why there is none.
 pub async fn call<R: Request>(
+    client: &InterBrokerClient,
     host: &str,
     port: u16,
     version: i16,
     body: &R,
     timeout: Duration,
 ) -> Result<R::Response, String> {
-    tokio::time::timeout(timeout, exchange(host, port, version, body))
+    let addr = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    let exchange = async {
+        let mut stream = client
+            .connect(&addr)
+            .await
+            .map_err(|e| format!("connect {addr}: {e}"))?;
+        request(&mut stream, 1, version, body)
+            .await
+            .map_err(|e| format!("{addr}: {e}"))
+    };
+    tokio::time::timeout(timeout, exchange)
         .await
-        .map_err(|_| format!("no answer from {host}:{port} within {timeout:?}"))?
+        .map_err(|_| format!("no answer from {addr} within {timeout:?}"))?
 }
 
-async fn exchange<R: Request>(
-    host: &str,
-    port: u16,
+/// One request and its response on `stream` (Kafka's framing:
+/// `[size][header][body]`).
+pub async fn request<S, R>(
+    stream: &mut S,
+    correlation_id: i32,
     version: i16,
     body: &R,
-) -> Result<R::Response, String> {
-    let mut stream = TcpStream::connect((host, port))
-        .await
-        .map_err(|e| format!("connect {host}:{port}: {e}"))?;
-    let _ = stream.set_nodelay(true);
+) -> Result<R::Response, String>
+where
+    S: AsyncRead + AsyncWrite + Unpin + ?Sized,
+    R: Request,
+{
     let header = RequestHeader::default()
         .with_request_api_key(R::KEY)
         .with_request_api_version(version)
-        .with_correlation_id(1)
-        .with_client_id(Some(StrBytes::from_static_str("tessera-broker")));
+        .with_correlation_id(correlation_id)
+        .with_client_id(Some(StrBytes::from_static_str(CLIENT_ID)));
     let mut buf = BytesMut::new();
     buf.put_i32(0);
     header
@@ -55,10 +80,10 @@ async fn exchange<R: Request>(
     stream
         .read_exact(&mut size)
         .await
-        .map_err(|e| format!("reading the response of {host}:{port}: {e}"))?;
+        .map_err(|e| format!("reading the response: {e}"))?;
     let size = i32::from_be_bytes(size);
     if size < 0 || size as usize > MAX_RESPONSE_BYTES {
-        return Err(format!("response of {size} bytes from {host}:{port}"));
+        return Err(format!("response of {size} bytes"));
     }
     let mut frame = vec![0u8; size as usize];
     stream
@@ -71,7 +96,7 @@ async fn exchange<R: Request>(
         <R::Response as HeaderVersion>::header_version(version),
     )
     .map_err(|e| e.to_string())?;
-    if header.correlation_id != 1 {
+    if header.correlation_id != correlation_id {
         return Err(format!(
             "unexpected correlation id {}",
             header.correlation_id

@@ -9,21 +9,20 @@
 
 use std::sync::Arc;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufWriter};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
 use crate::api::{self, Connection, Reply};
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::connection_limits::ConnectionLimits;
+use crate::inter_broker::admission::{admit_replication, Peer};
 use crate::listeners::Listener;
 use crate::metrics::Metrics;
 use crate::sasl::{Action, Authenticator, Event};
@@ -111,10 +110,9 @@ pub async fn serve(
     }
 }
 
-type Responses = (mpsc::Sender<JoinHandle<Reply>>, JoinHandle<()>);
-
-/// Another broker's replication stream taking over a plaintext connection.
-type Upgrade<R, W> = Box<dyn FnOnce(R, W) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+/// The in-flight responses of a connection and the task writing them,
+/// which gives the writer back when the channel closes cleanly.
+type Responses<W> = (mpsc::Sender<JoinHandle<Reply>>, JoinHandle<Option<W>>);
 
 async fn plain_connection(
     stream: TcpStream,
@@ -124,20 +122,7 @@ async fn plain_connection(
 ) {
     let peer = stream.peer_addr().ok();
     let (reader, writer) = stream.into_split();
-    let replication = broker.clone();
-    let upgrade: Upgrade<OwnedReadHalf, OwnedWriteHalf> =
-        Box::new(move |r, w| Box::pin(async move { replication.serve_replication(r, w).await }));
-    connection(
-        reader,
-        writer,
-        peer,
-        None,
-        Some(upgrade),
-        spec,
-        broker,
-        shutdown,
-    )
-    .await
+    connection(reader, writer, peer, None, spec, broker, shutdown).await
 }
 
 async fn tls_connection(
@@ -175,10 +160,7 @@ async fn tls_connection(
         tracing::debug!(?peer, principal = %p, "client certificate");
     }
     let (reader, writer) = tokio::io::split(tls);
-    connection(
-        reader, writer, peer, principal, None, spec, broker, shutdown,
-    )
-    .await
+    connection(reader, writer, peer, principal, spec, broker, shutdown).await
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -187,7 +169,6 @@ async fn connection<R, W>(
     writer: W,
     peer: Option<std::net::SocketAddr>,
     tls_principal: Option<String>,
-    mut upgrade: Option<Upgrade<R, W>>,
     spec: Arc<Listener>,
     broker: Arc<Broker>,
     mut shutdown: watch::Receiver<bool>,
@@ -197,8 +178,7 @@ async fn connection<R, W>(
 {
     let max = broker.config.socket_request_max_bytes;
     let idle = Duration::from_millis(broker.config.connections_max_idle_ms);
-    let mut first = true;
-    let mut responses: Option<Responses> = None;
+    let mut responses: Option<Responses<W>> = None;
     let mut writer = Some(writer);
     // SASL listeners authenticate before anything else is served.
     let mut auth = spec.protocol.is_sasl().then(Authenticator::default);
@@ -251,20 +231,50 @@ async fn connection<R, W>(
                 _ = shutdown.changed() => break,
             }
         }
-        // Another broker opening a replication stream (its first request
-        // carries the private api key): the connection is the stream's now.
-        if std::mem::take(&mut first) && is_replication_upgrade(&frame) {
-            if let Some(upgrade) = upgrade.take() {
-                if let Some(writer) = writer.take() {
-                    // A stream never ends by itself: shutdown ends it.
-                    tokio::select! {
-                        _ = upgrade(reader, writer) => {}
-                        _ = shutdown.changed() => {}
+        // Another broker opening a replication stream (a request with the
+        // private api key): admitted only as a broker (the inter-broker
+        // listener, authenticated, CLUSTER_ACTION), the connection is the
+        // stream's once every earlier response is written; anyone else is
+        // disconnected.
+        if is_replication_upgrade(&frame) {
+            let now = tessera_log::range_log::now_ms();
+            let admitted = admit_replication(Peer {
+                on_inter_broker_listener: spec.name
+                    == broker.config.listeners[broker.config.inter_broker_listener].name,
+                authenticated: auth.as_ref().is_none_or(|a| {
+                    a.is_done() && a.session_expires_ms.is_none_or(|end| now < end)
+                }),
+                cluster_action: Authz::for_connection(&broker, &context)
+                    .allows_cluster(Op::ClusterAction),
+            });
+            if let Err(refusal) = admitted {
+                Metrics::add(&broker.metrics.replication_upgrades_refused, 1);
+                tracing::info!(?peer, listener = %spec.name, principal = context.principal.as_deref().unwrap_or(ANONYMOUS), %refusal, "replication upgrade refused; closing connection");
+                break;
+            }
+            let writer = match (writer.take(), responses.take()) {
+                (Some(w), _) => Some(w),
+                (None, Some((tx, task))) => {
+                    drop(tx);
+                    task.await.ok().flatten()
+                }
+                (None, None) => None,
+            };
+            if let Some(writer) = writer {
+                // A stream never ends by itself: shutdown ends it, and so
+                // does the end of its SASL session (the primary reconnects
+                // and authenticates again).
+                let session_end = auth.as_ref().and_then(|a| a.session_expires_ms);
+                tokio::select! {
+                    _ = broker.serve_replication(reader, writer) => {}
+                    _ = shutdown.changed() => {}
+                    _ = until_ms(session_end) => {
+                        tracing::info!(?peer, listener = %spec.name, "closing replication stream: its SASL session expired");
                     }
                 }
-                Metrics::add(&broker.metrics.connections_closed, 1);
-                return;
             }
+            Metrics::add(&broker.metrics.connections_closed, 1);
+            return;
         }
         // Each request is handled in its own task; the writer awaits them in
         // arrival order, so pipelined responses go back in request order.
@@ -383,16 +393,30 @@ fn record_authentication(
     }
 }
 
+/// Waits until `end_ms` (ms since the epoch); forever without one.
+async fn until_ms(end_ms: Option<i64>) {
+    match end_ms {
+        Some(end) => {
+            let left = end.saturating_sub(tessera_log::range_log::now_ms()).max(0);
+            tokio::time::sleep(Duration::from_millis(left as u64)).await
+        }
+        None => std::future::pending().await,
+    }
+}
+
 fn is_replication_upgrade(frame: &[u8]) -> bool {
     frame.len() >= 2
         && i16::from_be_bytes([frame[0], frame[1]])
             == tessera_replication::protocol::UPGRADE_API_KEY
 }
 
+/// Writes the responses in request order; gives the writer back when the
+/// channel closes with every response written (`None` after a failed
+/// write or a close).
 async fn write_responses<W: AsyncWrite + Unpin>(
     writer: W,
     mut rx: mpsc::Receiver<JoinHandle<Reply>>,
-) {
+) -> Option<W> {
     use tokio::sync::mpsc::error::TryRecvError;
     let mut writer = BufWriter::with_capacity(64 * 1024, writer);
     loop {
@@ -404,7 +428,7 @@ async fn write_responses<W: AsyncWrite + Unpin>(
             Err(TryRecvError::Disconnected) => break,
             Err(TryRecvError::Empty) => {
                 if writer.flush().await.is_err() {
-                    return;
+                    return None;
                 }
                 match rx.recv().await {
                     Some(handle) => handle,
@@ -413,7 +437,7 @@ async fn write_responses<W: AsyncWrite + Unpin>(
             }
         };
         if !handle.is_finished() && writer.flush().await.is_err() {
-            return;
+            return None;
         }
         let reply = match handle.await {
             Ok(reply) => reply,
@@ -422,7 +446,7 @@ async fn write_responses<W: AsyncWrite + Unpin>(
         match reply {
             Reply::Frame(bytes) => {
                 if writer.write_all(&bytes).await.is_err() {
-                    return;
+                    return None;
                 }
             }
             Reply::Nothing => {}
@@ -430,11 +454,12 @@ async fn write_responses<W: AsyncWrite + Unpin>(
                 tracing::info!(%reason, "closing connection");
                 let _ = writer.flush().await;
                 let _ = writer.shutdown().await;
-                return;
+                return None;
             }
         }
     }
-    let _ = writer.flush().await;
+    writer.flush().await.ok()?;
+    Some(writer.into_inner())
 }
 
 /// Reads one size-prefixed frame. `Ok(None)` on a clean end of stream; an
@@ -444,7 +469,7 @@ async fn write_responses<W: AsyncWrite + Unpin>(
 /// gives up waiting can tell an idle client from a slow one. The buffer
 /// grows as bytes arrive: announcing a large frame costs nothing until it
 /// is sent.
-async fn read_frame<R: AsyncRead + Unpin>(
+pub(crate) async fn read_frame<R: AsyncRead + Unpin + ?Sized>(
     reader: &mut R,
     max: usize,
     key: &str,

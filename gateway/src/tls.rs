@@ -193,6 +193,47 @@ impl TlsSettings {
     }
 }
 
+impl TlsSettings {
+    /// The rustls client configuration of the broker's own connections to
+    /// other brokers and controllers (Kafka's inter-broker SSL client): it
+    /// trusts the truststore's CAs, verifies the peer's host name when
+    /// `verify_hostname` (`ssl.endpoint.identification.algorithm=https`,
+    /// Kafka's default), and presents the keystore's certificate, so a
+    /// listener with `ssl.client.auth=required` knows the broker by it.
+    pub fn client_config(
+        &self,
+        verify_hostname: bool,
+    ) -> Result<Arc<rustls::ClientConfig>, ConfigError> {
+        let roots = self.truststore()?;
+        if roots.is_empty() {
+            return Err(invalid(
+                "ssl.truststore.location",
+                "(a TLS inter-broker or controller listener needs the CA certificates of the brokers)",
+            ));
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let inner = rustls::client::WebPkiServerVerifier::builder_with_provider(
+            Arc::new(roots),
+            provider.clone(),
+        )
+        .build()
+        .map_err(|e| invalid("ssl.truststore.location", e.to_string()))?;
+        let builder = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(|e| invalid("ssl.enabled.protocols", e.to_string()))?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(crate::migrate::security::ChainVerifier {
+                inner,
+                verify_hostname,
+            }));
+        let (certs, key) = self.keystore()?;
+        let config = builder
+            .with_client_auth_cert(certs, key)
+            .map_err(|e| invalid("ssl.keystore.key", e.to_string()))?;
+        Ok(Arc::new(config))
+    }
+}
+
 /// The keys a per-broker AlterConfigs may change at runtime (Kafka's
 /// `SslConfigs.RECONFIGURABLE_CONFIGS`, those that name files: PEM text
 /// and passwords are not stored in the metadata log).

@@ -36,6 +36,10 @@ pub enum LogError {
     Closed,
     #[error("the segment is sealed and takes no appends")]
     SegmentSealed,
+    /// Appended, but fewer replicas than the commit needs are in sync now
+    /// (Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND): it may or may not commit.
+    #[error("appended, but too few replicas are in sync to commit it")]
+    NotEnoughReplicasAfterAppend,
     #[error("sealed segment {0} is not held here")]
     SegmentNotFound(u32),
     #[error(transparent)]

@@ -244,6 +244,9 @@ pub struct RangeLog {
     /// (a topic's `segment.bytes` / `segment.ms` altered while it is open).
     roll_bytes: AtomicU64,
     roll_ms: AtomicI64,
+    /// The newest segment the metadata image records for this log (see
+    /// [`RangeLog::set_recorded_active`]); the active one at open.
+    recorded_active: std::sync::atomic::AtomicU32,
     inner: Mutex<Inner>,
     flush_wanted: Notify,
     /// Committed position: durable on a quorum of the active segment's
@@ -256,6 +259,11 @@ pub struct RangeLog {
     /// Written position (page cache), for the replicators shipping frames.
     written: watch::Sender<u64>,
     failed: AtomicBool,
+    /// Set by the primary's replication while fewer replicas than a commit
+    /// needs are in sync: acks=-1 waits end with
+    /// `NotEnoughReplicasAfterAppend` instead of waiting for a commit that
+    /// may never come (Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND).
+    short_of_replicas: watch::Sender<bool>,
     /// Batch bytes appended since open, for the load-driven range policy.
     bytes_appended: AtomicU64,
     /// Bumped whenever a high watermark moves, to wake long-polling fetches.
@@ -271,6 +279,8 @@ pub struct RangeLog {
 #[derive(Default)]
 struct TestHooks {
     before_append_lock: Mutex<Option<Arc<dyn Fn() + Send + Sync>>>,
+    /// fdatasync calls of the flusher.
+    flusher_syncs: AtomicU64,
 }
 
 #[cfg(test)]
@@ -282,6 +292,9 @@ impl TestHooks {
         }
     }
 }
+
+/// Local rolls of a replicated log not yet recorded in the image, at most.
+const MAX_UNRECORDED_ROLLS: u32 = 8;
 
 pub fn now_ms() -> i64 {
     std::time::SystemTime::now()
@@ -464,6 +477,7 @@ impl RangeLog {
             }
         }
         let active_base_position = segments[..segments.len() - 1].iter().map(|s| s.size).sum();
+        let active_seq_at_open = active.seq;
         let inner = Inner {
             state: if options.sealed {
                 WriteState::Sealed
@@ -480,6 +494,7 @@ impl RangeLog {
         };
         let written = inner.written_position();
         let log = Arc::new(RangeLog {
+            recorded_active: std::sync::atomic::AtomicU32::new(active_seq_at_open),
             roll_bytes: AtomicU64::new(options.segment_bytes),
             roll_ms: AtomicI64::new(options.segment_ms),
             options,
@@ -489,6 +504,7 @@ impl RangeLog {
             local_durable: watch::channel(written).0,
             written: watch::channel(written).0,
             failed: AtomicBool::new(false),
+            short_of_replicas: watch::channel(false).0,
             bytes_appended: AtomicU64::new(0),
             hw_listener,
             files: Mutex::new(()),
@@ -672,7 +688,30 @@ impl RangeLog {
         if !(full || old) {
             return Ok(None);
         }
+        // A replicated log rolls at most a few segments ahead of what the
+        // image records: followers take a segment only once the image
+        // shows it, and each roll is recorded only once the segment before
+        // it is committed, so a primary rolling further ahead would hold
+        // segments nobody can replicate yet (the active one grows past
+        // segment.bytes meanwhile).
+        if self.options.replicated
+            && active.seq >= self.recorded_active.load(Ordering::Acquire) + MAX_UNRECORDED_ROLLS
+        {
+            return Ok(None);
+        }
         self.roll_locked(inner, now).map(Some)
+    }
+
+    /// The newest segment of this log the image records (see
+    /// [`RangeLog::set_recorded_active`]).
+    pub fn recorded_active(&self) -> u32 {
+        self.recorded_active.load(Ordering::Acquire)
+    }
+
+    /// The metadata image records segment `seq` of this log as the range's
+    /// active segment (its roll was recorded): a replicated log may roll it.
+    pub fn set_recorded_active(&self, seq: u32) {
+        self.recorded_active.fetch_max(seq, Ordering::AcqRel);
     }
 
     fn roll_locked(&self, inner: &mut Inner, now: i64) -> Result<SealedSegment, LogError> {
@@ -764,6 +803,33 @@ impl RangeLog {
         let mut inner = self.inner.lock();
         let position = position.min(inner.written_position());
         self.commit_locked(&mut inner, position);
+    }
+
+    /// Whether the active segment has followers (the commit is a quorum's).
+    pub fn is_replicated(&self) -> bool {
+        self.options.replicated
+    }
+
+    /// The primary's replication says whether fewer replicas than a commit
+    /// needs are in sync (see `short_of_replicas`).
+    pub fn set_short_of_replicas(&self, short: bool) {
+        self.short_of_replicas.send_if_modified(|s| {
+            let changed = *s != short;
+            *s = short;
+            changed
+        });
+    }
+
+    /// The local segments from `seq` on, oldest first, as `(seq, size,
+    /// sealed)`; the last one is the active segment.
+    pub fn segments_from(&self, seq: u32) -> Vec<(u32, u64, bool)> {
+        let inner = self.inner.lock();
+        inner
+            .segments
+            .iter()
+            .filter(|s| s.seq >= seq)
+            .map(|s| (s.seq, s.size, s.sealed))
+            .collect()
     }
 
     /// Range-wide position of byte `position` of local segment `seq`.
@@ -888,6 +954,7 @@ impl RangeLog {
     pub async fn wait_durable(&self, position: u64) -> Result<(), LogError> {
         const GRACE_AFTER_SEAL: std::time::Duration = std::time::Duration::from_secs(2);
         let mut rx = self.durable.subscribe();
+        let mut short = self.short_of_replicas.subscribe();
         let mut deadline: Option<tokio::time::Instant> = None;
         loop {
             if *rx.borrow_and_update() >= position {
@@ -896,21 +963,17 @@ impl RangeLog {
             if self.failed.load(Ordering::Relaxed) {
                 return Err(LogError::StorageFailed);
             }
+            if *short.borrow_and_update() {
+                return Err(LogError::NotEnoughReplicasAfterAppend);
+            }
             if deadline.is_none() && self.inner.lock().state != WriteState::Open {
                 deadline = Some(tokio::time::Instant::now() + GRACE_AFTER_SEAL);
             }
-            match deadline {
-                None => {
-                    if rx.changed().await.is_err() {
-                        return Err(LogError::Closed);
-                    }
-                }
-                Some(at) => {
-                    tokio::select! {
-                        changed = rx.changed() => if changed.is_err() { return Err(LogError::Closed) },
-                        _ = tokio::time::sleep_until(at) => return Err(LogError::Closed),
-                    }
-                }
+            let at = deadline.unwrap_or_else(tokio::time::Instant::now);
+            tokio::select! {
+                changed = rx.changed() => if changed.is_err() { return Err(LogError::Closed) },
+                changed = short.changed() => if changed.is_err() { return Err(LogError::Closed) },
+                _ = tokio::time::sleep_until(at), if deadline.is_some() => return Err(LogError::Closed),
             }
         }
     }
@@ -1465,12 +1528,17 @@ async fn flusher(log: Arc<RangeLog>) {
                 inner.written_position(),
             )
         };
-        let up_to_date = *log.durable.borrow() >= position;
+        // The local fsync is the flusher's job; the commit (what a quorum
+        // holds) may stay behind for long when followers are down, and
+        // waiting on it here would fsync an unchanged file in a loop.
+        let up_to_date = *log.local_durable.borrow() >= position;
         if up_to_date {
             log.flush_wanted.notified().await;
             continue;
         }
         let strong = &log;
+        #[cfg(test)]
+        log.hooks.flusher_syncs.fetch_add(1, Ordering::Relaxed);
         let synced = tokio::task::spawn_blocking(move || file.sync_data()).await;
         match synced {
             Ok(Ok(())) => {
@@ -1513,6 +1581,50 @@ mod tests {
             out.extend(h.base_offset..=h.last_offset());
         }
         out
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_flusher_does_not_spin_while_the_commit_cannot_move() {
+        // A replicated log whose followers are all down: appends are
+        // fsynced here once, and the commit never comes.
+        let dir = tempfile::tempdir().unwrap();
+        let log = RangeLog::open(
+            RangeLogOptions {
+                replicated: true,
+                ..options(dir.path())
+            },
+            watch::channel(0).0,
+        )
+        .unwrap();
+        let out = log.append(0, &mut make_batch(2, 1), None).unwrap();
+        log.wait_local_durable(out.end_position).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        let syncs = log.hooks.flusher_syncs.load(Ordering::Relaxed);
+        assert!(syncs <= 2, "{syncs} fsyncs of an unchanged segment");
+        assert_eq!(log.offsets(0).unwrap().high_watermark, 0, "not committed");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replicated_log_rolls_at_most_a_few_segments_ahead_of_the_image() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = RangeLog::open(
+            RangeLogOptions {
+                replicated: true,
+                segment_bytes: 1,
+                ..options(dir.path())
+            },
+            watch::channel(0).0,
+        )
+        .unwrap();
+        for _ in 0..20 {
+            log.append(0, &mut make_batch(1, 1), None).unwrap();
+        }
+        assert_eq!(log.segment_count() as u32, MAX_UNRECORDED_ROLLS + 1);
+        log.set_recorded_active(3);
+        for _ in 0..20 {
+            log.append(0, &mut make_batch(1, 1), None).unwrap();
+        }
+        assert_eq!(log.segment_count() as u32, MAX_UNRECORDED_ROLLS + 4);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -100,6 +100,10 @@ pub struct ControllerConfig {
     /// without voting. Its writes are forwarded to the leader. Needs a
     /// voter map without this node in it.
     pub learner_listener: Option<String>,
+    /// Secures the quorum transport's connections, both ways, when the
+    /// controller listener is SSL or SASL_* (see
+    /// [`crate::network_auth`]). `None`: PLAINTEXT.
+    pub security: Option<Arc<dyn crate::network_auth::TransportSecurity>>,
 }
 
 impl ControllerConfig {
@@ -113,6 +117,7 @@ impl ControllerConfig {
             voters: BTreeMap::new(),
             start_timeout: DEFAULT_START_TIMEOUT,
             learner_listener: None,
+            security: None,
         }
     }
 
@@ -120,6 +125,15 @@ impl ControllerConfig {
     /// [`ControllerConfig::learner_listener`].
     pub fn as_learner(mut self, address: impl Into<String>) -> Self {
         self.learner_listener = Some(address.into());
+        self
+    }
+
+    /// The same configuration with the transport secured by `security`.
+    pub fn with_security(
+        mut self,
+        security: Option<Arc<dyn crate::network_auth::TransportSecurity>>,
+    ) -> Self {
+        self.security = security;
         self
     }
 
@@ -352,7 +366,11 @@ impl Controller {
         .validate()
         .map_err(|e| MetadataError::Raft(e.to_string()))?;
 
-        let transport = Arc::new(Transport::new(cfg.node_id, cfg.voters.clone()));
+        let transport = Arc::new(Transport::new(
+            cfg.node_id,
+            cfg.voters.clone(),
+            cfg.security.clone(),
+        ));
         // Raft::new replays the committed tail into the state machine.
         let raft = openraft::Raft::new(
             cfg.node_id,
@@ -440,6 +458,8 @@ impl Controller {
                 self.node_id,
                 self.raft.clone(),
                 self.heartbeats.clone(),
+                self.transport.security(),
+                self.shared.images.subscribe(),
             ));
         }
         if let Some(address) = self.learner_address.clone() {

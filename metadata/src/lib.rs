@@ -15,6 +15,7 @@ pub mod error;
 pub mod heartbeats;
 pub mod image;
 pub mod network;
+pub mod network_auth;
 pub mod records;
 pub mod replay;
 

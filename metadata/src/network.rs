@@ -45,6 +45,11 @@
 //! [`Timeout`]; an error reply meaning the peer's raft is not running is
 //! also [`Unreachable`].
 //!
+//! With an SSL or SASL controller listener each connection is secured at
+//! its start (TLS, then Kafka's SaslHandshake/SaslAuthenticate) and the
+//! server admits only a peer allowed CLUSTER_ACTION: see
+//! [`crate::network_auth`].
+//!
 //! The server answers the requests of one connection in order. It closes a
 //! connection idle for 60 s or whose frame stalls for 30 s (clients do not
 //! reuse a connection idle for 30 s), and serves at most 256 connections at
@@ -68,12 +73,14 @@ use openraft::{BasicNode, LogId, RaftNetwork, RaftNetworkFactory, SnapshotMeta, 
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::Semaphore;
+use tokio::sync::{watch, Semaphore};
 use tokio::task::{JoinHandle, JoinSet};
 use tokio::time::Instant;
 
 use crate::controller::{MetadataBatch, MetadataRaft, TypeConfig};
 use crate::heartbeats::Heartbeats;
+use crate::image::MetadataImage;
+use crate::network_auth::{Conn, TransportSecurity};
 use crate::records::MetadataRecord;
 use crate::storage::{decode_entry, encode_entry};
 
@@ -520,44 +527,42 @@ struct DialState {
 /// and connect backoff.
 struct Peer {
     addr: String,
-    idle: Mutex<Vec<(TcpStream, Instant)>>,
+    idle: Mutex<Vec<(Conn, Instant)>>,
     dial: Mutex<DialState>,
+    /// Secures each new connection (SSL / SASL controller listener).
+    security: Option<Arc<dyn TransportSecurity>>,
 }
 
 impl Peer {
-    fn new(addr: String) -> Peer {
+    fn new(addr: String, security: Option<Arc<dyn TransportSecurity>>) -> Peer {
         Peer {
             addr,
             idle: Mutex::new(Vec::new()),
             dial: Mutex::new(DialState::default()),
+            security,
         }
     }
 
     /// An idle connection that still looks open (the peer did not close it
     /// while it sat in the pool) and is not about to be closed by it.
-    fn take_idle(&self) -> Option<TcpStream> {
+    fn take_idle(&self) -> Option<Conn> {
         loop {
             let (conn, since) = self.idle.lock().pop()?;
-            if since.elapsed() > CLIENT_MAX_IDLE {
+            if since.elapsed() > CLIENT_MAX_IDLE || !conn.looks_open() {
                 continue;
             }
-            let mut probe = [0u8; 1];
-            match conn.try_read(&mut probe) {
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return Some(conn),
-                // Closed, reset, or unexpected bytes: drop it.
-                _ => continue,
-            }
+            return Some(conn);
         }
     }
 
-    fn put_idle(&self, conn: TcpStream) {
+    fn put_idle(&self, conn: Conn) {
         let mut idle = self.idle.lock();
         if idle.len() < MAX_IDLE_PER_PEER {
             idle.push((conn, Instant::now()));
         }
     }
 
-    async fn dial(&self, deadline: Instant) -> Result<TcpStream, CallError> {
+    async fn dial(&self, deadline: Instant) -> Result<Conn, CallError> {
         if self.addr.is_empty() {
             return Err(CallError::Unreachable(std::io::Error::new(
                 std::io::ErrorKind::NotConnected,
@@ -574,7 +579,17 @@ impl Peer {
             }
         }
         let limit = deadline.saturating_duration_since(now).min(CONNECT_TIMEOUT);
-        let res = match tokio::time::timeout(limit, TcpStream::connect(self.addr.as_str())).await {
+        // The connection counts once it is secured: a peer that refuses our
+        // credentials is as unreachable as one that is down.
+        let connect = async {
+            let tcp = TcpStream::connect(self.addr.as_str()).await?;
+            let _ = tcp.set_nodelay(true);
+            match &self.security {
+                None => Ok(Conn::Tcp(tcp)),
+                Some(security) => security.connect(tcp, &self.addr).await.map(Conn::Secured),
+            }
+        };
+        let res = match tokio::time::timeout(limit, connect).await {
             Ok(r) => r,
             Err(_) => Err(std::io::Error::new(
                 std::io::ErrorKind::TimedOut,
@@ -585,7 +600,6 @@ impl Peer {
         match res {
             Ok(s) => {
                 *st = DialState::default();
-                let _ = s.set_nodelay(true);
                 Ok(s)
             }
             Err(e) => {
@@ -648,14 +662,20 @@ pub(crate) struct Transport {
     node_id: u64,
     voters: BTreeMap<u64, String>,
     peers: Mutex<HashMap<u64, Arc<Peer>>>,
+    security: Option<Arc<dyn TransportSecurity>>,
 }
 
 impl Transport {
-    pub(crate) fn new(node_id: u64, voters: BTreeMap<u64, String>) -> Transport {
+    pub(crate) fn new(
+        node_id: u64,
+        voters: BTreeMap<u64, String>,
+        security: Option<Arc<dyn TransportSecurity>>,
+    ) -> Transport {
         Transport {
             node_id,
             voters,
             peers: Mutex::new(HashMap::new()),
+            security,
         }
     }
 
@@ -671,11 +691,16 @@ impl Transport {
         match peers.get(&target) {
             Some(p) if p.addr == addr => p.clone(),
             _ => {
-                let p = Arc::new(Peer::new(addr.to_string()));
+                let p = Arc::new(Peer::new(addr.to_string(), self.security.clone()));
                 peers.insert(target, p.clone());
                 p
             }
         }
+    }
+
+    /// What secures this transport's connections (the server uses it too).
+    pub(crate) fn security(&self) -> Option<Arc<dyn TransportSecurity>> {
+        self.security.clone()
     }
 
     /// Drops every idle connection (shutdown).
@@ -943,6 +968,8 @@ pub(crate) fn spawn_server(
     node_id: u64,
     raft: MetadataRaft,
     heartbeats: Arc<Heartbeats>,
+    security: Option<Arc<dyn TransportSecurity>>,
+    images: watch::Receiver<Arc<MetadataImage>>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let slots = Arc::new(Semaphore::new(SERVER_MAX_CONNECTIONS));
@@ -958,8 +985,12 @@ pub(crate) fn spawn_server(
                         let _ = stream.set_nodelay(true);
                         let raft = raft.clone();
                         let heartbeats = heartbeats.clone();
+                        let security = security.clone();
+                        let image = images.borrow().clone();
                         conns.spawn(async move {
-                            serve_connection(stream, node_id, raft, heartbeats).await;
+                            if let Some(conn) = admit(stream, peer, security, image).await {
+                                serve_connection(conn, peer, node_id, raft, heartbeats).await;
+                            }
                             drop(slot);
                         });
                     }
@@ -975,16 +1006,37 @@ pub(crate) fn spawn_server(
     })
 }
 
+/// A connection secured as the controller listener asks, or `None` when
+/// its peer is not admitted (logged, and the connection closed unread).
+async fn admit(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    security: Option<Arc<dyn TransportSecurity>>,
+    image: Arc<MetadataImage>,
+) -> Option<Conn> {
+    let Some(security) = security else {
+        return Some(Conn::Tcp(stream));
+    };
+    match tokio::time::timeout(SERVER_FRAME_TIMEOUT, security.accept(stream, image)).await {
+        Ok(Ok(conn)) => Some(Conn::Secured(conn)),
+        Ok(Err(reason)) => {
+            tracing::info!(%peer, %reason, "controller connection refused");
+            None
+        }
+        Err(_) => {
+            tracing::info!(%peer, "controller connection refused: authentication timed out");
+            None
+        }
+    }
+}
+
 async fn serve_connection(
-    mut stream: TcpStream,
+    mut stream: Conn,
+    peer: std::net::SocketAddr,
     node_id: u64,
     raft: MetadataRaft,
     heartbeats: Arc<Heartbeats>,
 ) {
-    let peer = stream
-        .peer_addr()
-        .map(|a| a.to_string())
-        .unwrap_or_default();
     loop {
         let read = read_frame(
             &mut stream,
@@ -1341,7 +1393,7 @@ mod tests {
         let client = PeerClient {
             from: 1,
             target: 2,
-            peer: Arc::new(Peer::new(String::new())),
+            peer: Arc::new(Peer::new(String::new(), None)),
         };
         let waits: Vec<_> = client.backoff().take(10).collect();
         assert_eq!(waits[0], RAFT_BACKOFF_BASE);

@@ -718,7 +718,9 @@ pub fn merge_ranges(
 mod leader_balance;
 pub use leader_balance::{leader_load, plan_leader_moves, LeaderMove};
 mod replacement;
-pub use replacement::{plan_replacements, replica_load, seal_and_replace, Replacement};
+pub use replacement::{
+    plan_follower_replacements, plan_replacements, replica_load, seal_and_replace, Replacement,
+};
 
 #[cfg(test)]
 mod tests;

@@ -262,3 +262,152 @@ pub fn seal_and_replace(
         segment.leader_epoch,
     ))
 }
+
+/// The followers of active segments that leave at the next segment
+/// boundary, now: a follower whose broker is fenced or unregistered (the
+/// controller's view) or that the primary reports out of sync for longer
+/// than `replica.lag.time.max.ms` (`out_of_sync`: segment and follower).
+/// Kafka keeps a dead replica in the assignment until an operator
+/// reassigns it; here the range's next segment opens without it, so a
+/// replica set never carries a dead member past the next boundary and
+/// RF=2 does not stall on one failure.
+///
+/// Each leaving follower is replaced by a live broker outside the set
+/// (least loaded first, new racks first, weighted rendezvous among
+/// equals). A fenced follower with no broker to replace it is dropped (the
+/// set shrinks, as Kafka's ISR does); a live one out of sync is replaced
+/// only when a broker can take its place (dropping it would only add it
+/// back). A set smaller than the topic's replication factor whose members
+/// are all live grows back when a broker is free. The primary stays
+/// (only followers change; the primary holds the range's history), and
+/// only segments whose primary is live are planned (failover handles the
+/// others). At most `max_ranges` plans; the load counts those planned.
+pub fn plan_follower_replacements(
+    image: &MetadataImage,
+    out_of_sync: &BTreeSet<(SegmentId, i32)>,
+    max_ranges: usize,
+) -> Vec<Replacement> {
+    let mut load = replica_load(image);
+    let live = |b: &i32| image.brokers.get(b).is_some_and(|x| !x.fenced);
+    let mut planned = Vec::new();
+    for range in image.ranges.values().filter(|r| r.active) {
+        if planned.len() >= max_ranges {
+            break;
+        }
+        let Some(topic) = image.topics.get(&range.topic_id) else {
+            continue;
+        };
+        let Some(seg) = image.active_segment(range.id) else {
+            continue;
+        };
+        let Some(primary) = seg.primary() else {
+            continue;
+        };
+        if seg.is_sealed() || !live(&primary) {
+            continue;
+        }
+        let want = (topic.replication_factor.max(1) as usize).max(seg.replicas.len());
+        let dead: Vec<i32> = seg.replicas[1..]
+            .iter()
+            .copied()
+            .filter(|f| !live(f))
+            .collect();
+        let lagging: Vec<i32> = seg.replicas[1..]
+            .iter()
+            .copied()
+            .filter(|f| live(f) && out_of_sync.contains(&(seg.id, *f)))
+            .collect();
+        let keep: Vec<i32> = seg
+            .replicas
+            .iter()
+            .copied()
+            .filter(|r| !dead.contains(r) && !lagging.contains(r))
+            .collect();
+        let spares = ranked_spares(image, seg.id, &seg.replicas, &keep, &load);
+        let mut replicas = keep.clone();
+        let mut added = Vec::new();
+        for s in spares {
+            if replicas.len() >= want {
+                break;
+            }
+            replicas.push(s);
+            added.push(s);
+        }
+        // A lagging follower no broker can replace stays where it is.
+        for &f in &lagging {
+            if replicas.len() < want && !replicas.contains(&f) {
+                replicas.push(f);
+            }
+        }
+        if replicas == seg.replicas
+            || replicas.iter().collect::<BTreeSet<_>>() == seg.replicas.iter().collect()
+        {
+            continue;
+        }
+        for r in &added {
+            if let Some(n) = load.get_mut(r) {
+                *n += 1;
+            }
+        }
+        let from = dead
+            .iter()
+            .chain(&lagging)
+            .copied()
+            .find(|r| !replicas.contains(r))
+            .unwrap_or(-1);
+        planned.push(Replacement {
+            segment: seg.id,
+            current: seg.replicas.clone(),
+            replicas,
+            from,
+            to: added.first().copied().unwrap_or(-1),
+        });
+    }
+    planned
+}
+
+/// Live brokers outside `current`, in the order they should join a set
+/// that keeps `keep`: brokers in racks `keep` does not use first, then by
+/// load, then as weighted rendezvous hashing places the next segment.
+fn ranked_spares(
+    image: &MetadataImage,
+    segment: SegmentId,
+    current: &[i32],
+    keep: &[i32],
+    load: &BTreeMap<i32, i64>,
+) -> Vec<i32> {
+    let rack_of = |b: &i32| {
+        image
+            .brokers
+            .get(b)
+            .and_then(|x| x.registration.rack.clone())
+    };
+    let used: BTreeSet<Option<String>> = keep.iter().map(rack_of).filter(Option::is_some).collect();
+    let candidates: Vec<BrokerCandidate> = load
+        .iter()
+        .filter(|(b, _)| !current.contains(b))
+        .map(|(&b, &l)| BrokerCandidate {
+            broker_id: b,
+            rack: None,
+            fenced: false,
+            load: l.max(0) as u64,
+        })
+        .collect();
+    if candidates.is_empty() {
+        return Vec::new();
+    }
+    let next = SegmentId::new(segment.range, segment.seq + 1);
+    let hashed =
+        place_replicas(&next.to_string(), &candidates, candidates.len()).unwrap_or_default();
+    let mut ranked: Vec<(bool, i64, usize, i32)> = hashed
+        .iter()
+        .enumerate()
+        .map(|(i, b)| {
+            let rack = rack_of(b);
+            let new_rack = rack.is_none() || !used.contains(&rack);
+            (!new_rack, load[b], i, *b)
+        })
+        .collect();
+    ranked.sort();
+    ranked.into_iter().map(|(_, _, _, b)| b).collect()
+}

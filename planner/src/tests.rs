@@ -4,6 +4,7 @@
 
 use super::*;
 use proptest::prelude::*;
+use std::collections::BTreeSet;
 use tessera_metadata::{decode_committed_value, PartitionSpan};
 
 /// Commits `records` to `image` as one entry; returns how many were skipped.
@@ -1459,4 +1460,100 @@ fn a_joined_broker_leads_once_re_placement_made_it_a_follower() {
         load.values().max().unwrap() - load.values().min().unwrap() <= 1,
         "{load:?}"
     );
+}
+
+fn unfence(image: &mut MetadataImage, broker: i32) {
+    let records = vec![MetadataRecord::UnfenceBroker { broker_id: broker }];
+    assert_eq!(commit(image, &records), 0);
+}
+
+#[test]
+fn a_fenced_follower_leaves_the_active_set_at_once_for_a_spare() {
+    let (mut image, range) = replicated_topic(4, 3);
+    let active = image.active_segment(range).unwrap();
+    let dead = active.replicas[1];
+    let spare = (1..=4).find(|b| !active.replicas.contains(b)).unwrap();
+    assert!(plan_follower_replacements(&image, &BTreeSet::new(), 10).is_empty());
+    fence(&mut image, dead);
+    let plans = plan_follower_replacements(&image, &BTreeSet::new(), 10);
+    assert_eq!(plans.len(), 1);
+    assert_eq!((plans[0].from, plans[0].to), (dead, spare));
+    replace(&mut image, &plans);
+    let next = image.active_segment(range).unwrap();
+    assert_eq!(next.id.seq, active.id.seq + 1);
+    assert_eq!(next.primary(), active.primary(), "the primary stays");
+    assert_eq!(
+        next.leader_epoch, active.leader_epoch,
+        "leadership did not move"
+    );
+    assert_eq!(
+        next.replicas,
+        vec![active.replicas[0], active.replicas[2], spare]
+    );
+    assert!(plan_follower_replacements(&image, &BTreeSet::new(), 10).is_empty());
+}
+
+#[test]
+fn with_no_spare_a_dead_follower_is_dropped_and_the_set_grows_back() {
+    // RF=2 on 2 brokers: one failure would stall a majority of 2 forever.
+    let (mut image, range) = replicated_topic(2, 2);
+    let active = image.active_segment(range).unwrap();
+    let (primary, follower) = (active.replicas[0], active.replicas[1]);
+    fence(&mut image, follower);
+    let plans = plan_follower_replacements(&image, &BTreeSet::new(), 10);
+    assert_eq!(plans.len(), 1);
+    assert_eq!(plans[0].replicas, vec![primary]);
+    replace(&mut image, &plans);
+    assert_eq!(image.active_segment(range).unwrap().replicas, vec![primary]);
+    // Nothing more while it is away; back, it rejoins at the next boundary.
+    assert!(plan_follower_replacements(&image, &BTreeSet::new(), 10).is_empty());
+    unfence(&mut image, follower);
+    let plans = plan_follower_replacements(&image, &BTreeSet::new(), 10);
+    assert_eq!(plans.len(), 1);
+    assert_eq!(plans[0].replicas, vec![primary, follower]);
+    replace(&mut image, &plans);
+    assert!(plan_follower_replacements(&image, &BTreeSet::new(), 10).is_empty());
+}
+
+#[test]
+fn a_lagging_follower_is_replaced_only_when_a_broker_can_take_its_place() {
+    let (image, range) = replicated_topic(3, 3);
+    let active = image.active_segment(range).unwrap();
+    let lagging = BTreeSet::from([(active.id, active.replicas[2])]);
+    assert!(
+        plan_follower_replacements(&image, &lagging, 10).is_empty(),
+        "dropping a live follower would only add it back"
+    );
+    let (image, range) = replicated_topic(4, 3);
+    let active = image.active_segment(range).unwrap();
+    let spare = (1..=4).find(|b| !active.replicas.contains(b)).unwrap();
+    let lagging = BTreeSet::from([(active.id, active.replicas[2])]);
+    let plans = plan_follower_replacements(&image, &lagging, 10);
+    assert_eq!(plans.len(), 1);
+    assert_eq!(
+        plans[0].replicas,
+        vec![active.replicas[0], active.replicas[1], spare]
+    );
+}
+
+#[test]
+fn follower_replacement_leaves_a_dead_primary_to_failover_and_rf1_alone() {
+    let (mut image, range) = replicated_topic(4, 3);
+    let primary = image.active_segment(range).unwrap().replicas[0];
+    fence(&mut image, primary);
+    assert!(plan_follower_replacements(&image, &BTreeSet::new(), 10).is_empty());
+    let (image, _) = replicated_topic(3, 1);
+    assert!(plan_follower_replacements(&image, &BTreeSet::new(), 10).is_empty());
+}
+
+#[test]
+fn follower_replacements_are_bounded_and_count_their_own_load() {
+    // 4 RF=3 ranges on brokers 1-3 and broker 4 idle; broker 2 dies.
+    let mut image = joined(3, 4, 4, 3);
+    fence(&mut image, 2);
+    let plans = plan_follower_replacements(&image, &BTreeSet::new(), 2);
+    assert_eq!(plans.len(), 2, "bounded");
+    let all = plan_follower_replacements(&image, &BTreeSet::new(), 100);
+    // Ranges whose primary is 2 are failover's; the others each get 4.
+    assert!(all.iter().all(|p| p.to == 4 && p.from == 2));
 }

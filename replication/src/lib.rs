@@ -5,8 +5,10 @@
 //! shipping tasks (`primary`), the follower's copies (`replica_store`) and
 //! the follower side of the stream, fences and repairs (`service`), and
 //! the producer snapshot a follower without the older segments fetches
-//! (`snapshot_transfer`).
+//! (`snapshot_transfer`), and how connections to peers authenticate
+//! (`auth`).
 
+pub mod auth;
 pub mod follower;
 pub mod placement;
 pub mod primary;
@@ -18,4 +20,7 @@ pub mod snapshot_transfer;
 
 pub use follower::{FollowerSegment, Offer, SealAction};
 pub use placement::{place_replicas, BrokerCandidate, PlacementError};
-pub use quorum::{committed_end, quorum_size, seal_point, FenceReport};
+pub use quorum::{
+    commit_quorum, committed_across, committed_end, fence_quorum, quorum_size, seal_point,
+    FenceReport,
+};

@@ -1,10 +1,18 @@
-//! The primary side of replication (I/O): one shipping task per follower
-//! streams the range log's stored frames, in order and pipelined, and the
-//! acks move the range's committed position (the high watermark) to what a
-//! quorum of the segment's replicas — the primary's own fsync included —
-//! holds durably.
+//! The primary side of replication (I/O; Kafka's leader side of
+//! `ReplicaManager` + `Partition.maybeIncrementLeaderHW`): one shipping
+//! task per follower streams the range log's stored frames, in order and
+//! pipelined, and the acks move the range's committed position (the high
+//! watermark) to what a commit quorum of the segment's replicas — the
+//! primary's own fsync included — holds durably, segment by segment.
+//!
+//! A shipping task never gives up while the log is open: a refusal, a lost
+//! connection or a segment retention deleted restarts or moves the stream
+//! on, and a follower that stays behind is visible as out of sync
+//! ([`Replication::in_sync`], [`Replication::out_of_sync_for`]) so that the
+//! broker replaces it at a segment boundary.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -12,8 +20,9 @@ use parking_lot::Mutex;
 use tessera_log::RangeLog;
 use tokio::sync::watch;
 
+use crate::auth::{Connector, PeerStream};
 use crate::protocol::{connect, read_message, write_message, Message, SegmentKey};
-use crate::quorum::committed_end;
+use crate::quorum::{commit_quorum, committed_across};
 
 /// Bytes shipped to one follower and not yet acknowledged, at most.
 const WINDOW_BYTES: u64 = 16 << 20;
@@ -23,19 +32,45 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const RETRY_MIN: Duration = Duration::from_millis(50);
 const RETRY_MAX: Duration = Duration::from_secs(1);
 /// How long a follower that asked to retry later is left alone.
-const REFUSED_PAUSE: Duration = Duration::from_millis(100);
+const REFUSED_PAUSE: Duration = Duration::from_millis(25);
+/// How often the primary looks at its followers without an event (the
+/// in-sync set changes with time alone).
+const MONITOR_TICK: Duration = Duration::from_millis(250);
 
-/// Where a follower's Kafka listener is (from the metadata image).
+/// Where a follower's Kafka listener is (from the metadata image), and
+/// how to connect to it.
 pub trait PeerAddresses: Send + Sync + 'static {
     fn address_of(&self, broker: i32) -> Option<String>;
+    /// Authenticates the connections to peers (see [`crate::auth`]).
+    fn connector(&self) -> Arc<dyn Connector>;
 }
 
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug, Default)]
 struct FollowerProgress {
-    seq: u32,
-    durable: u64,
-    /// Last time the follower had everything the primary had fsynced.
-    caught_up: Instant,
+    /// The follower's durable end in each segment, as it acknowledged it.
+    /// A follower that skipped a segment's tail (it repairs it from a peer)
+    /// has a short entry there, whatever it holds of later segments.
+    durable: BTreeMap<u32, u64>,
+    /// Where its stream resumes after a reconnect: the segment it was
+    /// last shipped.
+    ship_seq: u32,
+    /// Set at its first acknowledgement: a follower that never answered is
+    /// not in sync, however idle the range.
+    answered: bool,
+    /// Last time it held everything the primary had fsynced.
+    caught_up: Option<Instant>,
+}
+
+impl FollowerProgress {
+    fn end_in(&self, seq: u32, size: u64) -> u64 {
+        self.durable.get(&seq).copied().unwrap_or(0).min(size)
+    }
+}
+
+struct Progress {
+    /// Segments before this one are committed; the commit is computed from here.
+    base_seq: u32,
+    followers: HashMap<i32, FollowerProgress>,
 }
 
 /// Replication of one range log's active segment to its followers.
@@ -45,103 +80,200 @@ pub struct Replication {
     me: i32,
     replicas: usize,
     followers: Vec<i32>,
-    progress: Mutex<HashMap<i32, FollowerProgress>>,
+    /// The topic's `min.insync.replicas` (dynamic: set on every reconcile).
+    min_insync: AtomicUsize,
+    /// `replica.lag.time.max.ms`.
+    lag: Duration,
+    /// When shipping started: the lag clock of a follower never caught up.
+    started: Instant,
+    progress: Mutex<Progress>,
     stop: watch::Sender<bool>,
 }
 
 impl Replication {
     /// Starts shipping `log` (the range's log, this broker the primary of
-    /// its active segment) to `followers`.
+    /// its active segment) to `followers`. A commit needs
+    /// [`commit_quorum`] of the replicas; a follower is in sync while it
+    /// caught up within `lag`.
     pub fn start(
         log: Arc<RangeLog>,
         range: u64,
         me: i32,
         followers: Vec<i32>,
         peers: Arc<dyn PeerAddresses>,
+        min_insync: usize,
+        lag: Duration,
     ) -> Arc<Replication> {
         let (start_seq, _) = log.local_durable_end();
-        let now = Instant::now();
         let r = Arc::new(Replication {
             log,
             range,
             me,
             replicas: followers.len() + 1,
-            progress: Mutex::new(
-                followers
+            min_insync: AtomicUsize::new(min_insync),
+            lag,
+            started: Instant::now(),
+            progress: Mutex::new(Progress {
+                base_seq: start_seq,
+                followers: followers
                     .iter()
                     .map(|f| {
                         (
                             *f,
                             FollowerProgress {
-                                seq: start_seq,
-                                durable: 0,
-                                caught_up: now,
+                                ship_seq: start_seq,
+                                ..Default::default()
                             },
                         )
                     })
                     .collect(),
-            ),
+            }),
             followers,
             stop: watch::channel(false).0,
         });
         for &f in &r.followers {
             tokio::spawn(ship(r.clone(), f, peers.clone()));
         }
-        tokio::spawn(follow_local(r.clone()));
+        tokio::spawn(monitor(r.clone()));
         r
     }
 
     pub fn stop(&self) {
         self.stop.send_replace(true);
+        self.log.set_short_of_replicas(false);
     }
 
     pub fn log(&self) -> &Arc<RangeLog> {
         &self.log
     }
 
-    /// Replicas in sync: the primary, and followers that had everything the
-    /// primary had fsynced within `lag` (Kafka's `replica.lag.time.max.ms`).
-    pub fn in_sync(&self, lag: Duration) -> Vec<i32> {
+    pub fn followers(&self) -> &[i32] {
+        &self.followers
+    }
+
+    /// The topic's `min.insync.replicas` changed.
+    pub fn set_min_insync(&self, min_insync: usize) {
+        if self.min_insync.swap(min_insync, Ordering::Relaxed) != min_insync {
+            self.recompute();
+        }
+    }
+
+    /// Replicas whose durable copies commit a byte (see [`commit_quorum`]).
+    pub fn commit_quorum(&self) -> usize {
+        commit_quorum(self.replicas, self.min_insync.load(Ordering::Relaxed))
+    }
+
+    /// Replicas in sync: the primary, and followers that answered and had
+    /// everything the primary had fsynced within `replica.lag.time.max.ms`
+    /// (Kafka's ISR).
+    pub fn in_sync(&self) -> Vec<i32> {
         let now = Instant::now();
-        let (seq, local) = self.log.local_durable_end();
-        let own = self.log.position_of(seq, local).unwrap_or(0);
         let mut out = vec![self.me];
-        for (f, p) in self.progress.lock().iter() {
-            // Caught up now (an idle range), or recently enough.
-            let at = self.log.position_of(p.seq, p.durable).unwrap_or(0);
-            if at >= own || now.duration_since(p.caught_up) <= lag {
+        let progress = self.progress.lock();
+        for f in &self.followers {
+            if progress.followers[f]
+                .caught_up
+                .is_some_and(|t| now.duration_since(t) <= self.lag)
+            {
                 out.push(*f);
             }
         }
         out
     }
 
-    /// Recomputes the committed position from every replica's durable end.
-    fn recompute(&self) {
-        let (seq, local) = self.log.local_durable_end();
-        let Some(own) = self.log.position_of(seq, local) else {
-            return;
-        };
-        let mut ends = vec![own];
+    /// Followers out of sync, and for how long (since they were last
+    /// caught up, or since shipping started for one that never was).
+    pub fn out_of_sync_for(&self) -> Vec<(i32, Duration)> {
         let now = Instant::now();
-        for p in self.progress.lock().values_mut() {
-            let at = self.log.position_of(p.seq, p.durable).unwrap_or(0);
-            if at >= own {
-                p.caught_up = now;
-            }
-            ends.push(at);
+        let progress = self.progress.lock();
+        self.followers
+            .iter()
+            .filter_map(|f| {
+                let since = progress.followers[f].caught_up.unwrap_or(self.started);
+                let behind = now.duration_since(since);
+                (behind > self.lag).then_some((*f, behind))
+            })
+            .collect()
+    }
+
+    /// Recomputes the committed position from every replica's durable end
+    /// in each segment, and who is caught up.
+    fn recompute(&self) {
+        let mut progress = self.progress.lock();
+        let segments = self.log.segments_from(progress.base_seq);
+        if segments.is_empty() {
+            return;
         }
-        self.log.commit(committed_end(&ends, self.replicas));
+        let (active, local) = self.log.local_durable_end();
+        let own_end = |seq: u32, size: u64| if seq < active { size } else { local.min(size) };
+        let table: Vec<(u64, Vec<u64>)> = segments
+            .iter()
+            .map(|&(seq, size, _)| {
+                let mut ends = vec![own_end(seq, size)];
+                ends.extend(
+                    self.followers
+                        .iter()
+                        .map(|f| progress.followers[f].end_in(seq, size)),
+                );
+                (size, ends)
+            })
+            .collect();
+        let quorum = self.commit_quorum();
+        if let Some((i, bytes)) = committed_across(&table, quorum) {
+            let (seq, _, _) = segments[i];
+            if let Some(position) = self.log.position_of(seq, bytes) {
+                self.log.commit(position);
+            }
+            // Older segments are committed: forget them.
+            if seq > progress.base_seq {
+                progress.base_seq = seq;
+                for p in progress.followers.values_mut() {
+                    p.durable.retain(|s, _| *s >= seq);
+                }
+            }
+        }
+        // Caught up: holds, without a gap, everything the primary fsynced
+        // in the segments the image records (a follower cannot take a
+        // segment whose roll is not recorded yet).
+        let now = Instant::now();
+        let recorded = self.log.recorded_active();
+        let own: Vec<u64> = segments
+            .iter()
+            .map(|&(seq, size, _)| if seq > recorded { 0 } else { own_end(seq, size) })
+            .collect();
+        for f in &self.followers {
+            let p = progress.followers.get_mut(f).expect("every follower");
+            let caught_up = p.answered
+                && segments
+                    .iter()
+                    .zip(&own)
+                    .all(|(&(seq, size, _), &own)| p.end_in(seq, size) >= own);
+            if caught_up {
+                p.caught_up = Some(now);
+            }
+        }
+        drop(progress);
+        // Acks=all waits end early only once so many followers have been
+        // out of sync for `replica.lag.time.max.ms` that the rest cannot
+        // make a commit quorum (a follower that just started is given that
+        // time to answer, as Kafka keeps a new leader's ISR).
+        let reachable = self.replicas - self.out_of_sync_for().len();
+        self.log.set_short_of_replicas(reachable < quorum);
     }
 
     fn acked(&self, follower: i32, seq: u32, durable: u64) {
-        if let Some(p) = self.progress.lock().get_mut(&follower) {
-            if (seq, durable) > (p.seq, p.durable) {
-                p.seq = seq;
-                p.durable = durable;
-            }
+        if let Some(p) = self.progress.lock().followers.get_mut(&follower) {
+            let e = p.durable.entry(seq).or_insert(0);
+            *e = (*e).max(durable);
+            p.answered = true;
         }
         self.recompute();
+    }
+
+    fn shipping(&self, follower: i32, seq: u32) {
+        if let Some(p) = self.progress.lock().followers.get_mut(&follower) {
+            p.ship_seq = p.ship_seq.max(seq);
+        }
     }
 
     fn stopped(&self) -> bool {
@@ -149,8 +281,9 @@ impl Replication {
     }
 }
 
-/// The primary's own fsyncs count too.
-async fn follow_local(r: Arc<Replication>) {
+/// The primary's own fsyncs count too, and the in-sync set changes with
+/// time alone (a follower falls out after `replica.lag.time.max.ms`).
+async fn monitor(r: Arc<Replication>) {
     let mut local = r.log.subscribe_local_durable();
     let mut stop = r.stop.subscribe();
     loop {
@@ -158,23 +291,31 @@ async fn follow_local(r: Arc<Replication>) {
         tokio::select! {
             changed = local.changed() => if changed.is_err() { return },
             _ = stop.changed() => return,
+            _ = tokio::time::sleep(MONITOR_TICK) => {}
         }
     }
 }
 
-/// Keeps one follower's copy in step: connect, stream, reconnect.
+/// Keeps one follower's copy in step: connect, stream, reconnect, for as
+/// long as the log is open and shipping is not stopped.
 async fn ship(r: Arc<Replication>, follower: i32, peers: Arc<dyn PeerAddresses>) {
     let mut backoff = RETRY_MIN;
     let mut stop = r.stop.subscribe();
+    let mut failures = 0u32;
     while !r.stopped() {
         let outcome = match peers.address_of(follower) {
-            Some(addr) => stream_to(&r, follower, &addr).await,
+            Some(addr) => stream_to(&r, follower, &addr, &*peers.connector()).await,
             None => Err(format!("no address for broker {follower}")),
         };
         match outcome {
             Ok(()) => return,
             Err(reason) => {
-                tracing::debug!(range = r.range, follower, %reason, "replication stream ended; retrying");
+                failures += 1;
+                if failures.is_multiple_of(50) {
+                    tracing::warn!(range = r.range, follower, failures, %reason, "replication stream keeps failing; retrying");
+                } else {
+                    tracing::debug!(range = r.range, follower, %reason, "replication stream ended; retrying");
+                }
             }
         }
         tokio::select! {
@@ -185,13 +326,18 @@ async fn ship(r: Arc<Replication>, follower: i32, peers: Arc<dyn PeerAddresses>)
     }
 }
 
-/// One connection's life. `Ok` when replication of this log is over (the
-/// follower refused for good or we were stopped), `Err` to reconnect.
-async fn stream_to(r: &Arc<Replication>, follower: i32, addr: &str) -> Result<(), String> {
-    let conn = connect(addr, CONNECT_TIMEOUT)
+/// One connection's life. `Ok` when replication of this log is over (we
+/// were stopped or the log is gone), `Err` to reconnect.
+async fn stream_to(
+    r: &Arc<Replication>,
+    follower: i32,
+    addr: &str,
+    connector: &dyn Connector,
+) -> Result<(), String> {
+    let conn = connect(connector, addr, CONNECT_TIMEOUT)
         .await
         .map_err(|e| format!("connect to {addr}: {e}"))?;
-    let (mut reader, mut writer) = conn.into_split();
+    let (mut reader, mut writer) = tokio::io::split(conn);
     write_message(&mut writer, &Message::Hello { from: r.me })
         .await
         .map_err(|e| e.to_string())?;
@@ -213,23 +359,34 @@ async fn stream_to(r: &Arc<Replication>, follower: i32, addr: &str) -> Result<()
     result
 }
 
+/// The first segment after `seq` the log holds, if any.
+fn next_held(log: &RangeLog, seq: u32) -> Option<u32> {
+    log.segments_from(seq + 1).first().map(|s| s.0)
+}
+
 async fn pump(
     r: &Arc<Replication>,
     follower: i32,
-    writer: &mut tokio::net::tcp::OwnedWriteHalf,
+    writer: &mut tokio::io::WriteHalf<PeerStream>,
     rx: &mut tokio::sync::mpsc::UnboundedReceiver<Message>,
 ) -> Result<(), String> {
     let mut written = r.log.subscribe_written();
     let mut stop = r.stop.subscribe();
-    // Start where the follower was last durable; the first append probes
-    // (a mismatch names its real end) and pipelining starts once it lands.
+    // Start where the follower was last durable; an empty append probes
+    // (the follower answers with its durable end, a later mismatch names
+    // its real end) and pipelining starts once it answered.
     let (mut seq, mut pos) = {
-        let p = r.progress.lock()[&follower];
-        (p.seq, p.durable)
+        let progress = r.progress.lock();
+        let p = &progress.followers[&follower];
+        let seq = p.ship_seq.max(progress.base_seq);
+        (seq, p.durable.get(&seq).copied().unwrap_or(0))
     };
+    let mut acked = pos;
+    // Every (re)start of a segment's stream begins with an empty append:
+    // the follower answers with its durable end (or a refusal), and
+    // pipelining starts once it answered.
     let mut synced = false;
     let mut probing = false;
-    let mut acked = pos;
     // Set when the follower asked to retry later (its image is behind).
     let mut paused_until: Option<tokio::time::Instant> = None;
     loop {
@@ -239,24 +396,62 @@ async fn pump(
         if paused_until.is_some_and(|t| tokio::time::Instant::now() >= t) {
             paused_until = None;
         }
-        // Send what we may.
+        r.shipping(follower, seq);
+        if !synced && !probing && paused_until.is_none() {
+            let probe = Message::Append {
+                segment: SegmentKey {
+                    range: r.range,
+                    seq,
+                },
+                position: pos,
+                frames: bytes::Bytes::new(),
+            };
+            write_message(writer, &probe)
+                .await
+                .map_err(|e| e.to_string())?;
+            probing = true;
+        }
+        // Send what we may (a segment we moved on to is probed first).
+        let mut moved_on = false;
         while !probing && paused_until.is_none() && pos.saturating_sub(acked) < WINDOW_BYTES {
             let chunk = match r.log.frames(seq, pos, CHUNK_BYTES) {
                 Ok(Some(c)) => c,
-                Ok(None) => return Ok(()), // the log no longer holds the segment
+                Ok(None) => {
+                    // Retention deleted the segment (it was committed, so
+                    // the follower does not need it for the commit): go on
+                    // with the oldest one the log still holds.
+                    match next_held(&r.log, seq) {
+                        Some(next) => {
+                            tracing::info!(
+                                range = r.range,
+                                follower,
+                                seq,
+                                next,
+                                "segment no longer held here; shipping the next one"
+                            );
+                            seq = next;
+                            pos = 0;
+                            acked = 0;
+                            synced = false;
+                            moved_on = true;
+                            break;
+                        }
+                        None => return Err(format!("segment {seq} no longer held")),
+                    }
+                }
                 Err(e) => return Err(e.to_string()),
             };
             if chunk.bytes.is_empty() {
-                if chunk.sealed
-                    && pos >= chunk.segment_size
-                    && r.log.position_of(seq + 1, 0).is_some()
-                {
-                    // Rolled: the next segment starts at 0 on the follower too.
-                    seq += 1;
-                    pos = 0;
-                    acked = 0;
-                    synced = false;
-                    continue;
+                if chunk.sealed && pos >= chunk.segment_size {
+                    if let Some(next) = next_held(&r.log, seq) {
+                        // Rolled: the next segment starts at 0 on the follower too.
+                        seq = next;
+                        pos = 0;
+                        acked = 0;
+                        synced = false;
+                        moved_on = true;
+                        break;
+                    }
                 }
                 break;
             }
@@ -273,9 +468,9 @@ async fn pump(
                 .await
                 .map_err(|e| e.to_string())?;
             pos += len;
-            if !synced {
-                probing = true;
-            }
+        }
+        if moved_on {
+            continue;
         }
         tokio::select! {
             m = rx.recv() => match m {
@@ -310,20 +505,25 @@ async fn pump(
                     }
                 }
                 Some(Message::Refused { retry: false, reason, segment }) => {
-                    if segment.seq == seq && r.log.position_of(seq + 1, 0).is_some() {
-                        // A rolled segment whose seal the follower saw
-                        // before the rest of its stream (it repairs the
-                        // tail from a peer): go on with the next one.
-                        tracing::debug!(range = r.range, follower, seq, %reason, "follower has the rolled segment sealed; moving on");
-                        seq += 1;
-                        pos = 0;
-                        acked = 0;
-                        synced = false;
-                        probing = false;
-                        continue;
+                    if segment.seq == seq && r.log.holds_sealed(seq) {
+                        if let Some(next) = next_held(&r.log, seq) {
+                            // A rolled segment whose seal the follower saw
+                            // before the rest of its stream (it repairs the
+                            // tail from a peer; its short end there keeps
+                            // counting as short): go on with the next one.
+                            tracing::debug!(range = r.range, follower, seq, %reason, "follower has the rolled segment sealed; moving on");
+                            seq = next;
+                            pos = 0;
+                            acked = 0;
+                            synced = false;
+                            probing = false;
+                            continue;
+                        }
                     }
-                    tracing::info!(range = r.range, follower, seq = segment.seq, %reason, "follower refused the segment");
-                    return Ok(());
+                    // Anything else (an I/O error there, a fenced copy, a
+                    // segment its image does not give it) ends this
+                    // connection, not the shipping: it reconnects.
+                    return Err(format!("follower refused segment {}: {reason}", segment.seq));
                 }
                 Some(other) => return Err(format!("unexpected {other:?}")),
             },

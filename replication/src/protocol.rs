@@ -1,7 +1,11 @@
 //! The wire form of replication between brokers.
 //!
-//! A stream starts on a broker's Kafka listener with one private request
-//! (api key [`UPGRADE_API_KEY`]) and then carries frames
+//! A stream starts on a broker's inter-broker listener, once the
+//! connection has authenticated as that listener asks (see [`crate::auth`]),
+//! with one private request (api key [`UPGRADE_API_KEY`]) which the
+//! listener accepts only from a principal allowed CLUSTER_ACTION (a
+//! broker's). A primary's stream then opens with `Hello` naming the
+//! calling broker, which must be registered. It carries frames
 //! `[length u32][kind u8][payload]`, big-endian, capped at
 //! [`MAX_FRAME_BYTES`]. The primary pushes `Append`s in order, pipelined;
 //! the follower answers `Ack` (durable end) or `Mismatch` (resend from its
@@ -11,6 +15,8 @@
 
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+
+use crate::auth::{Connector, PeerStream};
 
 /// The Kafka api key that turns a Kafka connection into a replication
 /// stream (outside Kafka's range of api keys, so no client sends it).
@@ -352,13 +358,15 @@ pub fn upgrade_request() -> Vec<u8> {
     b
 }
 
-/// Connects to a broker's Kafka listener at `addr` within `timeout` and
+/// Connects to a broker's Kafka listener at `addr` within `timeout`,
+/// authenticated by `connector` as the inter-broker listener asks, and
 /// upgrades the connection to a replication stream.
 pub async fn connect(
+    connector: &dyn Connector,
     addr: &str,
     timeout: std::time::Duration,
-) -> Result<tokio::net::TcpStream, ProtocolError> {
-    let mut conn = match tokio::time::timeout(timeout, tokio::net::TcpStream::connect(addr)).await {
+) -> Result<PeerStream, ProtocolError> {
+    let mut conn = match tokio::time::timeout(timeout, connector.connect(addr)).await {
         Ok(c) => c?,
         Err(_) => {
             return Err(ProtocolError::Io(std::io::Error::new(
@@ -367,7 +375,6 @@ pub async fn connect(
             )))
         }
     };
-    let _ = conn.set_nodelay(true);
     conn.write_all(&upgrade_request()).await?;
     Ok(conn)
 }

@@ -32,6 +32,11 @@ pub struct ReplicaCopy {
     dir: PathBuf,
     segment: Segment,
     state: FollowerSegment,
+    /// An fsync of this copy failed: the kernel may have dropped pages
+    /// written before it, so nothing more is accepted or acknowledged
+    /// until a restart recovers the copy from disk (Kafka takes the log dir
+    /// offline).
+    failed: bool,
 }
 
 impl ReplicaCopy {
@@ -52,6 +57,7 @@ impl ReplicaCopy {
             dir: dir.to_path_buf(),
             state: FollowerSegment::recovered(segment.size, fenced, None),
             segment,
+            failed: false,
         })
     }
 
@@ -61,6 +67,9 @@ impl ReplicaCopy {
 
     /// Offers frames at `position`; writes them (page cache) if accepted.
     pub fn append(&mut self, position: u64, frames: &[u8]) -> Result<Offer, LogError> {
+        if self.failed {
+            return Err(LogError::StorageFailed);
+        }
         let offer = self.state.offer(position, frames.len() as u64);
         if offer == Offer::Accept {
             self.segment.append_frames(frames)?;
@@ -75,7 +84,18 @@ impl ReplicaCopy {
     }
 
     pub fn synced(&mut self, position: u64) {
-        self.state.synced(position);
+        if !self.failed {
+            self.state.synced(position);
+        }
+    }
+
+    /// An fsync of the copy failed (see `failed`).
+    pub fn fail(&mut self) {
+        self.failed = true;
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.failed
     }
 
     /// Fences the copy durably and reports its end and spans.

@@ -16,6 +16,7 @@ use tessera_log::RangeLog;
 use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::sync::{mpsc, Notify};
 
+use crate::auth::Connector;
 use crate::follower::Offer;
 use crate::protocol::{read_message, write_message, Message, ProtocolError, SegmentKey};
 use crate::replica_store::ReplicaStore;
@@ -37,9 +38,21 @@ pub trait Directory: Send + Sync + 'static {
     fn range_dir(&self, key: SegmentKey) -> Option<PathBuf>;
     /// This broker's range log of `range` (it is, or was, its primary).
     fn primary_log(&self, range: u64) -> Option<Arc<RangeLog>>;
+    /// Where this broker's copy of `segment` is and its sealed size, when
+    /// the image records the segment sealed with this broker among its
+    /// replicas and `primary` as its primary (its stream may complete a
+    /// short copy). `None` otherwise.
+    fn sealed_copy(&self, _segment: SegmentKey, _primary: i32) -> Option<(PathBuf, u64)> {
+        None
+    }
+    /// Whether the image records `segment` sealed (`None`: not known).
+    fn segment_sealed(&self, segment: SegmentKey) -> Option<bool>;
     /// The cleaning pass this broker's copy of `segment` is at, when known
     /// (its range's passes applied here); `None` while it may be behind.
     fn copy_clean_pass(&self, segment: SegmentKey) -> Option<u64>;
+    /// Whether `broker` is registered in the image (a stream's `Hello`
+    /// must name one).
+    fn is_registered_broker(&self, broker: i32) -> bool;
 }
 
 /// Largest repair chunk served per `Read`.
@@ -66,7 +79,15 @@ pub async fn serve<R, W>(
         }
     };
     match first {
-        Message::Hello { from } => stream(reader, tx.clone(), from, store, dir).await,
+        Message::Hello { from } if dir.is_registered_broker(from) => {
+            stream(reader, tx.clone(), from, store, dir).await
+        }
+        Message::Hello { from } => {
+            tracing::info!(
+                from,
+                "replication stream refused: Hello names no registered broker"
+            );
+        }
         Message::Fence { segment } => {
             let _ = tx.send(fence(segment, &store, &*dir));
         }
@@ -112,14 +133,24 @@ async fn stream<R: AsyncRead + Unpin>(
 ) {
     let dirty = Arc::new(Mutex::new(BTreeSet::<SegmentKey>::new()));
     let wake = Arc::new(Notify::new());
-    let flusher = tokio::spawn(flush(
+    let mut flusher = tokio::spawn(flush(
         store.clone(),
         dirty.clone(),
         wake.clone(),
         tx.clone(),
     ));
     loop {
-        let msg = match read_message(&mut reader).await {
+        let read = tokio::select! {
+            read = read_message(&mut reader) => read,
+            // The flusher ends only when an fsync failed (nothing written
+            // since may be acknowledged) or the reply channel closed: the
+            // stream ends with it, and the primary reconnects.
+            _ = &mut flusher => {
+                tracing::warn!(primary, "replication stream closed: its copies could not be made durable");
+                return;
+            }
+        };
+        let msg = match read {
             Ok(Some(m)) => m,
             Ok(None) => break,
             Err(e) => {
@@ -137,6 +168,13 @@ async fn stream<R: AsyncRead + Unpin>(
             break;
         };
         let reply = match dir.follower_dir(segment, primary) {
+            // Sealed while this copy was still receiving it (a quorum
+            // without this broker committed it first): the rest of the
+            // stream completes the copy, as a repair would.
+            Err(_) if dir.sealed_copy(segment, primary).is_some() => {
+                let (path, size) = dir.sealed_copy(segment, primary).expect("just seen");
+                complete_sealed_copy(&store, segment, &path, size, position, &frames, &dirty, &wake)
+            }
             Err(r) => Some(Message::Refused {
                 segment,
                 retry: r.retry,
@@ -144,6 +182,28 @@ async fn stream<R: AsyncRead + Unpin>(
             }),
             Ok(path) => match store.copy(segment, &path) {
                 Err(e) => Some(refused(segment, &e)),
+                // An empty append is the primary's probe: answer with what
+                // is durable here (a copy that refuses says so).
+                Ok(copy) if frames.is_empty() => {
+                    let (state, failed) = {
+                        let c = copy.lock();
+                        (c.state(), c.is_failed())
+                    };
+                    Some(if failed {
+                        refused(segment, &tessera_log::LogError::StorageFailed)
+                    } else if state.fenced || state.sealed_size.is_some() {
+                        Message::Refused {
+                            segment,
+                            retry: false,
+                            reason: "the segment is fenced or sealed here".into(),
+                        }
+                    } else {
+                        Message::Ack {
+                            segment,
+                            durable: state.durable,
+                        }
+                    })
+                }
                 Ok(copy) => match copy.lock().append(position, &frames) {
                     Ok(Offer::Accept) => {
                         dirty.lock().insert(segment);
@@ -168,6 +228,72 @@ async fn stream<R: AsyncRead + Unpin>(
         }
     }
     flusher.abort();
+}
+
+/// Writes a primary's stream of a segment sealed meanwhile into this
+/// broker's short copy, up to the sealed size. The answer: none when
+/// written (the flusher acks), the durable end to a probe, where to resend
+/// from, or a refusal once the copy is complete.
+#[allow(clippy::too_many_arguments)]
+fn complete_sealed_copy(
+    store: &ReplicaStore,
+    segment: SegmentKey,
+    path: &std::path::Path,
+    size: u64,
+    position: u64,
+    frames: &[u8],
+    dirty: &Mutex<BTreeSet<SegmentKey>>,
+    wake: &Notify,
+) -> Option<Message> {
+    let copy = match store.copy(segment, path) {
+        Ok(c) => c,
+        Err(e) => return Some(refused(segment, &e)),
+    };
+    let mut c = copy.lock();
+    if c.is_failed() {
+        return Some(refused(segment, &tessera_log::LogError::StorageFailed));
+    }
+    if c.state().sealed_size.is_none() {
+        if let Err(e) = c.seal(size) {
+            return Some(refused(segment, &e));
+        }
+    }
+    let state = c.state();
+    if state.written >= size {
+        return Some(Message::Refused {
+            segment,
+            retry: false,
+            reason: format!(
+                "segment {}/{} is sealed and complete here",
+                segment.range, segment.seq
+            ),
+        });
+    }
+    if frames.is_empty() {
+        return Some(Message::Ack {
+            segment,
+            durable: state.durable,
+        });
+    }
+    if position != state.written {
+        return Some(Message::Mismatch {
+            segment,
+            end: state.written,
+        });
+    }
+    match c.repair(position, frames) {
+        Ok(true) => {
+            drop(c);
+            dirty.lock().insert(segment);
+            wake.notify_one();
+            None
+        }
+        Ok(false) => Some(Message::Mismatch {
+            segment,
+            end: state.written,
+        }),
+        Err(e) => Some(refused(segment, &e)),
+    }
 }
 
 fn refused(segment: SegmentKey, e: &dyn std::fmt::Display) -> Message {
@@ -195,8 +321,10 @@ async fn flush(
             match tokio::task::spawn_blocking(move || file.sync_data()).await {
                 Ok(Ok(())) => {}
                 Ok(Err(e)) => {
-                    // Never ack after a failed fsync: the stream ends, the
-                    // primary counts this replica out.
+                    // Never ack after a failed fsync: the copy refuses from
+                    // now on, the stream ends, the primary counts this
+                    // replica out (and replaces it once it lags).
+                    copy.lock().fail();
                     tracing::error!(segment = ?key, error = %e, "fsync of a follower copy failed");
                     let _ = tx.send(refused(key, &e));
                     return;
@@ -228,8 +356,15 @@ pub fn fence(segment: SegmentKey, store: &ReplicaStore, dir: &dyn Directory) -> 
     if let Some(log) = dir.primary_log(segment.range) {
         let (sealed, active) = log.local_segments();
         if let Some(s) = sealed.iter().find(|s| s.seq == segment.seq) {
-            // Sealed here already (a roll): stop appends after it too.
-            let _ = log.seal();
+            // Sealed here already by a roll. If the image has not recorded
+            // that roll, the fencer seals this segment and the range goes
+            // on elsewhere: stop appends after it too. If it has, the fence
+            // is stale (its sender's image was behind) and must change
+            // nothing: the log's active segment is a later one, maybe
+            // opened on this broker as the new primary.
+            if dir.segment_sealed(segment) != Some(true) {
+                let _ = log.seal();
+            }
             return Message::Fenced {
                 segment,
                 end: s.size_bytes,
@@ -320,14 +455,15 @@ pub fn read(
 }
 
 /// One request/reply exchange (fence, repair or snapshot read) with the
-/// broker at `addr`.
+/// broker at `addr`, on a connection `connector` authenticates.
 pub async fn call(
+    connector: &dyn Connector,
     addr: &str,
     msg: &Message,
     timeout: std::time::Duration,
 ) -> Result<Message, ProtocolError> {
     let exchange = async {
-        let mut conn = crate::protocol::connect(addr, timeout).await?;
+        let mut conn = crate::protocol::connect(connector, addr, timeout).await?;
         write_message(&mut conn, msg).await?;
         read_message(&mut conn)
             .await?

@@ -16,6 +16,7 @@ use std::time::Duration;
 use tessera_log::aborted_index_file::{self, aborted_path};
 use tessera_log::producer_snapshot_file::{self, snapshot_path};
 
+use crate::auth::Connector;
 use crate::protocol::{Message, ProtocolError, SegmentKey};
 use crate::service::{call, Directory};
 
@@ -116,16 +117,17 @@ pub fn serve(segment: SegmentKey, dir: &dyn Directory) -> Message {
 }
 
 /// Fetches `<seq>.snapshot` (and `<seq>.aborted`) of `segment` from the
-/// broker at `addr` and keeps them durably in `range_dir`, the snapshot
+/// broker at `addr` (connecting with `connector`) and keeps them durably in `range_dir`, the snapshot
 /// last: its presence says the transfer is done. Both are checked before
 /// they are written (a corrupt or truncated reply is an error, never a file).
 pub async fn fetch(
+    connector: &dyn Connector,
     addr: &str,
     segment: SegmentKey,
     range_dir: &Path,
     timeout: Duration,
 ) -> Result<(), ProtocolError> {
-    match call(addr, &Message::ReadSnapshot { segment }, timeout).await? {
+    match call(connector, addr, &Message::ReadSnapshot { segment }, timeout).await? {
         Message::SnapshotData {
             segment: s,
             bytes,

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use tessera_log::batch::testing::make_batch;
 use tessera_log::{RangeLog, RangeLogOptions};
+use tessera_replication::auth::Plaintext;
 use tessera_replication::primary::{PeerAddresses, Replication};
 use tessera_replication::protocol::{Message, SegmentKey};
 use tessera_replication::replica_store::ReplicaStore;
@@ -37,12 +38,21 @@ impl Directory for FollowerDir {
     fn copy_clean_pass(&self, _: SegmentKey) -> Option<u64> {
         Some(0)
     }
+    fn segment_sealed(&self, _: SegmentKey) -> Option<bool> {
+        None
+    }
+    fn is_registered_broker(&self, broker: i32) -> bool {
+        broker == 1
+    }
 }
 
 struct Peers(String);
 impl PeerAddresses for Peers {
     fn address_of(&self, _: i32) -> Option<String> {
         Some(self.0.clone())
+    }
+    fn connector(&self) -> Arc<dyn tessera_replication::auth::Connector> {
+        Arc::new(Plaintext)
     }
 }
 
@@ -86,7 +96,15 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
     let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let dead_addr = dead.local_addr().unwrap().to_string();
     drop(dead);
-    let r = Replication::start(log.clone(), 7, 1, vec![2], Arc::new(Peers(dead_addr)));
+    let r = Replication::start(
+        log.clone(),
+        7,
+        1,
+        vec![2],
+        Arc::new(Peers(dead_addr)),
+        1,
+        Duration::from_secs(30),
+    );
     let mut batch = make_batch(3, 1000);
     let out = log.append(0, &mut batch, None).unwrap();
     log.wait_local_durable(out.end_position).await.unwrap();
@@ -101,7 +119,15 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
 
     // With the follower: the earlier append and new ones commit.
     let (addr, store, task) = follower(b.path().to_path_buf()).await;
-    let r = Replication::start(log.clone(), 7, 1, vec![2], Arc::new(Peers(addr.clone())));
+    let r = Replication::start(
+        log.clone(),
+        7,
+        1,
+        vec![2],
+        Arc::new(Peers(addr.clone())),
+        1,
+        Duration::from_secs(30),
+    );
     let mut last = out.end_position;
     for i in 0..50 {
         let mut batch = make_batch(1 + i % 4, 2000 + i as i64);
@@ -115,7 +141,7 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
         .expect("commit with the follower's ack")
         .unwrap();
     assert!(log.offsets(0).unwrap().high_watermark > 0);
-    assert_eq!(r.in_sync(Duration::from_secs(30)).len(), 2);
+    assert_eq!(r.in_sync().len(), 2);
     let key = SegmentKey { range: 7, seq: 0 };
     let primary_bytes = std::fs::read(tessera_log::segment::log_path(a.path(), 0)).unwrap();
     let follower_bytes = std::fs::read(tessera_log::segment::log_path(b.path(), 0)).unwrap();
@@ -127,6 +153,7 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
 
     // Fence: the follower reports its durable end and refuses more appends.
     match service::call(
+        &Plaintext,
         &addr,
         &Message::Fence { segment: key },
         Duration::from_secs(5),
@@ -147,6 +174,7 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
 
     // A repair read serves whole frames from the copy.
     match service::call(
+        &Plaintext,
         &addr,
         &Message::Read {
             segment: key,
@@ -173,7 +201,7 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
         max: 100,
         pass: 1,
     };
-    match service::call(&addr, &other_pass, Duration::from_secs(5))
+    match service::call(&Plaintext, &addr, &other_pass, Duration::from_secs(5))
         .await
         .unwrap()
     {
@@ -338,7 +366,7 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
     // The primary serves `<1>.snapshot`; a segment without one is refused.
     let (addr, _store, task) = follower(a.path().to_path_buf()).await;
     let seg1 = SegmentKey { range: 7, seq: 1 };
-    snapshot_transfer::fetch(&addr, seg1, b.path(), Duration::from_secs(5))
+    snapshot_transfer::fetch(&Plaintext, &addr, seg1, b.path(), Duration::from_secs(5))
         .await
         .unwrap();
     for path in [snapshot_path, aborted_path] {
@@ -349,6 +377,7 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
     }
     let seg5 = SegmentKey { range: 7, seq: 5 };
     match service::call(
+        &Plaintext,
         &addr,
         &Message::ReadSnapshot { segment: seg5 },
         Duration::from_secs(5),
@@ -360,7 +389,7 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
         other => panic!("expected a refusal, got {other:?}"),
     }
     assert!(
-        snapshot_transfer::fetch(&addr, seg5, c.path(), Duration::from_secs(5))
+        snapshot_transfer::fetch(&Plaintext, &addr, seg5, c.path(), Duration::from_secs(5))
             .await
             .is_err()
     );
@@ -457,6 +486,7 @@ async fn a_replica_that_missed_segments_reloads_from_the_snapshot_after_the_gap(
     // (following 2 without 1); it leads segment 3.
     let (addr, _store, task) = follower(a.path().to_path_buf()).await;
     snapshot_transfer::fetch(
+        &Plaintext,
         &addr,
         SegmentKey { range: 7, seq: 2 },
         b.path(),
@@ -492,4 +522,199 @@ async fn a_replica_that_missed_segments_reloads_from_the_snapshot_after_the_gap(
             }
         ]
     );
+}
+
+/// Brokers by id: 2 and 3 at the given addresses.
+struct PeerMap(BTreeMap<i32, String>);
+impl PeerAddresses for PeerMap {
+    fn address_of(&self, broker: i32) -> Option<String> {
+        self.0.get(&broker).cloned()
+    }
+    fn connector(&self) -> Arc<dyn tessera_replication::auth::Connector> {
+        Arc::new(Plaintext)
+    }
+}
+
+/// An address nothing listens on.
+async fn dead_address() -> String {
+    let dead = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = dead.local_addr().unwrap().to_string();
+    drop(dead);
+    addr
+}
+
+async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
+    for _ in 0..200 {
+        if check() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_is_in_sync_once_it_answered_even_on_an_idle_range() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = primary_log(a.path());
+    let (addr, _store, task) = follower(b.path().to_path_buf()).await;
+    let peers = PeerMap(BTreeMap::from([(2, addr), (3, dead_address().await)]));
+    let r = Replication::start(
+        log.clone(),
+        7,
+        1,
+        vec![2, 3],
+        Arc::new(peers),
+        1,
+        Duration::from_secs(30),
+    );
+    // Nothing was ever appended: broker 2 answers the probe, broker 3
+    // never answers and is not in sync, whatever the lag allows.
+    eventually("broker 2 in sync", || r.in_sync() == vec![1, 2]).await;
+    assert_eq!(r.in_sync(), vec![1, 2]);
+    assert!(
+        r.out_of_sync_for().is_empty(),
+        "not out of sync for longer than the lag yet"
+    );
+    r.stop();
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn min_insync_replicas_is_part_of_the_commit_quorum() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = primary_log(a.path());
+    let (addr, _store, task) = follower(b.path().to_path_buf()).await;
+    let peers: Arc<dyn PeerAddresses> = Arc::new(PeerMap(BTreeMap::from([
+        (2, addr),
+        (3, dead_address().await),
+    ])));
+    // RF=3 with min.insync.replicas=3: the primary and broker 2 are a
+    // majority, not enough.
+    let r = Replication::start(
+        log.clone(),
+        7,
+        1,
+        vec![2, 3],
+        peers.clone(),
+        3,
+        Duration::from_secs(30),
+    );
+    assert_eq!(r.commit_quorum(), 3);
+    let mut batch = make_batch(3, 1000);
+    let end = log.append(0, &mut batch, None).unwrap().end_position;
+    eventually("broker 2 in sync", || r.in_sync().len() == 2).await;
+    let waited = tokio::time::timeout(Duration::from_millis(500), log.wait_durable(end)).await;
+    assert!(
+        waited.is_err(),
+        "committed on 2 of 3 copies with min.insync.replicas=3"
+    );
+    assert_eq!(log.offsets(0).unwrap().high_watermark, 0);
+    // Lowered to 2 (a dynamic topic config): the two copies commit it.
+    r.set_min_insync(2);
+    tokio::time::timeout(Duration::from_secs(10), log.wait_durable(end))
+        .await
+        .expect("committed with min.insync.replicas=2")
+        .unwrap();
+    r.stop();
+    task.abort();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn acks_all_waits_end_with_not_enough_replicas_once_the_followers_are_out_of_sync() {
+    let a = tempfile::tempdir().unwrap();
+    let log = primary_log(a.path());
+    let peers: Arc<dyn PeerAddresses> = Arc::new(PeerMap(BTreeMap::from([
+        (2, dead_address().await),
+        (3, dead_address().await),
+    ])));
+    let r = Replication::start(
+        log.clone(),
+        7,
+        1,
+        vec![2, 3],
+        peers,
+        2,
+        Duration::from_millis(300),
+    );
+    let mut batch = make_batch(1, 1000);
+    let end = log.append(0, &mut batch, None).unwrap().end_position;
+    // Kafka's NOT_ENOUGH_REPLICAS_AFTER_APPEND, not a wait until the
+    // request times out.
+    let waited = tokio::time::timeout(Duration::from_secs(20), log.wait_durable(end))
+        .await
+        .expect("the wait ends");
+    assert!(
+        matches!(
+            waited,
+            Err(tessera_log::LogError::NotEnoughReplicasAfterAppend)
+        ),
+        "{waited:?}"
+    );
+    assert_eq!(r.out_of_sync_for().len(), 2);
+    r.stop();
+}
+
+/// A broker that is primary of `log`, whose image records segment 0
+/// `sealed` or not.
+struct PrimaryDir {
+    dir: PathBuf,
+    log: Arc<RangeLog>,
+    sealed: bool,
+}
+impl Directory for PrimaryDir {
+    fn follower_dir(&self, _: SegmentKey, _: i32) -> Result<PathBuf, Refusal> {
+        Ok(self.dir.clone())
+    }
+    fn range_dir(&self, _: SegmentKey) -> Option<PathBuf> {
+        Some(self.dir.clone())
+    }
+    fn primary_log(&self, _: u64) -> Option<Arc<RangeLog>> {
+        Some(self.log.clone())
+    }
+    fn copy_clean_pass(&self, _: SegmentKey) -> Option<u64> {
+        Some(0)
+    }
+    fn segment_sealed(&self, key: SegmentKey) -> Option<bool> {
+        (key.seq == 0).then_some(self.sealed)
+    }
+    fn is_registered_broker(&self, _: i32) -> bool {
+        true
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_fence_of_a_recorded_segment_does_not_seal_the_next_one() {
+    // A broker that held segment 0 (rolled) and now leads segment 1.
+    let a = tempfile::tempdir().unwrap();
+    let log = primary_log(a.path());
+    let mut batch = make_batch(2, 1000);
+    log.append(0, &mut batch, None).unwrap();
+    log.roll().unwrap().expect("rolled");
+    let store = ReplicaStore::default();
+    let key = SegmentKey { range: 7, seq: 0 };
+    let recorded = PrimaryDir {
+        dir: a.path().to_path_buf(),
+        log: log.clone(),
+        sealed: true,
+    };
+    match service::fence(key, &store, &recorded) {
+        Message::Fenced { end, .. } => assert!(end > 0),
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !log.is_sealed(),
+        "a stale fence of segment 0 sealed segment 1"
+    );
+    let mut batch = make_batch(1, 2000);
+    log.append(0, &mut batch, None)
+        .expect("segment 1 still takes appends");
+    // Unrecorded, the roll is undone by the fence: the range goes on
+    // from segment 0's seal elsewhere, so nothing may land after it.
+    let unrecorded = PrimaryDir {
+        sealed: false,
+        ..recorded
+    };
+    service::fence(key, &store, &unrecorded);
+    assert!(log.is_sealed());
 }

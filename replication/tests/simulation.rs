@@ -810,7 +810,7 @@ impl Sim {
             let mut ends = Vec::with_capacity(p.replicas.len());
             ends.push(own);
             ends.extend_from_slice(&p.durable[1..]);
-            committed_end(&ends, rf)
+            committed_end(&ends, quorum_size(rf))
         };
         let mut bad = None;
         if committed > r.data.len() as u64 {
@@ -1484,7 +1484,7 @@ impl Sim {
                         .iter()
                         .map(|&n| self.nodes[n].copies.get(&seg).map_or(0, |r| r.seg.durable))
                         .collect();
-                    let committed = committed_end(&durables, self.rf) as usize;
+                    let committed = committed_end(&durables, quorum_size(self.rf)) as usize;
                     if let Some(r) = holders.max_by_key(|r| r.seg.durable) {
                         chain.extend_from_slice(&r.data[..committed.min(r.data.len())]);
                     }

@@ -11,6 +11,16 @@
  *   - the fd's path (readlink /proc/self/fd/N) contains FAILSYNC_PATH_MATCH
  *     (any path when unset or empty).
  * Every injected failure is logged to stderr as a line starting "failsync: ".
+ *
+ * A hang instead of a failure (a disk that stops answering): while the file
+ * named by FAILSYNC_HANG_TRIGGER exists, a matching call sleeps (polling the
+ * trigger every 50 ms) and then syncs normally once the file is gone. The
+ * first call that hangs logs "failsync: hang ...".
+ *
+ * A disk that lies (the fault harness's deliberately broken broker): while
+ * the file named by FAILSYNC_LIE_TRIGGER exists, a matching call returns 0
+ * without syncing anything (nor telling a preloaded lazysync, which then
+ * counts nothing of it as durable).
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -18,7 +28,46 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
+
+static int path_matches(int fd, char *path, size_t size)
+{
+    const char *match = getenv("FAILSYNC_PATH_MATCH");
+    char link[64];
+    ssize_t n;
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    n = readlink(link, path, size - 1);
+    if (n < 0)
+        return 0;
+    path[n] = '\0';
+    return !(match && *match && !strstr(path, match));
+}
+
+static void maybe_hang(int fd, const char *what)
+{
+    int saved = errno;
+    const char *trigger = getenv("FAILSYNC_HANG_TRIGGER");
+    char path[4096];
+    struct timespec nap = {0, 50 * 1000 * 1000};
+    if (!trigger || !*trigger || access(trigger, F_OK) != 0 || !path_matches(fd, path, sizeof path))
+        goto out;
+    dprintf(2, "failsync: hang %s(fd=%d, %s)\n", what, fd, path);
+    while (access(trigger, F_OK) == 0)
+        nanosleep(&nap, NULL);
+out:
+    errno = saved;
+}
+
+static int should_lie(int fd)
+{
+    int saved = errno;
+    const char *trigger = getenv("FAILSYNC_LIE_TRIGGER");
+    char path[4096];
+    int lie = trigger && *trigger && access(trigger, F_OK) == 0 && path_matches(fd, path, sizeof path);
+    errno = saved;
+    return lie;
+}
 
 static int should_fail(int fd, const char *what)
 {
@@ -29,6 +78,7 @@ static int should_fail(int fd, const char *what)
     char link[64], path[4096];
     ssize_t n;
 
+    maybe_hang(fd, what);
     if (!trigger || !*trigger || access(trigger, F_OK) != 0)
         goto out;
     snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
@@ -56,6 +106,8 @@ int fsync(int fd)
         errno = EIO;
         return -1;
     }
+    if (should_lie(fd))
+        return 0;
     return real(fd);
 }
 
@@ -68,6 +120,8 @@ int fdatasync(int fd)
         errno = EIO;
         return -1;
     }
+    if (should_lie(fd))
+        return 0;
     return real(fd);
 }
 

@@ -24,6 +24,7 @@ use tessera_metadata::TopicImage;
 
 use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
+use crate::broker::SealedSource;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -300,10 +301,16 @@ fn read_partition(
         ));
     }
     let mut elsewhere = None;
-    if p.fetch_offset < upper && (limit > 0 || first_in_response) {
-        elsewhere = broker
-            .remote_holders(image, topic, partition, p.fetch_offset)
-            .map(|holders| RemoteRead {
+    let wanted = p.fetch_offset < upper && (limit > 0 || first_in_response);
+    let source = if wanted {
+        broker.sealed_source(image, topic, partition, p.fetch_offset)
+    } else {
+        SealedSource::Log
+    };
+    match source {
+        _ if !wanted => {}
+        SealedSource::Remote(holders) => {
+            elsewhere = Some(RemoteRead {
                 topic_index: 0,
                 partition_index: 0,
                 topic: TopicName::default(),
@@ -317,21 +324,45 @@ fn read_partition(
                 upper,
                 holders,
             });
-    }
-    if elsewhere.is_some() {
-        // Filled in by `read_remote`; the budget is that read's.
-        *remaining = remaining.saturating_sub(limit);
-    } else if p.fetch_offset < upper && (limit > 0 || first_in_response) {
-        // Offsets below the active range's base live in an ancestor range.
-        let log = if p.fetch_offset >= route.log.base_offset(partition)? {
-            route.log.clone()
-        } else {
-            broker.read_route(image, topic, partition, p.fetch_offset)?
-        };
-        let read = log.read_below(partition, p.fetch_offset, limit, upper)?;
-        // Only the response's first batch may exceed the limit (KIP-74).
-        if read.records.len() <= limit || first_in_response {
-            records = read.records;
+            // Filled in by `read_remote`; the budget is that read's.
+            *remaining = remaining.saturating_sub(limit);
+        }
+        SealedSource::Copy => {
+            let read = broker.follower_read(image, topic, partition, p.fetch_offset, limit)?;
+            let read = below(read.records, upper);
+            if read.len() <= limit || first_in_response {
+                records = read;
+            }
+        }
+        SealedSource::Log => {
+            // Offsets below the active range's base live in an ancestor range.
+            let log = if p.fetch_offset >= route.log.base_offset(partition)? {
+                route.log.clone()
+            } else {
+                broker.read_route(image, topic, partition, p.fetch_offset)?
+            };
+            let read = log.read_below(partition, p.fetch_offset, limit, upper)?;
+            // Never past a sealed segment the log does not serve: the
+            // records of the offset's segment, or none (a skipped segment
+            // would look like compacted-away offsets to the consumer).
+            if let Some(end) = broker.sealed_span_end(image, topic, partition, p.fetch_offset) {
+                if first_base_offset(&read.records).is_some_and(|base| base >= end) {
+                    tracing::error!(
+                        topic = %topic.name,
+                        partition,
+                        offset = p.fetch_offset,
+                        end,
+                        "a read skipped the sealed segment of the offset; not served"
+                    );
+                    return Err(ApiError::Storage(
+                        "the sealed segment of the offset is not available here".into(),
+                    ));
+                }
+            }
+            // Only the response's first batch may exceed the limit (KIP-74).
+            if read.records.len() <= limit || first_in_response {
+                records = read.records;
+            }
         }
     }
     *remaining = remaining.saturating_sub(records.len());
@@ -430,6 +461,7 @@ async fn read_remote(
                         .with_log_start_offset(-1)
                         .with_partition_max_bytes(read.max_bytes as i32)])]);
             let answer = crate::peer::call(
+                &broker.inter_broker,
                 &b.registration.host,
                 b.registration.port,
                 REMOTE_FETCH_VERSION,
@@ -490,6 +522,11 @@ async fn read_remote(
 const REMOTE_FETCH_VERSION: i16 = 12;
 
 /// The whole batches of `records` that start below `upper`.
+/// The base offset of the first batch of `records`, if any.
+fn first_base_offset(records: &Bytes) -> Option<i64> {
+    (records.len() >= 8).then(|| i64::from_be_bytes(records[..8].try_into().unwrap()))
+}
+
 fn below(records: Bytes, upper: i64) -> Bytes {
     let Ok(batches) = tessera_log::batch::split_batches(&records) else {
         return records;

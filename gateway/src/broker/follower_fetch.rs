@@ -156,36 +156,49 @@ impl Broker {
     }
 }
 
-/// The live brokers other than this one holding a complete copy of the
-/// sealed segment of `partition` at `offset`, when this broker has none
-/// (`None`: the offset is not in a sealed segment, or this broker has it).
-/// A leader may lack a sealed segment of its own partition: it joined the
-/// replica set of a later segment (a spare after a failover), or the
-/// segment belongs to an ancestor range placed elsewhere. It then reads
-/// the segment from one of these (see `api::fetch`) instead of skipping
-/// to the data it holds.
+/// Where a leader reads the sealed segment of a partition's offset from.
+pub(crate) enum SealedSource {
+    /// The offset is not in a sealed segment, or one of this broker's open
+    /// range logs holds that segment.
+    Log,
+    /// The open log does not hold the segment but this broker has a
+    /// complete copy of it (a healing copy made while it led the range, a
+    /// copy of an ancestor range's segment): served from the copy.
+    Copy,
+    /// Held elsewhere only: these live brokers have it.
+    Remote(Vec<i32>),
+}
+
+/// A leader may lack a sealed segment of its own partition in its open
+/// log: it joined the replica set of a later segment (a spare after a
+/// failover), the segment belongs to an ancestor range placed elsewhere,
+/// or a healing copy was made here after the log opened. It then reads
+/// the segment from its copy or from a replica that holds one (see
+/// `api::fetch`) instead of skipping to the data it holds.
 impl Broker {
-    pub(crate) fn remote_holders(
+    pub(crate) fn sealed_source(
         &self,
         image: &MetadataImage,
         topic: &TopicImage,
         partition: u32,
         offset: i64,
-    ) -> Option<Vec<i32>> {
-        let segment = sealed_segment_holding(image, topic, partition, offset)?;
+    ) -> SealedSource {
+        let Some(segment) = sealed_segment_holding(image, topic, partition, offset) else {
+            return SealedSource::Log;
+        };
         let me = self.config.node_id;
-        // Held here: a segment of one of this broker's open range logs
-        // (compaction may have made it smaller than its seal says), or a
-        // complete follower copy.
-        let local = segment.replicas.contains(&me)
-            && (self
-                .log_of(segment.id.range)
-                .is_some_and(|log| log.holds_segment(segment.id.seq))
-                || self.has_complete_copy(image, &segment));
-        if local {
-            return None;
+        // Held by an open range log (compaction may have made it smaller
+        // than its seal says).
+        if self
+            .log_of(segment.id.range)
+            .is_some_and(|log| log.holds_segment(segment.id.seq))
+        {
+            return SealedSource::Log;
         }
-        Some(
+        if segment.replicas.contains(&me) && self.has_complete_copy(image, &segment) {
+            return SealedSource::Copy;
+        }
+        SealedSource::Remote(
             segment
                 .replicas
                 .iter()
@@ -193,5 +206,25 @@ impl Broker {
                 .filter(|r| *r != me && image.brokers.get(r).is_some_and(|b| !b.fenced))
                 .collect(),
         )
+    }
+
+    /// The end (exclusive) of `partition`'s span in the sealed segment
+    /// holding `offset`, if a sealed, never compacted segment holds it: a
+    /// read from a log that returns a batch starting there or later
+    /// skipped the segment.
+    pub(crate) fn sealed_span_end(
+        &self,
+        image: &MetadataImage,
+        topic: &TopicImage,
+        partition: u32,
+        offset: i64,
+    ) -> Option<i64> {
+        let segment = sealed_segment_holding(image, topic, partition, offset)?;
+        // A compacted segment may legitimately hold no batch at or after
+        // the offset (the cleaner removed them): no check there.
+        if segment.clean_pass() > 0 {
+            return None;
+        }
+        segment.span_of(partition).map(|sp| sp.end_offset)
     }
 }

@@ -35,6 +35,14 @@ pub(super) async fn heartbeat(broker: Weak<Broker>) {
         if let Err(e) = b.controller.heartbeat(b.config.node_id).await {
             tracing::debug!(error = %e, "broker heartbeat not delivered");
         }
+        // As a primary: a live follower that stays out of sync (its stream
+        // keeps failing, its disk refuses, it is too slow) is replaced at
+        // the next segment boundary, as the controller replaces fenced ones.
+        let image = b.image();
+        let lagging = b.out_of_sync_followers(&image);
+        if !lagging.is_empty() {
+            replace_followers(&b, &image, &lagging);
+        }
         drop(b);
         tokio::time::sleep(interval).await;
     }
@@ -100,6 +108,10 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
                     b.seal_by_quorum(seg.id);
                 }
             }
+            // A fenced (or unregistered) follower of an active segment
+            // leaves it at once: the next segment opens without it, on a
+            // spare if there is one, and a set that shrank grows back.
+            replace_followers(&b, &image, &std::collections::BTreeSet::new());
             // Healing: the sealed copies of a broker fenced for longer than
             // the heal delay are re-created elsewhere, a few segments a tick.
             let heal_delay = Duration::from_millis(b.config.replica_heal_delay_ms);
@@ -162,6 +174,41 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
         tokio::time::sleep(interval).await;
     }
 }
+
+/// Followers leave active segments (`tessera_planner::plan_follower_replacements`):
+/// fenced ones, or `out_of_sync` ones a primary reports; each carried out
+/// by a seal-by-quorum onto the planned replicas.
+pub(super) fn replace_followers(
+    b: &Broker,
+    image: &tessera_metadata::MetadataImage,
+    out_of_sync: &std::collections::BTreeSet<(tessera_metadata::SegmentId, i32)>,
+) {
+    let plans = tessera_planner::plan_follower_replacements(
+        image,
+        out_of_sync,
+        FOLLOWER_REPLACEMENTS_PER_TICK,
+    );
+    for plan in plans {
+        // A primary plans only its own lagging followers' segments; fenced
+        // followers are the active controller's.
+        if !out_of_sync.is_empty() && !out_of_sync.iter().any(|(s, _)| *s == plan.segment) {
+            continue;
+        }
+        if b.replace_segment(plan.clone()) {
+            crate::metrics::Metrics::add(&b.metrics.follower_replacements, 1);
+            tracing::info!(
+                segment = %plan.segment,
+                leaving = plan.from,
+                joining = plan.to,
+                replicas = ?plan.replicas,
+                "replacing a fenced or out-of-sync follower at the next segment boundary"
+            );
+        }
+    }
+}
+
+/// Active segments whose followers are replaced per tick, at most.
+const FOLLOWER_REPLACEMENTS_PER_TICK: usize = 64;
 
 /// One look for ranges to re-place (`tessera_planner::plan_replacements`),
 /// each carried out by a seal-by-quorum onto its planned replicas.

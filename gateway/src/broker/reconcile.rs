@@ -37,6 +37,11 @@ use crate::txn::TRANSACTION_STATE;
 
 /// How long a failed pass waits before it is tried again.
 const RETRY_FAILED_PASS: Duration = Duration::from_secs(1);
+/// A pass runs at least this often, whether or not the image moved: the
+/// broker follows the state it finds, not only the events it is told of
+/// (a seal-by-quorum whose sealer died after fencing a live primary leaves
+/// no new entry behind, and the primary must notice its log is fenced).
+const RECONCILE_AT_LEAST_EVERY: Duration = Duration::from_secs(2);
 
 /// Where reconciliation stands.
 #[derive(Default)]
@@ -191,7 +196,8 @@ impl Broker {
                             &crate::dynamic_config::BrokerView::new(&self.config, image),
                         );
                         log.set_roll_limits(effective.segment_bytes, effective.segment_ms);
-                        self.ship(range.id, &log, last);
+                        log.set_recorded_active(last.id.seq);
+                        self.ship(range.id, &log, last, effective.min_insync_replicas);
                     }
                     continue;
                 }
@@ -201,7 +207,11 @@ impl Broker {
                 log.close();
                 self.logs.write().remove(&range.id);
                 tracing::info!(range = range.id, primary = ?last.primary(), "no longer primary of the range");
-                if primary_here && !last.is_sealed() && log.is_sealed() {
+                // (Only when the log's own newest segment is the image's
+                // active one: once the image shows the next segment, the
+                // seal is recorded and the range opens again at once.)
+                let fenced_here_unrecorded = log.local_durable_end().0 == last.id.seq;
+                if primary_here && !last.is_sealed() && log.is_sealed() && fenced_here_unrecorded {
                     // A seal-by-quorum fenced the active segment here (a
                     // re-placement keeping this broker primary, or a
                     // failover racing it) and its entry is not in this
@@ -229,7 +239,13 @@ impl Broker {
             }
             let dir = self.range_dir(topic, range.id);
             let replicated = last.replicas.len() > 1;
-            if replicated && range.active {
+            // A topic with replicas keeps the replicated layout (every
+            // boundary opens a new segment file; a restarted primary never
+            // resumes one) also while its active set shrank to the
+            // primary alone (its followers were fenced with no broker to
+            // replace them): its segments are recorded per boundary.
+            let replicated_layout = replicated || topic.replication_factor > 1;
+            if replicated_layout && range.active {
                 // Segments past the image's newest are rolls this broker
                 // made as primary and never got recorded: followers refuse
                 // a segment the image does not have, so nothing in them was
@@ -245,7 +261,7 @@ impl Broker {
                 // opens on them once it is done (it reconciles again).
                 continue;
             }
-            if range.active && replicated {
+            if range.active && replicated_layout {
                 if last.is_sealed() {
                     continue;
                 }
@@ -267,6 +283,10 @@ impl Broker {
                     .producer_state_to_lead(image, last, &dir, &mut snapshot_budget)
                     .await?
                 {
+                    continue;
+                }
+                // Every byte of the history it holds, or not yet.
+                if !self.history_complete_to_lead(image, range.id, &dir)? {
                     continue;
                 }
                 // The follower copies of this range's sealed segments become
@@ -312,7 +332,7 @@ impl Broker {
             )?;
             if range.active {
                 missing_records.extend(local_segment_records(image, range.id, &log));
-                self.ship(range.id, &log, last);
+                self.ship(range.id, &log, last, effective.min_insync_replicas);
             }
             self.logs.write().insert(range.id, log);
         }
@@ -567,13 +587,15 @@ pub(crate) fn seal_of(range: RangeId, s: &SealedSegment) -> SegmentSealRecord {
 }
 
 /// Runs a reconcile pass for every image the controller publishes, again
-/// after a delay while the last pass failed, and when one is requested
-/// ([`Broker::request_reconcile`]). Ends with the broker.
+/// after a delay while the last pass failed, when one is requested
+/// ([`Broker::request_reconcile`]), and every
+/// [`RECONCILE_AT_LEAST_EVERY`] in any case. Ends with the broker.
 pub(super) async fn follow_images(broker: Arc<Broker>) {
     let mut images = broker.controller.subscribe();
     let wake = broker.reconciler.wake.clone();
     let weak: Weak<Broker> = Arc::downgrade(&broker);
     drop(broker);
+    let mut last_pass = std::time::Instant::now();
     loop {
         let Some(broker) = weak.upgrade() else { return };
         if broker.reconciler.stopped.load(Ordering::Acquire) {
@@ -584,7 +606,9 @@ pub(super) async fn follow_images(broker: Arc<Broker>) {
             (done.offset < broker.image().offset, done.error.is_some())
         };
         let requested = broker.reconciler.requested.swap(false, Ordering::AcqRel);
-        if behind || failed || requested {
+        let due = last_pass.elapsed() >= RECONCILE_AT_LEAST_EVERY;
+        if behind || failed || requested || due {
+            last_pass = std::time::Instant::now();
             if let Err(e) = broker.reconcile().await {
                 tracing::warn!(error = %format!("{e:#}"), "reconcile pass failed; retrying");
             }
@@ -596,6 +620,7 @@ pub(super) async fn follow_images(broker: Arc<Broker>) {
             changed = images.changed() => if changed.is_err() { return },
             _ = tokio::time::sleep(RETRY_FAILED_PASS), if failed => {}
             _ = wake.notified() => {}
+            _ = tokio::time::sleep(RECONCILE_AT_LEAST_EVERY) => {}
         }
     }
 }
@@ -619,42 +644,56 @@ pub(super) async fn record_rolls(
     }
 }
 
-/// How long a roll of a replicated range waits for its segment to be
-/// committed before it is recorded anyway.
-const ROLL_COMMIT_WAIT: Duration = Duration::from_secs(30);
+/// How often a roll waiting for its segment's commit says so.
+const ROLL_COMMIT_WARN: Duration = Duration::from_secs(30);
 
 async fn record_range_rolls(
-    broker: std::sync::Weak<Broker>,
+    broker_weak: std::sync::Weak<Broker>,
     range: RangeId,
     mut rx: mpsc::UnboundedReceiver<SealedSegment>,
 ) {
-    while let Some(sealed) = rx.recv().await {
-        let Some(broker) = broker.upgrade() else {
+    'rolls: while let Some(sealed) = rx.recv().await {
+        let Some(broker) = broker_weak.upgrade() else {
             return;
         };
         // A replicated segment is sealed in the image only once a quorum
         // holds all of it: followers still receiving it would otherwise
         // refuse the rest of its stream as sealed, and its tail would be
         // committed by nobody.
+        // Never recorded before that: a sealed segment the image records
+        // is committed, whatever a follower does with it later. A roll
+        // whose followers are gone waits until they are replaced (the
+        // replacement seals the segment by quorum; this record is then
+        // skipped) or the log closes.
+        // (The log says whether it is replicated: the image may not show
+        // this segment yet when rolls come fast, each one recorded only
+        // after the one before it.)
         if let Some(log) = broker.log_of(range) {
-            let replicated = broker
-                .image()
-                .segments
-                .get(&SegmentId::new(range, sealed.seq))
-                .is_some_and(|s| s.replicas.len() > 1);
-            if let (true, Some(end)) = (replicated, log.position_of(sealed.next_seq, 0)) {
-                if tokio::time::timeout(ROLL_COMMIT_WAIT, log.wait_durable(end))
-                    .await
-                    .is_err()
-                {
-                    tracing::warn!(
-                        range,
-                        seq = sealed.seq,
-                        "rolled segment not committed yet; recording its seal anyway"
-                    );
+            if let (true, Some(end)) = (log.is_replicated(), log.position_of(sealed.next_seq, 0)) {
+                drop(broker);
+                loop {
+                    match tokio::time::timeout(ROLL_COMMIT_WARN, log.wait_durable(end)).await {
+                        Ok(Ok(())) => break,
+                        Ok(Err(tessera_log::LogError::NotEnoughReplicasAfterAppend)) => {
+                            // Short of replicas: wait for the commit or the close.
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                        }
+                        Ok(Err(e)) => {
+                            tracing::info!(range, seq = sealed.seq, error = %e, "rolled segment not committed before its log closed; its seal is left to seal-by-quorum");
+                            continue 'rolls;
+                        }
+                        Err(_) => tracing::warn!(
+                            range,
+                            seq = sealed.seq,
+                            "rolled segment not committed yet; waiting for a quorum of its replicas"
+                        ),
+                    }
                 }
             }
         }
+        let Some(broker) = broker_weak.upgrade() else {
+            return;
+        };
         let image = broker.image();
         let records = tessera_planner::record_local_segments(
             &image,
@@ -663,10 +702,21 @@ async fn record_range_rolls(
             Some(sealed.next_seq),
         );
         if records.is_empty() {
+            // Recorded already (a reopen recorded it).
+            if let Some(log) = broker.log_of(range) {
+                log.set_recorded_active(sealed.next_seq);
+            }
             continue;
         }
-        if let Err(e) = broker.controller.write(records).await {
-            tracing::error!(range, seq = sealed.seq, error = %e, "could not record segment roll in the metadata log; it is retried at restart");
+        match broker.controller.write(records).await {
+            Ok(_) => {
+                if let Some(log) = broker.log_of(range) {
+                    log.set_recorded_active(sealed.next_seq);
+                }
+            }
+            Err(e) => {
+                tracing::error!(range, seq = sealed.seq, error = %e, "could not record segment roll in the metadata log; it is retried at restart")
+            }
         }
     }
 }

@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use tessera_log::producer_snapshot_file::snapshot_path;
 use tessera_log::RangeLog;
 use tessera_metadata::{MetadataImage, PartitionSpan, RangeId, SegmentId, SegmentImage};
+use tessera_replication::auth::Connector;
 use tessera_replication::primary::{PeerAddresses, Replication};
 use tessera_replication::protocol::{Message, SegmentKey};
 use tessera_replication::replica_store::ReplicaStore;
@@ -62,6 +63,9 @@ pub(crate) struct Replicas {
     /// When the copying budget (`replica.heal.max.bytes.per.sec`) is free
     /// again, shared by every repair and healing copy of this broker.
     copy_pace: Mutex<Option<std::time::Instant>>,
+    /// Ranges this broker is to lead that wait for copies of their sealed
+    /// segments to be repaired here first.
+    awaiting_history: Mutex<HashSet<RangeId>>,
     /// Complete sealed copies opened for fetches from followers.
     pub(super) read_copies: Mutex<HashMap<SegmentId, Arc<tessera_log::segment::Segment>>>,
 }
@@ -133,8 +137,44 @@ impl Directory for View {
         broker.range_dir_of(&broker.image(), segment.range)
     }
 
+    fn sealed_copy(&self, segment: SegmentKey, primary: i32) -> Option<(PathBuf, u64)> {
+        let broker = self.0.upgrade()?;
+        let image = broker.image();
+        let seg = image
+            .segments
+            .get(&SegmentId::new(segment.range, segment.seq))?;
+        let sealed = seg.sealed.as_ref()?;
+        // Only the bytes the primary wrote: not once a cleaning pass
+        // rewrote the segment (the repair reads the cleaned bytes then).
+        let as_written = seg.clean_pass() == 0
+            && !broker.replicas.cleaning.lock().contains(&segment.range);
+        if seg.primary() != Some(primary)
+            || !seg.replicas[1..].contains(&broker.config.node_id)
+            || !as_written
+        {
+            return None;
+        }
+        let dir = broker.range_dir_of(&image, segment.range)?;
+        Some((dir, sealed.size_bytes))
+    }
+
+    fn segment_sealed(&self, segment: SegmentKey) -> Option<bool> {
+        let broker = self.0.upgrade()?;
+        let image = broker.image();
+        image
+            .segments
+            .get(&SegmentId::new(segment.range, segment.seq))
+            .map(|s| s.is_sealed())
+    }
+
     fn primary_log(&self, range: u64) -> Option<Arc<RangeLog>> {
         self.0.upgrade()?.log_of(range)
+    }
+
+    fn is_registered_broker(&self, broker: i32) -> bool {
+        self.0
+            .upgrade()
+            .is_some_and(|b| b.image().brokers.contains_key(&broker))
     }
 }
 
@@ -144,6 +184,14 @@ impl PeerAddresses for View {
         let image = b.image();
         let r = &image.brokers.get(&broker)?.registration;
         Some(format!("{}:{}", r.host, r.port))
+    }
+
+    fn connector(&self) -> Arc<dyn Connector> {
+        match self.0.upgrade() {
+            Some(b) => b.inter_broker.clone(),
+            // Shutting down: nothing to connect as.
+            None => Arc::new(tessera_replication::auth::Plaintext),
+        }
     }
 }
 
@@ -158,11 +206,11 @@ impl Broker {
     }
 
     /// Serves an upgraded replication connection (see `server.rs`).
-    pub async fn serve_replication(
-        &self,
-        reader: tokio::net::tcp::OwnedReadHalf,
-        writer: tokio::net::tcp::OwnedWriteHalf,
-    ) {
+    pub async fn serve_replication<R, W>(&self, reader: R, writer: W)
+    where
+        R: tokio::io::AsyncRead + Unpin + Send + 'static,
+        W: tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
         let dir: Arc<dyn Directory> = Arc::new(View(self.weak()));
         service::serve(reader, writer, self.replicas.store.clone(), dir).await;
     }
@@ -180,13 +228,12 @@ impl Broker {
         if required <= 1 {
             return Ok(());
         }
-        let lag = Duration::from_millis(self.config.replica_lag_time_max_ms);
         let in_sync = self
             .replicas
             .shipping
             .lock()
             .get(&route.range_id)
-            .map_or(1, |r| r.in_sync(lag).len());
+            .map_or(1, |r| r.in_sync().len());
         if in_sync < required {
             return Err(ApiError::NotEnoughReplicas { in_sync, required });
         }
@@ -196,15 +243,23 @@ impl Broker {
     /// Starts shipping `log` to the followers of `segment` (its active
     /// segment, this broker its primary), replacing a replication of an
     /// older log of the range.
-    pub(super) fn ship(&self, range: RangeId, log: &Arc<RangeLog>, segment: &SegmentImage) {
+    /// `min_insync` is the topic's `min.insync.replicas` now.
+    pub(super) fn ship(
+        &self,
+        range: RangeId,
+        log: &Arc<RangeLog>,
+        segment: &SegmentImage,
+        min_insync: usize,
+    ) {
         let mut shipping = self.replicas.shipping.lock();
+        let followers: Vec<i32> = segment.replicas[1..].to_vec();
         if let Some(r) = shipping.get(&range) {
-            if Arc::ptr_eq(r.log(), log) {
+            if Arc::ptr_eq(r.log(), log) && r.followers() == followers.as_slice() {
+                r.set_min_insync(min_insync);
                 return;
             }
             r.stop();
         }
-        let followers: Vec<i32> = segment.replicas[1..].to_vec();
         if followers.is_empty() {
             shipping.remove(&range);
             return;
@@ -212,8 +267,61 @@ impl Broker {
         let peers: Arc<dyn PeerAddresses> = Arc::new(View(self.weak()));
         shipping.insert(
             range,
-            Replication::start(log.clone(), range, self.config.node_id, followers, peers),
+            Replication::start(
+                log.clone(),
+                range,
+                self.config.node_id,
+                followers,
+                peers,
+                min_insync,
+                Duration::from_millis(self.config.replica_lag_time_max_ms),
+            ),
         );
+    }
+
+    /// Partitions of the ranges this broker ships whose followers are not
+    /// all in sync (Kafka's `UnderReplicatedPartitions`).
+    pub fn under_replicated_partitions(&self) -> u64 {
+        self.replicas
+            .shipping
+            .lock()
+            .values()
+            .filter(|r| r.in_sync().len() < r.followers().len() + 1)
+            .map(|r| {
+                let log = r.log();
+                u64::from(log.hi() - log.lo())
+            })
+            .sum()
+    }
+
+    /// The followers of ranges this broker ships that have been out of
+    /// sync longer than `replica.lag.time.max.ms` (by active segment, as
+    /// the image names it; a stream this broker no longer ships is left
+    /// out).
+    pub(super) fn out_of_sync_followers(
+        &self,
+        image: &MetadataImage,
+    ) -> std::collections::BTreeSet<(SegmentId, i32)> {
+        let me = self.config.node_id;
+        let mut out = std::collections::BTreeSet::new();
+        for (range, r) in self.replicas.shipping.lock().iter() {
+            let Some(seg) = image.active_segment(*range) else {
+                continue;
+            };
+            if seg.primary() != Some(me) || seg.replicas[1..] != *r.followers() {
+                continue;
+            }
+            for (f, behind) in r.out_of_sync_for() {
+                tracing::debug!(
+                    range,
+                    follower = f,
+                    behind_ms = behind.as_millis() as u64,
+                    "follower out of sync"
+                );
+                out.insert((seg.id, f));
+            }
+        }
+        out
     }
 
     /// Stops shipping a range (its log closed, or leadership moved).
@@ -462,6 +570,54 @@ impl Broker {
         Ok(false)
     }
 
+    /// Whether this broker, primary of `range`'s active segment in
+    /// `image`, is to open the range (it has not yet).
+    fn leads_next(&self, image: &MetadataImage, range: RangeId) -> bool {
+        image
+            .active_segment(range)
+            .is_some_and(|s| s.primary() == Some(self.config.node_id))
+            && self.log_of(range).is_none()
+    }
+
+    /// Whether every sealed segment of `range` this broker keeps a copy of
+    /// in `dir` is complete here (its seal applied: cut, or repaired to the
+    /// sealed size, and at the image's cleaning pass). A broker leads a
+    /// range only with every byte of the history it claims: a short copy
+    /// opened as the log's history would serve the next segment's batches
+    /// for the offsets of its missing tail, and rebuild producer state
+    /// without them. The copies that are not complete yet are being
+    /// repaired (or cleaned); the pass that finishes them reconciles again.
+    pub(super) fn history_complete_to_lead(
+        &self,
+        image: &MetadataImage,
+        range: RangeId,
+        dir: &std::path::Path,
+    ) -> anyhow::Result<bool> {
+        let me = self.config.node_id;
+        let complete = self.replicas.sealed_copies.lock();
+        let short: Vec<u32> = tessera_log::range_log::local_segment_seqs(dir)?
+            .into_iter()
+            .filter(|&seq| {
+                image
+                    .segments
+                    .get(&SegmentId::new(range, seq))
+                    .is_some_and(|s| {
+                        s.is_sealed() && s.replicas.contains(&me) && !complete.contains(&s.id)
+                    })
+            })
+            .collect();
+        drop(complete);
+        if short.is_empty() {
+            self.replicas.awaiting_history.lock().remove(&range);
+            return Ok(true);
+        }
+        if self.replicas.awaiting_history.lock().insert(range) {
+            crate::metrics::Metrics::add(&self.metrics.history_repair_waits, 1);
+            tracing::warn!(range, segments = ?short, "not leading the range yet: copies of its sealed segments here are incomplete (repairing them first; produce answers NOT_LEADER_OR_FOLLOWER meanwhile)");
+        }
+        Ok(false)
+    }
+
     /// A range starts waiting for the producer snapshot at `id`.
     fn start_waiting(&self, id: SegmentId) {
         crate::metrics::Metrics::add(&self.metrics.producer_snapshot_waits, 1);
@@ -583,7 +739,10 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
             break false;
         }
         let Some(copy) = b.replicas.store.get(key(seg.id)) else {
-            break true;
+            // The copy was closed or replaced under the repair (a cleaning
+            // pass swapped its file): not repaired; the next reconcile pass
+            // applies the seal to what is on disk and repairs again.
+            break false;
         };
         let (written, size) = {
             let c = copy.lock();
@@ -604,13 +763,18 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
                 max: service::MAX_READ_BYTES,
                 pass,
             };
-            match service::call(&addr, &read, CALL_TIMEOUT).await {
+            match service::call(&*b.inter_broker, &addr, &read, CALL_TIMEOUT).await {
                 Ok(Message::Data {
                     position, frames, ..
                 }) if !frames.is_empty() => match write_repair(&copy, position, &frames) {
                     Ok(true) => {
                         progressed = true;
-                        tokio::time::sleep_until(b.copy_pace(frames.len()).into()).await;
+                        // A copy this broker needs to lead its range is
+                        // copied at full speed: the range waits for it.
+                        let pace = b.copy_pace(frames.len());
+                        if !b.leads_next(&image, seg.id.range) {
+                            tokio::time::sleep_until(pace.into()).await;
+                        }
                         break;
                     }
                     Ok(false) => {}
@@ -633,6 +797,9 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
             b.replicas.sealed_copies.lock().insert(seg.id);
             tracing::info!(segment = %seg.id, "replica repaired");
         }
+        // A range waiting for this copy to lead, or the copy left for the
+        // next pass to repair again.
+        b.request_reconcile();
     }
 }
 
@@ -714,7 +881,7 @@ async fn fetch_snapshot_once(
         let Some(addr) = view.address_of(peer) else {
             continue;
         };
-        match snapshot_transfer::fetch(&addr, key(id), dir, timeout).await {
+        match snapshot_transfer::fetch(&*view.connector(), &addr, key(id), dir, timeout).await {
             Ok(()) => return Some(peer),
             Err(e) => {
                 tracing::debug!(segment = %id, peer, error = %e, "producer snapshot fetch failed")
@@ -796,6 +963,7 @@ impl Broker {
             let addr = view.address_of(r);
             let store = self.replicas.store.clone();
             let view = View(self.weak());
+            let connector = self.inter_broker.clone();
             let is_first = Some(r) == fence_first;
             let first_done = is_first.then(|| first_fenced.clone());
             let mut wait_first = first_fenced_rx.clone();
@@ -811,9 +979,14 @@ impl Broker {
                     Ok(service::fence(k, &store, &view))
                 } else {
                     match addr {
-                        Some(a) => service::call(&a, &Message::Fence { segment: k }, CALL_TIMEOUT)
-                            .await
-                            .map_err(|e| e.to_string()),
+                        Some(a) => service::call(
+                            &*connector,
+                            &a,
+                            &Message::Fence { segment: k },
+                            CALL_TIMEOUT,
+                        )
+                        .await
+                        .map_err(|e| e.to_string()),
                         None => Err("no address".into()),
                     }
                 };
@@ -827,7 +1000,7 @@ impl Broker {
         // of answers is enough; the others get a moment more (a live
         // holder is better than a fenced one) but a dead replica's call
         // timing out does not hold the failover up.
-        let quorum = tessera_replication::quorum_size(seg.replicas.len());
+        let quorum = tessera_replication::fence_quorum(seg.replicas.len());
         let mut replies = Vec::new();
         let mut answered = 0;
         let mut grace: Option<tokio::time::Instant> = None;

@@ -16,8 +16,7 @@ use std::time::Duration;
 use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{
     ApiKey, ApiVersionsRequest, ApiVersionsResponse, MetadataRequest, MetadataResponse,
-    ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader, SaslAuthenticateRequest,
-    SaslHandshakeRequest,
+    ProduceRequest, ProduceResponse, RequestHeader, ResponseHeader,
 };
 use kafka_protocol::protocol::{Decodable, Encodable, HeaderVersion, Request, StrBytes};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
@@ -26,7 +25,6 @@ use tokio::net::TcpStream;
 use super::security::{ClientSecurity, Mechanism};
 use crate::api::migrate_append;
 use crate::error::MigrateError;
-use crate::sasl::scram;
 
 /// A TCP or TLS stream.
 trait Stream: AsyncRead + AsyncWrite + Unpin + Send {}
@@ -140,74 +138,22 @@ impl Conn {
         Ok(conn)
     }
 
-    /// SaslHandshake v1, then SaslAuthenticate (KIP-152).
+    /// SASL as `security` asks, with the broker's own client exchange.
     async fn authenticate(
         &mut self,
         mechanism: Mechanism,
         user: &str,
         password: &str,
     ) -> Result<(), MigrateError> {
-        let handshake = self
-            .call(
-                &SaslHandshakeRequest::default()
-                    .with_mechanism(StrBytes::from_static_str(mechanism.name())),
-            )
-            .await?;
-        if handshake.error_code != 0 {
-            let enabled: Vec<String> = handshake.mechanisms.iter().map(|m| m.to_string()).collect();
-            return Err(self.broker_error(
-                &format!(
-                    "SaslHandshake {} (it enables {enabled:?})",
-                    mechanism.name()
-                ),
-                handshake.error_code,
-                None,
-            ));
-        }
-        match mechanism {
-            Mechanism::Plain => {
-                self.sasl_step(format!("\0{user}\0{password}").into_bytes())
-                    .await?;
-            }
-            Mechanism::Scram(m) => {
-                let saslname = user.replace('=', "=3D").replace(',', "=2C");
-                let bare = format!("n={saslname},r={}", scram::fresh_nonce());
-                let first = self.sasl_step(format!("n,,{bare}").into_bytes()).await?;
-                let first = String::from_utf8(first)
-                    .map_err(|_| self.sasl_error("a server-first message that is not UTF-8"))?;
-                let (last, expected) = scram::client_final_message(m, password, &bare, &first)
-                    .map_err(|e| self.sasl_error(&e.to_string()))?;
-                let fin = self.sasl_step(last.into_bytes()).await?;
-                if fin != expected {
-                    return Err(self.sasl_error("the server's signature does not verify"));
-                }
-            }
-            Mechanism::OAuthBearer => {
-                let message = self
-                    .security
-                    .oauthbearer
-                    .as_ref()
-                    .ok_or_else(|| self.sasl_error("OAUTHBEARER without sasl.oauthbearer.config"))?
-                    .client_first_message(tessera_log::now_ms());
-                self.sasl_step(message).await?;
-            }
-        }
-        Ok(())
-    }
-
-    /// One SaslAuthenticate round: the server's answer bytes.
-    async fn sasl_step(&mut self, token: Vec<u8>) -> Result<Vec<u8>, MigrateError> {
-        let response = self
-            .call(&SaslAuthenticateRequest::default().with_auth_bytes(Bytes::from(token)))
-            .await?;
-        if response.error_code != 0 {
-            return Err(self.broker_error(
-                "SaslAuthenticate",
-                response.error_code,
-                response.error_message.as_ref(),
-            ));
-        }
-        Ok(response.auth_bytes.to_vec())
+        let login = crate::sasl::client::Login {
+            mechanism,
+            user: user.to_string(),
+            password: password.to_string(),
+            oauthbearer: self.security.oauthbearer.clone(),
+        };
+        crate::sasl::client::authenticate(&mut self.stream, &login)
+            .await
+            .map_err(|e| self.sasl_error(&e))
     }
 
     fn sasl_error(&self, what: &str) -> MigrateError {

@@ -41,23 +41,7 @@ impl Protocol {
     }
 }
 
-/// A SASL mechanism the migrator speaks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Mechanism {
-    Plain,
-    Scram(ScramMechanism),
-    OAuthBearer,
-}
-
-impl Mechanism {
-    pub fn name(self) -> &'static str {
-        match self {
-            Mechanism::Plain => "PLAIN",
-            Mechanism::Scram(m) => m.name(),
-            Mechanism::OAuthBearer => "OAUTHBEARER",
-        }
-    }
-}
+pub use crate::sasl::client::Mechanism;
 
 /// What a connection to one cluster needs.
 #[derive(Clone, Default)]
@@ -288,9 +272,9 @@ fn tls_config(
 /// The WebPKI chain check, with the host name check optional
 /// (`ssl.endpoint.identification.algorithm=none`, as Kafka clients allow).
 #[derive(Debug)]
-struct ChainVerifier {
-    inner: Arc<rustls::client::WebPkiServerVerifier>,
-    verify_hostname: bool,
+pub(crate) struct ChainVerifier {
+    pub(crate) inner: Arc<rustls::client::WebPkiServerVerifier>,
+    pub(crate) verify_hostname: bool,
 }
 
 impl ServerCertVerifier for ChainVerifier {

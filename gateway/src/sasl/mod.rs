@@ -15,6 +15,7 @@
 //! session without a lifetime cannot re-authenticate (its handshake gets
 //! ILLEGAL_SASL_STATE, as in Kafka).
 
+pub mod client;
 pub mod credentials;
 pub mod oauthbearer;
 pub mod plain;

@@ -124,6 +124,7 @@ impl Broker {
                 .ok_or(ApiError::NotLeaderOrFollower)?;
             let request = write_request(m, &partitions);
             let response = crate::peer::call(
+                &self.inter_broker,
                 &b.registration.host,
                 b.registration.port,
                 1,

@@ -1,0 +1,247 @@
+"""Replica sets that heal themselves at segment boundaries (issue 26).
+
+* A follower of an active segment killed with kill -9 leaves the replica
+  set at the next boundary, within a session timeout, for the broker that
+  was free: Metadata's replicas and ISR show the new set, the producer
+  (idempotent, acks=all, 1 MiB segments rolling during the fault) sees no
+  error, and every acknowledged record is read back once, at its offset.
+  Before, the dead follower stayed in every next segment's set and the
+  free broker got nothing (ISR {1,4} for all of the 85 s observed).
+* A primary whose active segment was fenced by a seal that never got
+  recorded (its sealer died right after the fence, as a leader move or a
+  re-placement on a controller that crashed would leave it) serves again:
+  it notices from its state, not from a metadata event that never comes.
+* Under-replicated partitions (Kafka's UnderReplicatedPartitions) are
+  counted by the leader while a follower is out of sync, and drop back to
+  0 once the set is healthy again.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import threading
+import time
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from test_cluster import cluster, eventually, http  # noqa: F401 - fixture
+from test_replication import create_replicated, kill_node, leader_of, metric, restart_node
+
+
+class Acks:
+    """Delivery reports of one producer: acknowledged (partition, offset)
+    -> value, and every error."""
+
+    def __init__(self):
+        self.acked: dict[tuple[int, int], bytes] = {}
+        self.errors: list[str] = []
+        self.lock = threading.Lock()
+
+    def __call__(self, err, msg):
+        with self.lock:
+            if err is not None:
+                self.errors.append(str(err))
+            else:
+                self.acked[(msg.partition(), msg.offset())] = msg.value()
+
+
+class Load:
+    """An idempotent acks=all producer writing `rate` records of 1 KiB a
+    second to `partitions` partitions until stopped; a failure in its
+    thread is kept and raised by `stop`."""
+
+    def __init__(self, boot: str, topic: str, partitions: int, rate: int = 2000):
+        self.acks = Acks()
+        self.sent = 0
+        self.failure: BaseException | None = None
+        self._stop = threading.Event()
+        self._producer = Producer(
+            {
+                "bootstrap.servers": boot,
+                "acks": "all",
+                "enable.idempotence": True,
+                "linger.ms": 5,
+                "message.timeout.ms": 120000,
+            }
+        )
+        self._thread = threading.Thread(
+            target=self._run, args=(topic, partitions, rate), daemon=True
+        )
+        self._thread.start()
+
+    def _run(self, topic, partitions, rate):
+        try:
+            i = 0
+            while not self._stop.is_set():
+                t0 = time.monotonic()
+                for _ in range(rate // 10):
+                    value = f"{i:09d}".encode() + b"x" * 1015
+                    while True:
+                        try:
+                            self._producer.produce(
+                                topic, value, partition=i % partitions, on_delivery=self.acks
+                            )
+                            break
+                        except BufferError:
+                            self._producer.poll(0.05)
+                    i += 1
+                self.sent = i
+                self._producer.poll(0)
+                time.sleep(max(0.0, 0.1 - (time.monotonic() - t0)))
+        except BaseException as e:  # noqa: BLE001 - raised by stop()
+            self.failure = e
+
+    def stop(self) -> Acks:
+        self._stop.set()
+        self._thread.join(60)
+        assert not self._thread.is_alive(), "producer thread did not stop"
+        if self.failure is not None:
+            raise self.failure
+        left = self._producer.flush(120)
+        assert left == 0, f"{left} records never acknowledged nor failed"
+        return self.acks
+
+
+def read_back(boot: str, topic: str, partitions: int, acked: dict) -> dict:
+    """Every record of `topic` from offset 0 up to the highest acknowledged
+    offset of each partition: (partition, offset) -> value."""
+    want = {p: max((o for (q, o) in acked if q == p), default=-1) for p in range(partitions)}
+    c = Consumer(
+        {
+            "bootstrap.servers": boot,
+            "group.id": f"read-back-{time.monotonic_ns()}",
+            "enable.auto.commit": False,
+            "auto.offset.reset": "earliest",
+            "isolation.level": "read_uncommitted",
+        }
+    )
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got: dict[tuple[int, int], bytes] = {}
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and any(
+        max((o for (q, o) in got if q == p), default=-1) < want[p] for p in range(partitions)
+    ):
+        m = c.poll(0.5)
+        if m is None:
+            continue
+        assert not m.error(), m.error()
+        key = (m.partition(), m.offset())
+        assert key not in got, f"offset {key} delivered twice"
+        got[key] = m.value()
+    c.close()
+    return got
+
+
+def check_read_back(acked: dict, got: dict, partitions: int):
+    """Every acknowledged record at its offset; offsets dense from 0 and
+    every value once (nothing stored twice)."""
+    missing = [k for k, v in acked.items() if got.get(k) != v]
+    assert not missing, f"{len(missing)} acknowledged records not read at their offset, e.g. {sorted(missing)[:5]}"
+    for p in range(partitions):
+        offsets = sorted(o for (q, o) in got if q == p)
+        assert offsets == list(range(len(offsets))), f"partition {p}: offsets not dense"
+    values = list(got.values())
+    assert len(values) == len(set(values)), "a record was stored twice"
+
+
+@pytest.mark.cluster_nodes(4)
+@pytest.mark.cluster_overrides({"log.segment.bytes": "1048576"})
+def test_a_dead_follower_leaves_the_active_set_for_the_free_broker(cluster):
+    boot = ",".join(cluster["bootstrap"])
+    topic = "heal-active"
+    admin = create_replicated(boot, topic, 2, 3, {"min.insync.replicas": "2"})
+    meta = admin.list_topics(topic, timeout=10).topics[topic].partitions[0]
+    leader, replicas = meta.leader, list(meta.replicas)
+    follower = next(r for r in replicas if r != leader)
+    free = next(b for b in range(1, 5) if b not in replicas)
+    load = Load(boot, topic, 2)
+    eventually("segments rolling", lambda: len([
+        s for s in http(cluster["admin"][leader - 1] + "/segments")
+        if s["topic"] == topic and s["sealed_bytes"] is not None]) >= 2)
+    kill_node(cluster["workdir"], follower)
+
+    def healed():
+        parts = admin.list_topics(topic, timeout=10).topics[topic].partitions.values()
+        return all(
+            follower not in p.replicas and free in p.replicas and len(p.isrs) == 3 for p in parts
+        )
+
+    # Fenced after broker.session.timeout.ms (3 s here), replaced at once.
+    eventually("the free broker replacing the dead follower", healed, timeout=60)
+    time.sleep(3)  # more records on the new set, across rolls
+    acks = load.stop()
+    assert not acks.errors, acks.errors[:5]
+    assert len(acks.acked) > 1000
+    check_read_back(acks.acked, read_back(boot, topic, 2, acks.acked), 2)
+
+
+def fence_frame(range_id: int, seq: int) -> bytes:
+    """The replication upgrade request, then a Fence of segment (range, seq)."""
+    upgrade = struct.pack(">Ihhih", 10, 0x7E01, 0, 0, -1)
+    body = struct.pack(">BQI", 6, range_id, seq)
+    return upgrade + struct.pack(">I", len(body)) + body
+
+
+def test_a_primary_fenced_by_a_seal_that_never_got_recorded_serves_again(cluster):
+    boot = ",".join(cluster["bootstrap"])
+    topic = "orphan-fence"
+    admin = create_replicated(boot, topic, 1, 3, {"min.insync.replicas": "2"})
+    leader = leader_of(admin, topic)
+    p = Producer({"bootstrap.servers": boot, "acks": "all", "enable.idempotence": True,
+                  "message.timeout.ms": 120000})
+    acks = Acks()
+    for i in range(100):
+        p.produce(topic, f"before-{i}".encode(), partition=0, on_delivery=acks)
+    assert p.flush(60) == 0
+    active = [s for s in http(cluster["admin"][leader - 1] + "/segments")
+              if s["topic"] == topic and s["sealed_bytes"] is None]
+    assert len(active) == 1
+    seg = active[0]
+    # What a sealer does first, and then nothing: it died.
+    host, port = cluster["bootstrap"][leader - 1].split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as s:
+        s.sendall(fence_frame(seg["range"], seg["seq"]))
+        (length,) = struct.unpack(">I", s.recv(4))
+        reply = b""
+        while len(reply) < length:
+            reply += s.recv(length - len(reply))
+    assert reply[0] == 7, f"not Fenced: {reply[:1]!r}"
+    # The primary's log is fenced and no entry records it: it must notice
+    # and seal it itself, then serve the next segment.
+    for i in range(100):
+        p.produce(topic, f"after-{i}".encode(), partition=0, on_delivery=acks)
+    assert p.flush(120) == 0
+    assert not acks.errors, acks.errors[:5]
+    segments = [s for s in http(cluster["admin"][leader - 1] + "/segments") if s["topic"] == topic]
+    assert any(s["seq"] > seg["seq"] for s in segments), "the fenced segment was never sealed"
+    check_read_back(acks.acked, read_back(boot, topic, 1, acks.acked), 1)
+
+
+@pytest.mark.cluster_overrides({"broker.session.timeout.ms": "60000"})
+def test_under_replicated_partitions_while_a_follower_is_down(cluster):
+    boot = ",".join(cluster["bootstrap"])
+    topic = "urp"
+    admin = create_replicated(boot, topic, 4, 3, {"min.insync.replicas": "1"})
+    leader = leader_of(admin, topic)
+    url = cluster["admin"][leader - 1]
+    p = Producer({"bootstrap.servers": boot, "acks": "1"})
+    for i in range(100):
+        p.produce(topic, b"x", partition=0)
+    assert p.flush(30) == 0
+    eventually("no under-replicated partition",
+               lambda: metric(url, "tessera_under_replicated_partitions") == 0)
+    follower = next(r for r in admin.list_topics(topic, timeout=10).topics[topic].partitions[0].replicas
+                    if r != leader)
+    cmd = kill_node(cluster["workdir"], follower)
+    # The session is long: nothing replaces the follower, it is out of
+    # sync after replica.lag.time.max.ms (2 s here) and counted.
+    for i in range(100):
+        p.produce(topic, b"y", partition=0)
+    assert p.flush(30) == 0
+    eventually("4 under-replicated partitions",
+               lambda: metric(url, "tessera_under_replicated_partitions") == 4)
+    restart_node(cluster["workdir"], follower, cmd)
+    eventually("in sync again", lambda: metric(url, "tessera_under_replicated_partitions") == 0,
+               timeout=90)
