@@ -37,8 +37,8 @@ use crate::metrics::Metrics;
 use crate::producer_ids::ProducerIdManager;
 use crate::topic_config::EffectiveTopicConfig;
 
-pub(crate) use reconcile::local_segment_records;
 pub(crate) use follower_fetch::SealedSource;
+pub(crate) use reconcile::local_segment_records;
 pub use topics::NewTopic;
 
 /// Where a partition's data lives right now.

@@ -239,7 +239,13 @@ impl Replication {
         let recorded = self.log.recorded_active();
         let own: Vec<u64> = segments
             .iter()
-            .map(|&(seq, size, _)| if seq > recorded { 0 } else { own_end(seq, size) })
+            .map(|&(seq, size, _)| {
+                if seq > recorded {
+                    0
+                } else {
+                    own_end(seq, size)
+                }
+            })
             .collect();
         for f in &self.followers {
             let p = progress.followers.get_mut(f).expect("every follower");

@@ -173,7 +173,9 @@ async fn stream<R: AsyncRead + Unpin>(
             // stream completes the copy, as a repair would.
             Err(_) if dir.sealed_copy(segment, primary).is_some() => {
                 let (path, size) = dir.sealed_copy(segment, primary).expect("just seen");
-                complete_sealed_copy(&store, segment, &path, size, position, &frames, &dirty, &wake)
+                complete_sealed_copy(
+                    &store, segment, &path, size, position, &frames, &dirty, &wake,
+                )
             }
             Err(r) => Some(Message::Refused {
                 segment,

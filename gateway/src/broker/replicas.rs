@@ -146,8 +146,8 @@ impl Directory for View {
         let sealed = seg.sealed.as_ref()?;
         // Only the bytes the primary wrote: not once a cleaning pass
         // rewrote the segment (the repair reads the cleaned bytes then).
-        let as_written = seg.clean_pass() == 0
-            && !broker.replicas.cleaning.lock().contains(&segment.range);
+        let as_written =
+            seg.clean_pass() == 0 && !broker.replicas.cleaning.lock().contains(&segment.range);
         if seg.primary() != Some(primary)
             || !seg.replicas[1..].contains(&broker.config.node_id)
             || !as_written
