@@ -341,11 +341,18 @@ fn read_partition(
             } else {
                 broker.read_route(image, topic, partition, p.fetch_offset)?
             };
-            let read = log.read_below(partition, p.fetch_offset, limit, upper)?;
+            let mut read = log.read_below(partition, p.fetch_offset, limit, upper)?;
             // Never past a sealed segment the log does not serve: the
             // records of the offset's segment, or none (a skipped segment
             // would look like compacted-away offsets to the consumer).
             if let Some(end) = broker.sealed_span_end(image, topic, partition, p.fetch_offset) {
+                // One read never crosses the end of the offset's sealed
+                // segment either: the log may lack the segments after it
+                // (held by other replicas) and would go on with a later
+                // one's batches. The next fetch starts at `end`.
+                if first_base_offset(&read.records).is_some_and(|base| base < end) {
+                    read.records = below(read.records, end);
+                }
                 if first_base_offset(&read.records).is_some_and(|base| base >= end) {
                     tracing::error!(
                         topic = %topic.name,
