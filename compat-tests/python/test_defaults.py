@@ -13,7 +13,6 @@ import time
 import urllib.request
 from pathlib import Path
 
-
 import procguard
 from conftest import tessera_bin
 
