@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 import procguard
-from helpers import uvarint
+from helpers import Worker, uvarint
 from conftest import tessera_bin
 from test_cluster import cluster, eventually, http, node_pid  # noqa: F401 - fixture
 from test_replication import create_replicated
@@ -241,9 +241,9 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
                 p.produce(t, value=f"{t}-{i}".encode(), partition=i % 2, on_delivery=on_delivery)
             i += 1
             p.poll(0.005)
-        assert p.flush(120) == 0
+        return p.flush(120)  # records never acknowledged
 
-    thread = threading.Thread(target=producer, daemon=True)
+    thread = Worker(producer, "producer")
     thread.start()
     time.sleep(3)
 
@@ -276,8 +276,8 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
 
     time.sleep(5)  # keep producing into the re-placed segments
     stop.set()
-    thread.join(180)
-    assert not thread.is_alive()
+    unflushed = thread.result(180)
+    assert unflushed == 0, f"{unflushed} records never acknowledged"
     assert errors == []
 
     # Only segments opened after the join are on broker 4; history stayed

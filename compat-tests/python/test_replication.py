@@ -39,6 +39,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import procguard
+from helpers import Worker, admin_ready, read_back
 from test_cluster import cluster, eventually, http, node_pid  # noqa: F401 - fixture
 
 RUN_SECONDS = float(os.environ.get("TESSERA_FAILOVER_SECONDS", "40"))
@@ -517,7 +518,7 @@ def test_leadership_comes_back_to_a_broker_that_restarted(cluster):
                 p.produce(t, value=f"{t}-{i}".encode(), on_delivery=lambda e, m, t=t: delivered(e, m) if e else record(t, m))
             i += 1
             p.poll(0.01)
-        assert p.flush(120) == 0
+        return p.flush(120)  # records never acknowledged
 
     by_topic: dict[str, list[tuple[int, bytes]]] = {t: [] for t in topics}
 
@@ -533,7 +534,7 @@ def test_leadership_comes_back_to_a_broker_that_restarted(cluster):
             else:
                 by_topic[topic].append((msg.offset(), msg.value()))
 
-    thread = threading.Thread(target=produce, daemon=True)
+    thread = Worker(produce, "producer")
     thread.start()
     time.sleep(2)
 
@@ -557,8 +558,8 @@ def test_leadership_comes_back_to_a_broker_that_restarted(cluster):
     print(f"\nleaders balanced {time.monotonic() - back:.1f} s after the restart: {final}")
     time.sleep(2)  # keep producing to the new leaders
     stop.set()
-    thread.join(180)
-    assert not thread.is_alive()
+    unflushed = thread.result(180)
+    assert unflushed == 0, f"{unflushed} records never acknowledged"
     assert delivered.errors == [], delivered.errors[:5]
     moves = sum(metric(a, "tessera_leader_moves_total") for a in cluster["admin"]
                 if node_pid(workdir, cluster["admin"].index(a) + 1))
