@@ -598,6 +598,11 @@ def node_cmd(workdir: Path, node: int) -> list[str]:
     return [c.decode() for c in (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0") if c]
 
 
+def node_admin_url(cmd: list[str]) -> str:
+    """The admin listener's URL of the node started with `cmd`."""
+    return "http://" + cmd[cmd.index("--admin-listener") + 1]
+
+
 def wait_exit(pid: int, timeout: float = 40):
     eventually(f"pid {pid} exits", lambda: not Path(f"/proc/{pid}").exists()
                or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower(), timeout=timeout)
@@ -622,7 +627,9 @@ def hand_leadership_to(spare: int, workdir: Path, admin: AdminClient, topic: str
     restart_node(workdir, other, cmd_other)
     restart_node(workdir, holder, cmd_holder)
     alive.update({other, holder})
-    eventually("every node back", lambda: all(node_pid(workdir, n) for n in range(1, 6)), timeout=30)
+    eventually("both nodes serve again",
+               lambda: all(admin_ready(node_admin_url(cmd)) for cmd in (cmd_other, cmd_holder)), timeout=60)
+    assert all(node_pid(workdir, n) for n in range(1, 6)), "a node is not running"
 
 
 @pytest.mark.cluster_nodes(5)
