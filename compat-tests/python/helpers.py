@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import socket
+import struct
+import threading
 import time
 import urllib.error
 import urllib.request
 import uuid
-
-import threading
 
 from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
@@ -226,3 +227,107 @@ class Worker(threading.Thread):
         if self._error is not None:
             raise self._error
         return self._value
+
+
+# --- hand-built requests (APIs no Python client has) ------------------------
+
+class Reader:
+    """A cursor over a response body (big-endian, Kafka varints)."""
+
+    def __init__(self, data: bytes):
+        self.data, self.at = data, 0
+
+    def take(self, fmt: str):
+        size = struct.calcsize(fmt)
+        values = struct.unpack(fmt, self.data[self.at:self.at + size])
+        self.at += size
+        return values[0] if len(values) == 1 else values
+
+    def uvarint(self) -> int:
+        n, shift = 0, 0
+        while True:
+            b = self.data[self.at]
+            self.at += 1
+            n |= (b & 0x7F) << shift
+            if b < 0x80:
+                return n
+            shift += 7
+
+    def compact_string(self) -> str | None:
+        n = self.uvarint()
+        if n == 0:
+            return None
+        s = self.data[self.at:self.at + n - 1].decode()
+        self.at += n - 1
+        return s
+
+    def tagged_fields(self):
+        for _ in range(self.uvarint()):
+            self.uvarint()
+            self.at += self.uvarint()
+
+
+def flexible_request(bootstrap: str, api_key: int, version: int, body: bytes) -> Reader:
+    """One request with header v2 (client id "t"); the response body after
+    header v1."""
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        msg = struct.pack(">hhih", api_key, version, 7, 1) + b"t" + uvarint(0) + body
+        s.sendall(struct.pack(">i", len(msg)) + msg)
+
+        def recv(n: int) -> bytes:
+            buf = b""
+            while len(buf) < n:
+                chunk = s.recv(n - len(buf))
+                assert chunk, "connection closed"
+                buf += chunk
+            return buf
+
+        size = struct.unpack(">i", recv(4))[0]
+        r = Reader(recv(size))
+    assert r.take(">i") == 7
+    r.tagged_fields()
+    return r
+
+
+def consumer_group_epochs(bootstrap: str, group: str) -> tuple[int, dict[str, int]]:
+    """ConsumerGroupDescribe v0 (KIP-848) of `group`: its group epoch and
+    each member's epoch by member id (no Python client exposes them)."""
+
+    def compact(s: str) -> bytes:
+        return uvarint(len(s) + 1) + s.encode()
+
+    r = flexible_request(bootstrap, 69, 0, uvarint(2) + compact(group) + b"\x00" + uvarint(0))
+    r.take(">i")  # throttle
+    assert r.uvarint() == 2, "one group described"
+    error = r.take(">h")
+    message = r.compact_string()
+    assert error == 0, (error, message)
+    assert r.compact_string() == group
+    r.compact_string()  # state
+    group_epoch, _assignment_epoch = r.take(">ii")
+    r.compact_string()  # assignor
+
+    def assignment():
+        for _ in range(r.uvarint() - 1):
+            r.at += 16  # topic id
+            r.compact_string()
+            r.at += 4 * (r.uvarint() - 1)  # partitions
+            r.tagged_fields()
+        r.tagged_fields()
+
+    members = {}
+    for _ in range(r.uvarint() - 1):
+        member_id = r.compact_string()
+        r.compact_string()  # instance id
+        r.compact_string()  # rack
+        members[member_id] = r.take(">i")
+        r.compact_string()  # client id
+        r.compact_string()  # client host
+        for _ in range(r.uvarint() - 1):
+            r.compact_string()  # subscribed topic names
+        r.compact_string()  # subscribed regex
+        assignment()
+        assignment()  # target assignment
+        r.tagged_fields()
+    return group_epoch, members
