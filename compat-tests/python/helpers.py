@@ -263,8 +263,9 @@ class Reader:
 
     def tagged_fields(self):
         for _ in range(self.uvarint()):
-            self.uvarint()
-            self.at += self.uvarint()
+            self.uvarint()  # tag
+            size = self.uvarint()  # read before `self.at` is (`x += f()` loads x first)
+            self.at += size
 
 
 def flexible_request(bootstrap: str, api_key: int, version: int, body: bytes) -> Reader:
@@ -312,7 +313,8 @@ def consumer_group_epochs(bootstrap: str, group: str) -> tuple[int, dict[str, in
         for _ in range(r.uvarint() - 1):
             r.at += 16  # topic id
             r.compact_string()
-            r.at += 4 * (r.uvarint() - 1)  # partitions
+            partitions = r.uvarint() - 1
+            r.at += 4 * partitions
             r.tagged_fields()
         r.tagged_fields()
 
@@ -330,4 +332,8 @@ def consumer_group_epochs(bootstrap: str, group: str) -> tuple[int, dict[str, in
         assignment()
         assignment()  # target assignment
         r.tagged_fields()
+    r.take(">i")  # authorized operations
+    r.tagged_fields()  # the group's
+    r.tagged_fields()  # the response's
+    assert r.at == len(r.data), "ConsumerGroupDescribe parsed to its end"
     return group_epoch, members
