@@ -63,6 +63,12 @@ if ! command -v openssl >/dev/null 2>&1; then
     as_root apt-get install -y openssl
 fi
 
+if ! command -v gcc >/dev/null 2>&1; then
+    step "installing gcc (apt; test_fsync_failure.py builds its fault-injection shim with it)"
+    as_root apt-get update
+    as_root apt-get install -y gcc
+fi
+
 # shellcheck source=scripts/python-env.sh
 . "$ROOT/scripts/python-env.sh"
 ensure_venv
@@ -126,7 +132,7 @@ cd "$ROOT/compat-tests/python"
 rc=0
 # shellcheck disable=SC2086
 run_stage "compat tests" "compat tests (pytest compat-tests/python)" \
-    "$VENV/bin/python" -m pytest -v ${PYTEST_ARGS:-} . || rc=$?
+    "$VENV/bin/python" -m pytest -v --durations=25 ${PYTEST_ARGS:-} . || rc=$?
 
 # ---- fault harness (docs/RELIABILITY.md) -------------------------------------
 # A short seeded run: 3 nodes, a few minutes of mixed faults, the checker's

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import socket
+import struct
+import threading
 import time
+import urllib.error
+import urllib.request
 import uuid
 
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
 
@@ -98,8 +103,9 @@ def kafka_python_sasl_conf(b, mechanism: str, user: str, password: str) -> dict:
 
 
 def poll_until_idle(consumer, idle: int):
-    """The messages `consumer` polls (errors skipped) until `idle` polls of
-    one second in a row return nothing; the caller closes the consumer."""
+    """The messages `consumer` polls until `idle` polls of one second in a
+    row return nothing; the caller closes the consumer. A message error
+    other than end-of-partition raises."""
     quiet = 0
     while quiet < idle:
         m = consumer.poll(1.0)
@@ -107,7 +113,9 @@ def poll_until_idle(consumer, idle: int):
             quiet += 1
             continue
         if m.error():
-            continue
+            if m.error().code() == KafkaError._PARTITION_EOF:
+                continue
+            raise KafkaException(m.error())
         quiet = 0
         yield m
 
@@ -131,3 +139,201 @@ def consume_values(conf: dict, topic: str, n: int, timeout: float = 60) -> list[
     finally:
         c.close()
     return got
+
+
+class Acks:
+    """A producer's delivery callback: acknowledged (topic, partition,
+    offset) -> value, and the errors reported."""
+
+    def __init__(self):
+        self.acked: dict[tuple[str, int, int], bytes] = {}
+        self.errors: list = []
+        self.lock = threading.Lock()
+
+    def __call__(self, err, msg):
+        with self.lock:
+            if err is not None:
+                self.errors.append(err)
+            else:
+                self.acked[(msg.topic(), msg.partition(), msg.offset())] = msg.value()
+
+    def of(self, topic: str) -> dict[tuple[int, int], bytes]:
+        """(partition, offset) -> value acknowledged on `topic`."""
+        with self.lock:
+            return {(p, o): v for (t, p, o), v in self.acked.items() if t == topic}
+
+
+def read_back(conf: dict, topic: str, partitions: int, timeout: float = 60,
+              **extra) -> dict[tuple[int, int], bytes]:
+    """Every record of `topic` from offset 0 to each partition's end (the
+    last stable offset under read_committed) as (partition, offset) ->
+    value, read by an assigned confluent-kafka consumer with `conf` (and
+    `extra` settings). Any message error but end-of-partition fails, and so
+    does a record read twice or a partition whose end is not reached."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    c = Consumer(dict(conf, **{"group.id": unique_topic("read-back"), "enable.auto.commit": False,
+                               "enable.partition.eof": True}, **extra))
+    c.assign([TopicPartition(topic, p, 0) for p in range(partitions)])
+    got: dict[tuple[int, int], bytes] = {}
+    at_end: set[int] = set()
+    try:
+        deadline = time.monotonic() + timeout
+        while len(at_end) < partitions:
+            assert time.monotonic() < deadline, f"{topic}: partitions {sorted(at_end)} of {partitions} read to the end"
+            for m in c.consume(500, timeout=0.5):
+                if m.error() is not None:
+                    assert m.error().code() == KafkaError._PARTITION_EOF, m.error()
+                    at_end.add(m.partition())
+                    continue
+                k = (m.partition(), m.offset())
+                assert k not in got, f"{topic}: offset {k} read twice"
+                got[k] = m.value()
+                at_end.discard(m.partition())
+    finally:
+        c.close()
+    return got
+
+
+def admin_ready(admin_url: str) -> bool:
+    """A tessera's admin listener at `admin_url` answers GET /ready with 200."""
+    try:
+        with urllib.request.urlopen(admin_url + "/ready", timeout=2) as r:
+            return r.status == 200
+    except (OSError, urllib.error.HTTPError):
+        return False
+
+
+class Worker(threading.Thread):
+    """A daemon thread running `target()`: `result()` in the test's thread
+    waits for it and returns what it returned or raises what it raised, so
+    an assertion failing in the thread fails the test."""
+
+    def __init__(self, target, name: str | None = None):
+        super().__init__(name=name, daemon=True)
+        self._target_fn = target
+        self._value = None
+        self._error: BaseException | None = None
+
+    def run(self):
+        try:
+            self._value = self._target_fn()
+        except BaseException as e:  # noqa: BLE001 - re-raised by result()
+            self._error = e
+
+    def result(self, timeout: float):
+        self.join(timeout)
+        assert not self.is_alive(), f"thread {self.name} still running after {timeout} s"
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+
+# --- hand-built requests (APIs no Python client has) ------------------------
+
+class Reader:
+    """A cursor over a response body (big-endian, Kafka varints)."""
+
+    def __init__(self, data: bytes):
+        self.data, self.at = data, 0
+
+    def take(self, fmt: str):
+        size = struct.calcsize(fmt)
+        values = struct.unpack(fmt, self.data[self.at:self.at + size])
+        self.at += size
+        return values[0] if len(values) == 1 else values
+
+    def uvarint(self) -> int:
+        n, shift = 0, 0
+        while True:
+            b = self.data[self.at]
+            self.at += 1
+            n |= (b & 0x7F) << shift
+            if b < 0x80:
+                return n
+            shift += 7
+
+    def compact_string(self) -> str | None:
+        n = self.uvarint()
+        if n == 0:
+            return None
+        s = self.data[self.at:self.at + n - 1].decode()
+        self.at += n - 1
+        return s
+
+    def tagged_fields(self):
+        for _ in range(self.uvarint()):
+            self.uvarint()  # tag
+            size = self.uvarint()  # read before `self.at` is (`x += f()` loads x first)
+            self.at += size
+
+
+def flexible_request(bootstrap: str, api_key: int, version: int, body: bytes) -> Reader:
+    """One request with header v2 (client id "t"); the response body after
+    header v1."""
+    host, port = bootstrap.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        msg = struct.pack(">hhih", api_key, version, 7, 1) + b"t" + uvarint(0) + body
+        s.sendall(struct.pack(">i", len(msg)) + msg)
+
+        def recv(n: int) -> bytes:
+            buf = b""
+            while len(buf) < n:
+                chunk = s.recv(n - len(buf))
+                assert chunk, "connection closed"
+                buf += chunk
+            return buf
+
+        size = struct.unpack(">i", recv(4))[0]
+        r = Reader(recv(size))
+    assert r.take(">i") == 7
+    r.tagged_fields()
+    return r
+
+
+def consumer_group_epochs(bootstrap: str, group: str) -> tuple[int, dict[str, int]]:
+    """ConsumerGroupDescribe v0 (KIP-848) of `group`: its group epoch and
+    each member's epoch by member id (no Python client exposes them)."""
+
+    def compact(s: str) -> bytes:
+        return uvarint(len(s) + 1) + s.encode()
+
+    r = flexible_request(bootstrap, 69, 0, uvarint(2) + compact(group) + b"\x00" + uvarint(0))
+    r.take(">i")  # throttle
+    assert r.uvarint() == 2, "one group described"
+    error = r.take(">h")
+    message = r.compact_string()
+    assert error == 0, (error, message)
+    assert r.compact_string() == group
+    r.compact_string()  # state
+    group_epoch, _assignment_epoch = r.take(">ii")
+    r.compact_string()  # assignor
+
+    def assignment():
+        for _ in range(r.uvarint() - 1):
+            r.at += 16  # topic id
+            r.compact_string()
+            partitions = r.uvarint() - 1
+            r.at += 4 * partitions
+            r.tagged_fields()
+        r.tagged_fields()
+
+    members = {}
+    for _ in range(r.uvarint() - 1):
+        member_id = r.compact_string()
+        r.compact_string()  # instance id
+        r.compact_string()  # rack
+        members[member_id] = r.take(">i")
+        r.compact_string()  # client id
+        r.compact_string()  # client host
+        for _ in range(r.uvarint() - 1):
+            r.compact_string()  # subscribed topic names
+        r.compact_string()  # subscribed regex
+        assignment()
+        assignment()  # target assignment
+        r.tagged_fields()
+    r.take(">i")  # authorized operations
+    r.tagged_fields()  # the group's
+    r.tagged_fields()  # the response's
+    assert r.at == len(r.data), "ConsumerGroupDescribe parsed to its end"
+    return group_epoch, members

@@ -31,6 +31,7 @@ from confluent_kafka import (
     TopicPartition,
 )
 
+from helpers import admin_ready
 from test_cluster import cluster, eventually, http, node_pid  # noqa: F401 - fixture
 from test_replication import create_replicated, kill_and_restart_later, leader_of
 
@@ -143,7 +144,7 @@ def test_replicas_of_a_compacted_topic_are_cleaned_alike_and_failover_serves_the
     # cannot clean to the recorded bytes) and ends identical too.
     follower = next(n for n in (1, 2, 3) if n != leader_of(admin, topic))
     kill_and_restart_later(workdir, follower, 3).join()
-    eventually("the follower is back", lambda: node_pid(workdir, follower) is not None, timeout=30)
+    eventually("the follower serves again", lambda: admin_ready(cluster["admin"][follower - 1]), timeout=60)
     # Trickle updates so the active segment rolls and the tombstones' horizon
     # passes while passes keep running.
 

@@ -20,7 +20,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 
 import procguard
-from helpers import uvarint
+from helpers import Worker, flexible_request, uvarint
 from conftest import tessera_bin
 from test_cluster import cluster, eventually, http, node_pid  # noqa: F401 - fixture
 from test_replication import create_replicated
@@ -241,9 +241,9 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
                 p.produce(t, value=f"{t}-{i}".encode(), partition=i % 2, on_delivery=on_delivery)
             i += 1
             p.poll(0.005)
-        assert p.flush(120) == 0
+        return p.flush(120)  # records never acknowledged
 
-    thread = threading.Thread(target=producer, daemon=True)
+    thread = Worker(producer, "producer")
     thread.start()
     time.sleep(3)
 
@@ -276,8 +276,8 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
 
     time.sleep(5)  # keep producing into the re-placed segments
     stop.set()
-    thread.join(180)
-    assert not thread.is_alive()
+    unflushed = thread.result(180)
+    assert unflushed == 0, f"{unflushed} records never acknowledged"
     assert errors == []
 
     # Only segments opened after the join are on broker 4; history stayed
@@ -327,65 +327,6 @@ def test_a_joined_broker_takes_the_next_segments_of_existing_ranges(cluster):
 # header v2, compact strings, tagged fields; response header v1).
 
 NONE, INVALID_REQUEST, BROKER_ID_NOT_REGISTERED = 0, 42, 102
-
-
-class Reader:
-    def __init__(self, data: bytes):
-        self.data, self.at = data, 0
-
-    def take(self, fmt: str):
-        import struct
-        size = struct.calcsize(fmt)
-        values = struct.unpack(fmt, self.data[self.at:self.at + size])
-        self.at += size
-        return values[0] if len(values) == 1 else values
-
-    def uvarint(self) -> int:
-        n, shift = 0, 0
-        while True:
-            b = self.data[self.at]
-            self.at += 1
-            n |= (b & 0x7F) << shift
-            if b < 0x80:
-                return n
-            shift += 7
-
-    def compact_string(self) -> str | None:
-        n = self.uvarint()
-        if n == 0:
-            return None
-        s = self.data[self.at:self.at + n - 1].decode()
-        self.at += n - 1
-        return s
-
-    def tagged_fields(self):
-        for _ in range(self.uvarint()):
-            self.uvarint()
-            self.at += self.uvarint()
-
-
-def flexible_request(bootstrap: str, api_key: int, version: int, body: bytes) -> Reader:
-    """One request with header v2 (client id "t"); the response body after
-    header v1."""
-    import struct
-    host, port = bootstrap.rsplit(":", 1)
-    with socket.create_connection((host, int(port)), timeout=30) as s:
-        msg = struct.pack(">hhih", api_key, version, 7, 1) + b"t" + uvarint(0) + body
-        s.sendall(struct.pack(">i", len(msg)) + msg)
-
-        def recv(n: int) -> bytes:
-            buf = b""
-            while len(buf) < n:
-                chunk = s.recv(n - len(buf))
-                assert chunk, "connection closed"
-                buf += chunk
-            return buf
-
-        size = struct.unpack(">i", recv(4))[0]
-        r = Reader(recv(size))
-    assert r.take(">i") == 7
-    r.tagged_fields()
-    return r
 
 
 def unregister_broker(bootstrap: str, broker_id: int) -> tuple[int, str | None]:

@@ -55,8 +55,9 @@ EXPECTED_ERRORS = {
 @pytest.fixture(scope="module")
 def failsync_lib(tmp_path_factory) -> Path:
     gcc = shutil.which("gcc")
-    if gcc is None:
-        pytest.skip("gcc not found: cannot build the fsync fault-injection shim")
+    # A failure, not a skip: a missing compiler must not pass the suite
+    # (scripts/test.sh installs gcc).
+    assert gcc is not None, "gcc not found: cannot build the fsync fault-injection shim"
     out = tmp_path_factory.mktemp("failsync") / "libfailsync.so"
     r = subprocess.run(
         [gcc, "-shared", "-fPIC", "-O2", "-o", str(out), str(SHIM_SRC), "-ldl"],

@@ -18,7 +18,7 @@ import threading
 import time
 
 import pytest
-from confluent_kafka import Consumer, KafkaException, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 import procguard
 from helpers import create_topic, unique_topic
@@ -163,8 +163,12 @@ class GroupMember(threading.Thread):
                         on_lost=self.on_revoke)
             while not self.stop_event.is_set():
                 m = c.poll(0.1)
-                if m is None or m.error():
+                if m is None:
                     continue
+                if m.error():
+                    if m.error().code() == KafkaError._PARTITION_EOF:
+                        continue
+                    raise KafkaException(m.error())  # reported by stop()
                 self.first_offsets.setdefault(m.partition(), m.offset())
                 self.consumed += 1
                 if self.ledger is not None:

@@ -50,9 +50,12 @@ def move_ranges(broker, topic: str) -> None:
     admin_call(broker, "POST", f"/ranges/split?range={widest['id']}")
 
 
-def check_dense(seen: dict[int, list[int]], rounds: int) -> None:
+def check_dense(seen: dict[int, list[tuple[int, bytes]]], rounds: int) -> None:
+    """Every partition read once, in order: offset o holds the value
+    produce_round wrote there."""
     for part in range(PARTITIONS):
-        assert seen[part] == list(range(rounds * PER_ROUND)), f"partition {part}"
+        want = [(o, b"%d:%d:%d" % (o // PER_ROUND, part, o % PER_ROUND)) for o in range(rounds * PER_ROUND)]
+        assert seen[part] == want, f"partition {part}"
 
 
 def test_confluent_kafka_validates_positions_across_splits(broker):
@@ -69,7 +72,7 @@ def test_confluent_kafka_validates_positions_across_splits(broker):
         "error_cb": lambda err: errors.append(err),
     })
     c.assign([TopicPartition(topic, part, 0) for part in range(PARTITIONS)])
-    seen: dict[int, list[int]] = {part: [] for part in range(PARTITIONS)}
+    seen: dict[int, list[tuple[int, bytes]]] = {part: [] for part in range(PARTITIONS)}
 
     def consume_until(total: int, timeout: float = 60) -> None:
         deadline = time.time() + timeout
@@ -79,7 +82,7 @@ def test_confluent_kafka_validates_positions_across_splits(broker):
                     if m.error().code() != KafkaError._PARTITION_EOF:
                         errors.append(m.error())
                     continue
-                seen[m.partition()].append(m.offset())
+                seen[m.partition()].append((m.offset(), m.value()))
 
     consume_until(PARTITIONS * PER_ROUND)
     before = ofle_requests(broker)
@@ -110,14 +113,14 @@ def test_kafka_python_validates_positions_across_splits(broker):
     c.assign(tps)
     for tp in tps:
         c.seek(tp, 0)
-    seen: dict[int, list[int]] = {part: [] for part in range(PARTITIONS)}
+    seen: dict[int, list[tuple[int, bytes]]] = {part: [] for part in range(PARTITIONS)}
 
     def consume_until(total: int, timeout: float = 60) -> None:
         deadline = time.time() + timeout
         while sum(map(len, seen.values())) < total and time.time() < deadline:
             # A LogTruncationError (a wrong end offset) raises here.
             for tp, records in c.poll(timeout_ms=500).items():
-                seen[tp.partition].extend(r.offset for r in records)
+                seen[tp.partition].extend((r.offset, r.value) for r in records)
 
     consume_until(PARTITIONS * PER_ROUND)
     before = ofle_requests(broker)

@@ -14,7 +14,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 from confluent_kafka.admin import ConfigResource
 
 import procguard
@@ -219,7 +219,10 @@ def test_kill_9_midway_then_resume_copies_nothing_twice(broker_factory):
     produced = metric(source.admin_url("/metrics"), "tessera_produced_bytes_total")
     migrated = metric(target.admin_url("/metrics"), "tessera_migrated_bytes_total")
     assert migrated == produced
-    assert len(consume_all(target.bootstrap, topic, partitions)) == 200_000
+    # Record by record: the same (partition, offset, key, value) on both.
+    copied = consume_all(target.bootstrap, topic, partitions)
+    assert len(copied) == 200_000
+    assert copied == consume_all(source.bootstrap, topic, partitions)
 
 
 def test_continuous_until_cutover_then_consumers_switch(broker_factory):
@@ -286,6 +289,12 @@ def test_continuous_until_cutover_then_consumers_switch(broker_factory):
     c.close()
     values = [v for _, _, v in seen]
     assert len(values) == len(set(values)) == len(produced), (len(values), len(set(values)), len(produced))
+    assert sorted(values) == sorted(f"v{i}".encode() for i in produced)
+    # The target holds the source's records at the source's offsets, and the
+    # group read each at that offset on whichever side it was.
+    source_records = consume_all(source.bootstrap, topic, partitions)
+    assert consume_all(target.bootstrap, topic, partitions) == source_records
+    assert sorted(seen) == sorted((p, o, v) for p, o, _k, v in source_records)
 
 
 def watermarks(bootstrap: str, topic: str, partitions: int) -> list[tuple[int, int]]:
@@ -487,8 +496,9 @@ def test_legacy_source_tailed_then_resumed_after_kill9(broker_factory):
             try:
                 if watermarks(target.bootstrap, topic, 1) == [(0, source.high_watermark)]:
                     return
-            except Exception:
-                pass
+            except KafkaException as e:  # the topic not yet created on the target
+                assert e.args[0].code() in (KafkaError._UNKNOWN_PARTITION,
+                                            KafkaError.UNKNOWN_TOPIC_OR_PART), e
             time.sleep(0.3)
         raise AssertionError(f"target never reached {source.high_watermark}")
 

@@ -39,6 +39,7 @@ from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
 import procguard
+from helpers import Acks, Worker, admin_ready, read_back
 from test_cluster import cluster, eventually, http, node_pid  # noqa: F401 - fixture
 
 RUN_SECONDS = float(os.environ.get("TESSERA_FAILOVER_SECONDS", "40"))
@@ -385,12 +386,15 @@ def test_a_dead_brokers_sealed_copies_heal_back_to_three(cluster):
     topic = "healing"
     create_replicated(boot, topic, 2, 3, {"min.insync.replicas": "2"})
     # Small batches: the segments roll at 64 KiB whatever the machine's pace.
+    acks = Acks()
     p = Producer({"bootstrap.servers": boot, "acks": "all", "linger.ms": 5, "batch.size": 16384})
     for i in range(20000):
-        p.produce(topic, key=str(i).encode(), value=b"x" * 100 + str(i).encode(), partition=i % 2)
+        p.produce(topic, key=str(i).encode(), value=b"x" * 100 + str(i).encode(), partition=i % 2,
+                  on_delivery=acks)
         if i % 1000 == 0:
             p.poll(0)
     assert p.flush(60) == 0
+    assert acks.errors == [] and len(acks.acked) == 20000, acks.errors[:5]
 
     def sealed(node: int):
         return [s for s in http(cluster["admin"][node - 1] + "/segments")
@@ -423,16 +427,12 @@ def test_a_dead_brokers_sealed_copies_heal_back_to_three(cluster):
     eventually("sealed copies healed onto the spare broker", healed, timeout=90)
     assert all(set(s["replicas"]) & spares for s in sealed(witness))
 
-    c = Consumer({"bootstrap.servers": boot, "group.id": "heal-check", "auto.offset.reset": "earliest"})
-    c.subscribe([topic])
-    seen = set()
-    deadline = time.monotonic() + 60
-    while len(seen) < 20000 and time.monotonic() < deadline:
-        m = c.poll(0.5)
-        if m is not None and not m.error():
-            seen.add(int(m.key()))
-    c.close()
-    assert len(seen) == 20000
+    # Every acknowledged record at its offset, nothing else.
+    got = read_back({"bootstrap.servers": boot}, topic, 2)
+    want = acks.of(topic)
+    lost = [k for k, v in want.items() if got.get(k) != v]
+    assert lost == [], f"{len(lost)} acknowledged records not read back: {lost[:5]}"
+    assert got == want
 
 
 RACK_AWARE = "org.apache.kafka.common.replica.RackAwareReplicaSelector"
@@ -517,7 +517,7 @@ def test_leadership_comes_back_to_a_broker_that_restarted(cluster):
                 p.produce(t, value=f"{t}-{i}".encode(), on_delivery=lambda e, m, t=t: delivered(e, m) if e else record(t, m))
             i += 1
             p.poll(0.01)
-        assert p.flush(120) == 0
+        return p.flush(120)  # records never acknowledged
 
     by_topic: dict[str, list[tuple[int, bytes]]] = {t: [] for t in topics}
 
@@ -533,7 +533,7 @@ def test_leadership_comes_back_to_a_broker_that_restarted(cluster):
             else:
                 by_topic[topic].append((msg.offset(), msg.value()))
 
-    thread = threading.Thread(target=produce, daemon=True)
+    thread = Worker(produce, "producer")
     thread.start()
     time.sleep(2)
 
@@ -557,8 +557,8 @@ def test_leadership_comes_back_to_a_broker_that_restarted(cluster):
     print(f"\nleaders balanced {time.monotonic() - back:.1f} s after the restart: {final}")
     time.sleep(2)  # keep producing to the new leaders
     stop.set()
-    thread.join(180)
-    assert not thread.is_alive()
+    unflushed = thread.result(180)
+    assert unflushed == 0, f"{unflushed} records never acknowledged"
     assert delivered.errors == [], delivered.errors[:5]
     moves = sum(metric(a, "tessera_leader_moves_total") for a in cluster["admin"]
                 if node_pid(workdir, cluster["admin"].index(a) + 1))
@@ -597,6 +597,11 @@ def node_cmd(workdir: Path, node: int) -> list[str]:
     return [c.decode() for c in (Path("/proc") / str(pid) / "cmdline").read_bytes().split(b"\0") if c]
 
 
+def node_admin_url(cmd: list[str]) -> str:
+    """The admin listener's URL of the node started with `cmd`."""
+    return "http://" + cmd[cmd.index("--admin-listener") + 1]
+
+
 def wait_exit(pid: int, timeout: float = 40):
     eventually(f"pid {pid} exits", lambda: not Path(f"/proc/{pid}").exists()
                or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower(), timeout=timeout)
@@ -621,7 +626,9 @@ def hand_leadership_to(spare: int, workdir: Path, admin: AdminClient, topic: str
     restart_node(workdir, other, cmd_other)
     restart_node(workdir, holder, cmd_holder)
     alive.update({other, holder})
-    eventually("every node back", lambda: all(node_pid(workdir, n) for n in range(1, 6)), timeout=30)
+    eventually("both nodes serve again",
+               lambda: all(admin_ready(node_admin_url(cmd)) for cmd in (cmd_other, cmd_holder)), timeout=60)
+    assert all(node_pid(workdir, n) for n in range(1, 6)), "a node is not running"
 
 
 @pytest.mark.cluster_nodes(5)

@@ -20,7 +20,7 @@ from confluent_kafka import KafkaException, Producer
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource
 
 from conftest import free_port
-from helpers import broker_metric, consume_values, create_topic, unique_topic
+from helpers import Acks, broker_metric, consume_values, create_topic, read_back, unique_topic
 from tls_setup import make_certs, needs_openssl, sasl_ssl_conf, ssl_conf, start_tls_broker
 
 KCAT = os.environ.get("KCAT") or shutil.which("kcat") or shutil.which("kafkacat")
@@ -35,12 +35,16 @@ def tls_broker(broker_factory, tmp_path):
 def roundtrip(b, conf: dict, n: int = 30):
     topic = unique_topic("tls")
     create_topic(b, topic, partitions=2)
+    acks = Acks()
     p = Producer(dict(conf, acks="all"))
     for i in range(n):
-        p.produce(topic, value=f"v{i}".encode())
+        p.produce(topic, value=f"v{i}".encode(), on_delivery=acks)
     assert p.flush(30) == 0
+    assert acks.errors == [] and len(acks.acked) == n, acks.errors
     got = consume_values(conf, topic, n)
     assert sorted(got) == sorted(f"v{i}".encode() for i in range(n))
+    # Each record at its acknowledged offset, nothing else.
+    assert read_back(conf, topic, 2) == acks.of(topic)
 
 
 def test_confluent_sasl_ssl_scram(tls_broker):
@@ -161,8 +165,9 @@ def test_certificates_rotate_without_a_restart(tls_broker, tmp_path_factory):
     # A producer connected with the old certificate before the rotation.
     topic = unique_topic("rotate")
     create_topic(b, topic)
+    acks = Acks()
     early = Producer(dict(ssl_conf(b, client_cert=False), acks="all"))
-    early.produce(topic, value=b"before")
+    early.produce(topic, value=b"before", on_delivery=acks)
     assert early.flush(30) == 0
 
     rotated = tmp_path_factory.mktemp("rotated")
@@ -182,8 +187,12 @@ def test_certificates_rotate_without_a_restart(tls_broker, tmp_path_factory):
     stale.flush(15)
     assert len(failed) == 1 and failed[0] is not None, "a client trusting only the old CA cannot deliver"
     # The connection opened before still works.
-    early.produce(topic, value=b"after")
+    early.produce(topic, value=b"after", on_delivery=acks)
     assert early.flush(30) == 0
+    # Both at their acknowledged offsets, and the refused record nowhere.
+    assert acks.errors == [], acks.errors
+    assert read_back({"bootstrap.servers": b.bootstrap}, topic, 1) == acks.of(topic) == {
+        (0, 0): b"before", (0, 1): b"after"}
 
     # The same path with a new file behind it: re-set, re-read.
     third = tmp_path_factory.mktemp("third")

@@ -18,7 +18,7 @@ import pytest
 from confluent_kafka import Consumer, KafkaError, KafkaException, Producer, TopicPartition
 
 import procguard
-from helpers import create_topic, unique_topic
+from helpers import Acks, create_topic, read_back, unique_topic
 
 N_TXNS = 100
 PARTITIONS = 3
@@ -314,9 +314,12 @@ def test_broker_restart_with_open_transactions(broker):
     topic = unique_topic("txn-restart")
     create_topic(broker, topic, partitions=2)
     committed = txn_producer(broker, f"ok-{uuid.uuid4().hex[:6]}")
+    # Acknowledged (partition, offset) -> value: committed, and still open
+    # at the restart.
+    ok, aborted = Acks(), Acks()
     committed.init_transactions(30)
     committed.begin_transaction()
-    committed.produce(topic, value=b"before", partition=0)
+    committed.produce(topic, value=b"before", partition=0, on_delivery=ok)
     committed.commit_transaction(30)
 
     open_p = txn_producer(
@@ -327,8 +330,8 @@ def test_broker_restart_with_open_transactions(broker):
     open_p.init_transactions(30)
     open_p.begin_transaction()
     for i in range(5):
-        open_p.produce(topic, value=f"open-{i}".encode(), partition=i % 2)
-    open_p.flush(30)
+        open_p.produce(topic, value=f"open-{i}".encode(), partition=i % 2, on_delivery=aborted)
+    assert open_p.flush(30) == 0
 
     c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": "lso-probe",
                   "isolation.level": "read_committed"})
@@ -356,9 +359,14 @@ def test_broker_restart_with_open_transactions(broker):
     after = txn_producer(broker, f"after-{uuid.uuid4().hex[:6]}")
     after.init_transactions(30)
     after.begin_transaction()
-    after.produce(topic, value=b"after", partition=1)
+    after.produce(topic, value=b"after", partition=1, on_delivery=ok)
     after.commit_transaction(30)
     got, _ = read_all(broker, topic, 2, "read_committed")
     assert sorted(got) == ["after", "before"]
-    got_all, _ = read_all(broker, topic, 2, "read_uncommitted")
-    assert len(got_all) == 7
+    # Each record at its acknowledged offset: read_committed the committed
+    # ones only, read_uncommitted the aborted ones too.
+    assert ok.errors == aborted.errors == [] and (len(ok.acked), len(aborted.acked)) == (2, 5)
+    conf = {"bootstrap.servers": broker.bootstrap}
+    assert read_back(conf, topic, 2, **{"isolation.level": "read_committed"}) == ok.of(topic)
+    assert read_back(conf, topic, 2, **{"isolation.level": "read_uncommitted"}) == {
+        **ok.of(topic), **aborted.of(topic)}
