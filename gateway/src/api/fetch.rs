@@ -346,12 +346,13 @@ fn read_partition(
             // records of the offset's segment, or none (a skipped segment
             // would look like compacted-away offsets to the consumer).
             if let Some(end) = broker.sealed_span_end(image, topic, partition, p.fetch_offset) {
-                // One read never crosses the end of the offset's sealed
-                // segment either: the log may lack the segments after it
-                // (held by other replicas) and would go on with a later
-                // one's batches. The next fetch starts at `end`.
+                // Nor does a read jump a gap in the offsets: the log may
+                // lack the sealed segments after this one (other replicas
+                // hold them) and go on with a later one's batches. The
+                // next fetch starts at the gap, which `sealed_source`
+                // serves from where it is held.
                 if first_base_offset(&read.records).is_some_and(|base| base < end) {
-                    read.records = below(read.records, end);
+                    read.records = contiguous_prefix(read.records);
                 }
                 if first_base_offset(&read.records).is_some_and(|base| base >= end) {
                     tracing::error!(
@@ -532,6 +533,30 @@ const REMOTE_FETCH_VERSION: i16 = 12;
 /// The base offset of the first batch of `records`, if any.
 fn first_base_offset(records: &Bytes) -> Option<i64> {
     (records.len() >= 8).then(|| i64::from_be_bytes(records[..8].try_into().unwrap()))
+}
+
+/// The leading batches of `records` whose offsets follow each other with
+/// no gap (each batch starts where the one before it ended).
+fn contiguous_prefix(records: Bytes) -> Bytes {
+    let Ok(batches) = tessera_log::batch::split_batches(&records) else {
+        return records;
+    };
+    let mut next = None;
+    let mut end = 0;
+    for b in &batches {
+        let frame = &records[b.start..b.end];
+        if frame.len() < 27 {
+            break;
+        }
+        let base = i64::from_be_bytes(frame[..8].try_into().unwrap());
+        let last_delta = i32::from_be_bytes(frame[23..27].try_into().unwrap());
+        if next.is_some_and(|n| n != base) {
+            break;
+        }
+        next = Some(base + i64::from(last_delta) + 1);
+        end = b.end;
+    }
+    records.slice(..end)
 }
 
 fn below(records: Bytes, upper: i64) -> Bytes {
