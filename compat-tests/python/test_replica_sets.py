@@ -27,24 +27,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from test_cluster import cluster, eventually, http  # noqa: F401 - fixture
-from test_replication import create_replicated, kill_node, leader_of, metric, restart_node
-
-
-class Acks:
-    """Delivery reports of one producer: acknowledged (partition, offset)
-    -> value, and every error."""
-
-    def __init__(self):
-        self.acked: dict[tuple[int, int], bytes] = {}
-        self.errors: list[str] = []
-        self.lock = threading.Lock()
-
-    def __call__(self, err, msg):
-        with self.lock:
-            if err is not None:
-                self.errors.append(str(err))
-            else:
-                self.acked[(msg.partition(), msg.offset())] = msg.value()
+from test_replication import Deliveries, create_replicated, kill_node, leader_of, metric, restart_node
 
 
 class Load:
@@ -53,7 +36,7 @@ class Load:
     thread is kept and raised by `stop`."""
 
     def __init__(self, boot: str, topic: str, partitions: int, rate: int = 2000):
-        self.acks = Acks()
+        self.acks = Deliveries()
         self.sent = 0
         self.failure: BaseException | None = None
         self._stop = threading.Event()
@@ -93,7 +76,7 @@ class Load:
         except BaseException as e:  # noqa: BLE001 - raised by stop()
             self.failure = e
 
-    def stop(self) -> Acks:
+    def stop(self) -> Deliveries:
         self._stop.set()
         self._thread.join(60)
         assert not self._thread.is_alive(), "producer thread did not stop"
@@ -191,7 +174,7 @@ def test_a_primary_fenced_by_a_seal_that_never_got_recorded_serves_again(cluster
     leader = leader_of(admin, topic)
     p = Producer({"bootstrap.servers": boot, "acks": "all", "enable.idempotence": True,
                   "message.timeout.ms": 120000})
-    acks = Acks()
+    acks = Deliveries()
     for i in range(100):
         p.produce(topic, f"before-{i}".encode(), partition=0, on_delivery=acks)
     assert p.flush(60) == 0
