@@ -509,8 +509,11 @@ def test_leadership_comes_back_to_a_broker_that_restarted(cluster):
     stop = threading.Event()
 
     def produce():
-        p = Producer({"bootstrap.servers": boot, "enable.idempotence": True, "acks": "all",
-                      "linger.ms": 5, "message.timeout.ms": 120000})
+        conf = {"bootstrap.servers": boot, "enable.idempotence": True, "acks": "all",
+                "linger.ms": 5, "message.timeout.ms": 120000}
+        if os.environ.get("DEBUG_RDKAFKA"):
+            conf["debug"] = os.environ["DEBUG_RDKAFKA"]
+        p = Producer(conf)
         i = 0
         while not stop.is_set():
             for t in topics:
@@ -580,7 +583,8 @@ def test_leadership_comes_back_to_a_broker_that_restarted(cluster):
             got.append((m.offset(), m.value()))
         values = [v for _, v in got]
         seq = [int(v.rsplit(b"-", 1)[1]) for v in values]
-        assert seq == sorted(set(seq)), f"{t}: not once each, in produce order"
+        twice = [(o, v) for o, v in got if values.count(v) > 1][:10]
+        assert seq == sorted(set(seq)), f"{t}: not once each, in produce order; stored twice: {twice}"
         assert all(values.count(v) == 1 for v in no_offset[t])
         assert [(o, v) for o, v in got if v not in no_offset[t]] == want, t
     c.close()

@@ -950,9 +950,10 @@ impl RangeLog {
     /// quorum of the replicas; on this disk without followers). Once the log
     /// is sealed or closed a commit may never come (a fenced primary): the
     /// wait gives up after a short grace with `Closed`, which clients see
-    /// as NOT_LEADER_OR_FOLLOWER and retry at the new leader.
+    /// as NOT_LEADER_OR_FOLLOWER and retry at the new leader, unless the
+    /// recorded seal keeps the append ([`RangeLog::commit_recorded_seal`]).
     pub async fn wait_durable(&self, position: u64) -> Result<(), LogError> {
-        const GRACE_AFTER_SEAL: std::time::Duration = std::time::Duration::from_secs(2);
+        const GRACE_AFTER_SEAL: std::time::Duration = std::time::Duration::from_secs(5);
         let mut rx = self.durable.subscribe();
         let mut short = self.short_of_replicas.subscribe();
         let mut deadline: Option<tokio::time::Instant> = None;
@@ -1281,6 +1282,31 @@ impl RangeLog {
             })
             .collect();
         (sealed, active_seq)
+    }
+
+    /// The metadata log recorded segment `seq` of this (fenced or closed)
+    /// log sealed at `size` bytes: everything appended here below that end
+    /// is committed by the seal (the copies lacking it are repaired from its
+    /// holder, and the next primary serves it), so the appends waiting for
+    /// it are acknowledged instead of failing. Without this, a batch the
+    /// seal kept would be answered NOT_LEADER_OR_FOLLOWER, which librdkafka
+    /// takes for "not persisted": after an epoch bump it resends it under new
+    /// sequence numbers and the partition holds it twice. Returns whether the
+    /// seal covered anything this log holds (its bytes below `size` are the
+    /// segment's: one writer per segment, a seal only keeps a prefix).
+    pub fn commit_recorded_seal(&self, seq: u32, size: u64) -> bool {
+        let mut inner = self.inner.lock();
+        let Some(i) = inner.segments.iter().position(|s| s.seq == seq) else {
+            return false;
+        };
+        if size > inner.segments[i].size {
+            return false;
+        }
+        let after: u64 = inner.segments[i..].iter().map(|s| s.size).sum();
+        let start =
+            inner.active_base_position + inner.segments.last().map_or(0, |s| s.size) - after;
+        self.commit_locked(&mut inner, start + size);
+        true
     }
 
     /// Batch bytes appended since this log was opened.

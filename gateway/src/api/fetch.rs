@@ -573,3 +573,53 @@ fn below(records: Bytes, upper: i64) -> Bytes {
         .map_or(0, |b| b.end);
     records.slice(..end)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_log::batch::set_base_offset;
+    use tessera_log::batch::testing::make_batch;
+
+    /// Batches of `counts` records at `bases`, one after the other.
+    fn batches(at: &[(i64, i32)]) -> Bytes {
+        let mut out = Vec::new();
+        for &(base, count) in at {
+            let mut b = make_batch(count, 0);
+            set_base_offset(&mut b, base);
+            out.extend_from_slice(&b);
+        }
+        Bytes::from(out)
+    }
+
+    #[test]
+    fn contiguous_prefix_stops_at_the_first_gap_between_batches() {
+        let all = batches(&[(10, 3), (13, 2), (20, 4)]);
+        let want = batches(&[(10, 3), (13, 2)]);
+        assert_eq!(contiguous_prefix(all), want);
+    }
+
+    #[test]
+    fn contiguous_prefix_keeps_a_read_without_a_gap_whole() {
+        let all = batches(&[(0, 1), (1, 5), (6, 1)]);
+        assert_eq!(contiguous_prefix(all.clone()), all);
+        // A single batch is its own prefix, whatever its base.
+        let one = batches(&[(42, 7)]);
+        assert_eq!(contiguous_prefix(one.clone()), one);
+    }
+
+    #[test]
+    fn contiguous_prefix_cuts_a_segment_skip_after_one_batch() {
+        // Segment N's last batch ends at 100; the next batch read is segment
+        // N+2's at 150 (N+1 not held here): only N's batch is served.
+        let all = batches(&[(97, 3), (150, 2)]);
+        assert_eq!(contiguous_prefix(all), batches(&[(97, 3)]));
+    }
+
+    #[test]
+    fn below_keeps_the_batches_starting_under_the_limit() {
+        let all = batches(&[(0, 3), (3, 3), (6, 3)]);
+        assert_eq!(below(all.clone(), 4), batches(&[(0, 3), (3, 3)]));
+        assert_eq!(below(all.clone(), 0), Bytes::new());
+        assert_eq!(below(all.clone(), 100), all);
+    }
+}
