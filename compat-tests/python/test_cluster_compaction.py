@@ -62,20 +62,22 @@ def segment_files(workdir: Path, node: int, topic: str) -> dict[tuple[str, int],
 
 
 def sealed_segments(admin_url: str, topic: str) -> dict[tuple[str, int], dict]:
+    """The sealed segments of `topic` that hold data (a re-placement right
+    after another seals an empty one: nothing to clean there)."""
     return {(str(s["range"]), s["seq"]): s for s in http(admin_url + "/segments")
-            if s["topic"] == topic and s["sealed_bytes"] is not None}
+            if s["topic"] == topic and s["sealed_bytes"]}
 
 
 def identical_cleaned_copies(cluster, topic: str) -> tuple[bool, str]:
     """Every sealed segment of `topic` cleaned at least once, its file the
-    same bytes on each node, of the size the image records."""
+    same bytes on each of its replicas, of the size the image records."""
     sealed = sealed_segments(cluster["admin"][0], topic)
     uncleaned = sorted(k for k, s in sealed.items() if s.get("clean_pass", 0) == 0)
     if not sealed or uncleaned:
         return False, f"{len(uncleaned)} of {len(sealed)} sealed segments never cleaned: {uncleaned[:10]}"
-    files = [segment_files(cluster["workdir"], n, topic) for n in (1, 2, 3)]
+    files = {n: segment_files(cluster["workdir"], n, topic) for n in (1, 2, 3)}
     for k, s in sealed.items():
-        copies = [f.get(k) for f in files]
+        copies = [files[n].get(k) for n in s["replicas"]]
         if any(c is None for c in copies):
             return False, f"segment {k} missing on a node"
         if len({c for c in copies}) != 1 or len(copies[0]) != s["sealed_bytes"]:
@@ -140,11 +142,14 @@ def test_replicas_of_a_compacted_topic_are_cleaned_alike_and_failover_serves_the
         p.produce(topic, key=f"key-{k}".encode(), value=None, partition=0)
         want[f"key-{k}".encode()] = None
     assert p.flush(60) == 0
-    # A follower is killed -9 while passes run and comes back 3 s later: it
+    # A follower is killed -9 while passes run and comes back 8 s later
+    # (past broker.session.timeout.ms: it is fenced, and the active segment
+    # is re-placed on the two others, then on all three once it is back): it
     # applies the passes it finds pending (or fetches again the copies it
-    # cannot clean to the recorded bytes) and ends identical too.
+    # cannot clean to the recorded bytes) and ends identical too; the
+    # segments written on the other replica sets are cleaned as well.
     follower = next(n for n in (1, 2, 3) if n != leader_of(admin, topic))
-    kill_and_restart_later(workdir, follower, 3).join()
+    kill_and_restart_later(workdir, follower, 8).join()
     eventually("the follower serves again", lambda: admin_ready(cluster["admin"][follower - 1]), timeout=60)
     # Trickle updates so the active segment rolls and the tombstones' horizon
     # passes while passes keep running.
@@ -173,7 +178,9 @@ def test_replicas_of_a_compacted_topic_are_cleaned_alike_and_failover_serves_the
     # One more settled check: no producer now, copies identical.
     eventually("copies identical", lambda: identical_cleaned_copies(cluster, topic)[0], timeout=60)
     sealed = sealed_segments(cluster["admin"][0], topic)
-    per_node = [sum(len(segment_files(workdir, n, topic)[k]) for k in sealed) for n in (1, 2, 3)]
+    replica_sets = {tuple(sorted(s["replicas"])) for s in sealed.values()}
+    assert len(replica_sets) > 1, f"no re-placement happened: {replica_sets}"
+    per_node = [sum(len(segment_files(workdir, n, topic).get(k, b"")) for k in sealed) for n in (1, 2, 3)]
     print(f"key+value bytes produced {produced}, sealed segment bytes after cleaning on each node {per_node} "
           f"({len(sealed)} sealed segments, passes {max(s.get('clean_pass', 0) for s in sealed.values())})")
     before = consume_all(boot, topic)

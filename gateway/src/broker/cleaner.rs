@@ -129,24 +129,29 @@ impl Broker {
             if applied_pass(&dir) < range.clean_pass() {
                 continue; // this log has not applied the range's last pass yet
             }
-            // The oldest run of sealed segments held here that share one
-            // replica set: every replica of one of them can apply the pass.
-            let sealed: Vec<_> = segments.iter().filter(|s| s.is_sealed()).collect();
+            // Runs of sealed segments that share one replica set: every
+            // replica of a run holds all of it, so each can apply a pass
+            // over it. A pass cleans the run holding the first dirty
+            // segment (after a re-placement the later runs are dirty too,
+            // and would never be cleaned if only the oldest run were).
+            // Empty sealed segments (a re-placement right after another)
+            // hold nothing and split no run.
+            let sealed: Vec<_> = segments
+                .iter()
+                .filter(|s| s.sealed.as_ref().is_some_and(|x| x.size_bytes > 0))
+                .collect();
             let replica_set = |s: &tessera_metadata::SegmentImage| {
                 let mut r = s.replicas.clone();
                 r.sort_unstable();
                 r
             };
-            let first_set = sealed.first().map(|s| replica_set(s));
-            let recorded: std::collections::BTreeSet<u32> = sealed
-                .iter()
-                .take_while(|s| {
-                    Some(replica_set(s)) == first_set
-                        && s.replicas.contains(&me)
-                        && log.holds_sealed(s.id.seq)
-                })
-                .map(|s| s.id.seq)
-                .collect();
+            let mut runs: Vec<Vec<&Arc<tessera_metadata::SegmentImage>>> = Vec::new();
+            for s in &sealed {
+                match runs.last_mut() {
+                    Some(run) if replica_set(run[0]) == replica_set(s) => run.push(s),
+                    _ => runs.push(vec![s]),
+                }
+            }
             // Segments past the last one a pass rewrote are dirty.
             let first_dirty_seq = sealed
                 .iter()
@@ -154,12 +159,45 @@ impl Broker {
                 .map(|s| s.id.seq + 1)
                 .max()
                 .unwrap_or(0);
+            let dirty_run = runs
+                .iter()
+                .position(|run| run.last().is_some_and(|s| s.id.seq >= first_dirty_seq));
+            // A clean oldest run is cleaned again once per
+            // delete.retention.ms: the tombstones and markers its last pass
+            // stamped with a horizon go once it passed (Kafka cleans a log
+            // whose delete horizon passed, KIP-534), also when the new
+            // writes all land in later runs.
+            let revisit_due = || {
+                let mut cleaned = self.replicas.oldest_run_cleaned.lock();
+                let since = *cleaned
+                    .entry(range_id)
+                    .or_insert_with(std::time::Instant::now);
+                since.elapsed().as_millis()
+                    >= u128::try_from(config.delete_retention_ms.max(0)).unwrap_or(0)
+            };
+            let (run_index, first_dirty_seq) = match dirty_run {
+                Some(0) => (0, first_dirty_seq),
+                _ if !runs.is_empty() && revisit_due() => (0, 0),
+                Some(i) => (i, first_dirty_seq),
+                None => continue,
+            };
+            let recorded: std::collections::BTreeSet<u32> = runs[run_index]
+                .iter()
+                .take_while(|s| s.replicas.contains(&me) && log.holds_sealed(s.id.seq))
+                .map(|s| s.id.seq)
+                .collect();
+            // Only a pass over the oldest run may drop tombstones and the
+            // markers of emptied transactions: an older run may still hold
+            // a value the tombstone deletes (it would come back) or the
+            // batches of the marker's transaction. A later run's pass keeps
+            // them all (its clock is before every horizon); they go once its
+            // run is the oldest.
+            let oldest_run = run_index == 0;
             let local = log.cleaning_view();
             let stats: Vec<cleaner::SegmentStat> = local
                 .segments
                 .iter()
-                .skip_while(|s| !recorded.contains(&s.seq))
-                .take_while(|s| recorded.contains(&s.seq))
+                .filter(|s| recorded.contains(&s.seq))
                 .copied()
                 .collect();
             let policy = CleanPolicy {
@@ -176,15 +214,29 @@ impl Broker {
                 .map(|s| s.seq)
                 .take_while(|s| *s <= up_to)
                 .collect();
+            if oldest_run {
+                self.replicas
+                    .oldest_run_cleaned
+                    .lock()
+                    .insert(range_id, std::time::Instant::now());
+            }
             jobs.push(Job {
                 range: range_id,
                 topic: topic.name.clone(),
                 log,
                 seqs,
                 pass: range.clean_pass() + 1,
-                params: CleanParams {
-                    now_ms,
-                    delete_retention_ms: config.delete_retention_ms.max(0),
+                params: if oldest_run {
+                    CleanParams {
+                        now_ms,
+                        delete_retention_ms: config.delete_retention_ms.max(0),
+                    }
+                } else {
+                    // Horizons it stamps are after its clock, so none passes.
+                    CleanParams {
+                        now_ms: i64::MIN,
+                        delete_retention_ms: config.delete_retention_ms.max(1),
+                    }
                 },
             });
         }

@@ -57,6 +57,9 @@ pub(crate) struct Replicas {
     /// Ranges a cleaning pass runs on here (planned as primary, or applied
     /// to this broker's copies): one at a time, and no log opens meanwhile.
     pub(super) cleaning: Mutex<HashSet<RangeId>>,
+    /// When this broker, as primary, last planned a pass over a range's
+    /// oldest run of sealed segments (see `Broker::plan_cleaning`).
+    pub(super) oldest_run_cleaned: Mutex<HashMap<RangeId, std::time::Instant>>,
     /// Sealed segments not on this broker, checked for a stale copy (by
     /// replica set: healing may list this broker again later).
     foreign_checked: Mutex<HashSet<(SegmentId, Vec<i32>)>>,
