@@ -27,6 +27,8 @@ ROOT=$(pwd)
 # and the exit code is non-zero whenever that line says FAILED. A setup step
 # that aborts the script (set -e) is reported as failed the same way.
 failed=()
+timings=()
+skipped_summary=""
 current="setup"
 step() { current="$*"; printf '\n==> %s\n' "$*"; }
 as_root() { if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi; }
@@ -36,13 +38,16 @@ finish() {
     if [ "$rc" -ne 0 ] && [ ${#failed[@]} -eq 0 ]; then
         failed+=("$current (exit $rc)")
     fi
+    if [ ${#timings[@]} -gt 0 ]; then
+        printf '\n==> stage wall times: %s (total %ss)\n' "$(printf '%s, ' "${timings[@]}" | sed 's/, $//')" "$SECONDS"
+    fi
     if [ ${#failed[@]} -eq 0 ]; then
-        printf '\n==> RESULT: PASSED (all stages)\n'
+        printf '\n==> RESULT: PASSED (all stages%s)\n' "$skipped_summary"
         exit 0
     fi
     local list
     list=$(printf '%s, ' "${failed[@]}")
-    printf '\n==> RESULT: FAILED (stages: %s)\n' "${list%, }"
+    printf '\n==> RESULT: FAILED (stages: %s%s)\n' "${list%, }" "$skipped_summary"
     [ "$rc" -ne 0 ] || rc=1
     exit "$rc"
 }
@@ -96,8 +101,10 @@ fi
 run_stage() {
     local name=$1 title=$2; shift 2
     step "$title"
-    local rc=0
+    local rc=0 started=$SECONDS
     "$@" || rc=$?
+    timings+=("$name $((SECONDS - started))s")
+    printf -- '--- %s: %ss\n' "$name" "$((SECONDS - started))"
     if [ $rc -ne 0 ]; then
         failed+=("$name")
         echo "!!! stage failed: $name (exit $rc)" >&2
@@ -130,9 +137,20 @@ if [ ${#failed[@]} -gt 0 ]; then
 fi
 cd "$ROOT/compat-tests/python"
 rc=0
-# shellcheck disable=SC2086
-run_stage "compat tests" "compat tests (pytest compat-tests/python)" \
-    "$VENV/bin/python" -m pytest -v --durations=25 ${PYTEST_ARGS:-} . || rc=$?
+# pytest's output is kept (target/pytest.log) so that the verdict line can
+# say how many tests were skipped and why (-rs lists each skip's reason).
+PYTEST_LOG="${CARGO_TARGET_DIR:-$ROOT/target}/pytest.log"
+mkdir -p "$(dirname "$PYTEST_LOG")"
+run_pytest() {
+    # shellcheck disable=SC2086
+    "$VENV/bin/python" -m pytest -v -rs --durations=25 ${PYTEST_ARGS:-} . 2>&1 | tee "$PYTEST_LOG"
+}
+run_stage "compat tests" "compat tests (pytest compat-tests/python)" run_pytest || rc=$?
+skips=$(awk -F'[][]' '/^SKIPPED \[/ { n += $2 } END { print n + 0 }' "$PYTEST_LOG")
+if [ "${skips:-0}" -gt 0 ]; then
+    reasons=$(grep '^SKIPPED \[' "$PYTEST_LOG" | sed 's/^SKIPPED \[[0-9]*\] [^:]*:[0-9]*: //' | sort | uniq -c | sed 's/^ *//' | paste -sd ';' -)
+    skipped_summary="; $skips compat test(s) skipped: $reasons"
+fi
 
 # ---- fault harness (docs/RELIABILITY.md) -------------------------------------
 # A short seeded run: 3 nodes, a few minutes of mixed faults, the checker's

@@ -1,4 +1,5 @@
-"""Fault injection: fsync fails under an acks=all producer.
+"""Fault injection: fsync fails (or a write fails, EIO or ENOSPC) under an
+acks=all producer.
 
 Kafka's rule: a failed fsync takes the log dir offline. Nothing written after
 the failure is acknowledged -- not even once fsync works again, because the
@@ -155,6 +156,10 @@ def http_status(url: str) -> int:
         # Every batch is larger than a segment: every append first rolls,
         # i.e. fsyncs the full segment before opening the next one.
         ("roll", {"segment.bytes": "1024"}),
+        # Not fsync: the write itself fails (a bad sector; a full disk).
+        # Kafka takes the log dir offline on any I/O error alike.
+        ("write-EIO", {}),
+        ("write-ENOSPC", {}),
     ],
 )
 def test_failed_fsync_never_acks_and_loses_nothing_acked(
@@ -163,11 +168,15 @@ def test_failed_fsync_never_acks_and_loses_nothing_acked(
     broker = broker_factory(start=False)
     broker.require_persistence()
     trigger = broker.workdir / "fail-fsync"
+    faults = {"FAILSYNC_TRIGGER": str(trigger)}
+    if path.startswith("write-"):
+        faults = {"FAILSYNC_WRITE_TRIGGER": str(trigger),
+                  "FAILSYNC_WRITE_ERRNO": path.split("-", 1)[1]}
     broker.env.update(
         {
             "LD_PRELOAD": str(failsync_lib),
-            "FAILSYNC_TRIGGER": str(trigger),
             "FAILSYNC_PATH_MATCH": "/topics/",
+            **faults,
         }
     )
     broker.start()
@@ -186,7 +195,9 @@ def test_failed_fsync_never_acks_and_loses_nothing_acked(
     injected = [ln for ln in broker.log_tail(100_000).splitlines() if ln.startswith("failsync: ")]
     print(f"\n[{path}] while fsync fails: {error_summary(during)}; "
           f"{len(injected)} fsync calls failed, first: {injected[:1]}")
-    assert injected, "the shim never failed an fsync (is LD_PRELOAD honoured?)"
+    assert injected, "the shim never failed a call (is LD_PRELOAD honoured?)"
+    if path.startswith("write-"):
+        assert all(ln.startswith("failsync: write(") for ln in injected), injected[:3]
     acked_during = [(p, o) for _, p, o, err in during if err is None]
     assert not acked_during, (
         f"acknowledged although fsync failed: {acked_during[:10]} ({error_summary(during)})"

@@ -431,17 +431,30 @@ async fn produce_over_quota_is_throttled() {
     // The connection is muted after a throttled response: the next request
     // is served no sooner than the throttle (a sleep never ends early).
     let started = Instant::now();
-    let (_, throttle, _) = produce(&mut client, "t", 50).await;
+    let (code, _, _) = produce(&mut client, "t", 50).await;
+    assert_eq!(code, 0);
     let last = *throttles.last().unwrap();
     assert!(
         started.elapsed().as_millis() as u64 + 200 >= last,
         "served after {:?}, muted for {last} ms",
         started.elapsed()
     );
-    assert!(throttle >= 0);
-    assert!(metric(&running, "tessera_quota_throttled_total", "produce") >= 3);
+    let throttled = metric(&running, "tessera_quota_throttled_total", "produce");
+    assert!(throttled >= 3);
     assert!(metric(&running, "tessera_quota_throttle_time_ms_total", "produce") >= last);
-    // Another client id is not limited.
+    // Another client id is not limited: the quota is the client id's, not
+    // the broker's (and its requests count for nothing of the first's).
+    let mut other = WireClient::connect(running.kafka_addr)
+        .await
+        .with_client_id("another-client");
+    for _ in 0..30 {
+        let (code, throttle, _) = produce(&mut other, "t", 50).await;
+        assert_eq!((code, throttle), (0, 0), "another client id throttled");
+    }
+    assert_eq!(
+        metric(&running, "tessera_quota_throttled_total", "produce"),
+        throttled
+    );
     running.shutdown().await;
 }
 

@@ -77,6 +77,22 @@ async fn start(dir: &Path) -> Running {
         .unwrap()
 }
 
+/// Per partition, the leader epoch of the active segment of its range.
+fn leader_epochs(broker: &Broker) -> Vec<i32> {
+    let image = broker.image();
+    let topic = image.topic_by_name(TOPIC).unwrap();
+    (0..PARTITIONS)
+        .map(|p| {
+            let range = image
+                .active_ranges(topic.id)
+                .into_iter()
+                .find(|r| r.lo <= p && p < r.hi)
+                .expect("a range covers every partition");
+            image.active_segment(range.id).unwrap().leader_epoch
+        })
+        .collect()
+}
+
 async fn run_ops(ops: Vec<Op>) {
     let dir = tempfile::tempdir().unwrap();
     let mut running = start(dir.path()).await;
@@ -95,12 +111,17 @@ async fn run_ops(ops: Vec<Op>) {
         .unwrap();
     // The model: per partition, the ids in offset order.
     let mut model: HashMap<u32, Vec<i64>> = HashMap::new();
+    // Each partition's leader epoch as Metadata reports it (its range's
+    // active segment's): a split or merge moves it up for the partitions it
+    // covers (clients fence stale leaders by it), never down for any.
+    let mut epochs = leader_epochs(&running.broker);
     let mut next_id = 1000;
     for op in ops {
         let broker = running.broker.clone();
         let image = broker.image();
         let topic = image.topic_by_name(TOPIC).unwrap().clone();
         let active = image.active_ranges(topic.id);
+        let mut moved: Option<(u32, u32)> = None;
         match op {
             Op::Produce { partition } => {
                 next_id += 1;
@@ -118,6 +139,7 @@ async fn run_ops(ops: Vec<Op>) {
                 if range.hi - range.lo >= 2 {
                     let at = range.lo + 1 + at % (range.hi - range.lo - 1);
                     broker.split_range(range.id, Some(at)).await.unwrap();
+                    moved = Some((range.lo, range.hi));
                 }
             }
             Op::Merge { pick } => {
@@ -127,6 +149,7 @@ async fn run_ops(ops: Vec<Op>) {
                         .merge_ranges(active[i].id, active[i + 1].id)
                         .await
                         .unwrap();
+                    moved = Some((active[i].lo, active[i + 1].hi));
                 }
             }
             Op::Restart => {
@@ -134,6 +157,18 @@ async fn run_ops(ops: Vec<Op>) {
                 running = start(dir.path()).await;
             }
         }
+        let now = leader_epochs(&running.broker);
+        for p in 0..PARTITIONS {
+            let (before, after) = (epochs[p as usize], now[p as usize]);
+            match moved {
+                Some((lo, hi)) if (lo..hi).contains(&p) => assert!(
+                    after > before,
+                    "partition {p}: leader epoch {before} -> {after} across a split or merge"
+                ),
+                _ => assert!(after >= before, "partition {p}: leader epoch went back"),
+            }
+        }
+        epochs = now;
         // The active ranges always tile the topic.
         let image = running.broker.image();
         let mut covered = 0;

@@ -20,7 +20,9 @@ use crate::aborted_index_file;
 use crate::batch;
 use crate::error::{BatchError, LogError};
 use crate::producer_snapshot_file::{self, EmptySnapshot};
-use crate::producer_state::{increment_sequence, BatchMetadata, ProducerStates, Verdict};
+use crate::producer_state::{
+    increment_sequence, BatchMetadata, ProducerStates, SequenceError, Verdict,
+};
 use crate::segment::{self, IndexEntry, Segment};
 use crate::txn_state::{AbortedTxn, TxnState};
 
@@ -237,6 +239,12 @@ impl Inner {
     }
 }
 
+/// How long after it opens a replicated log answers an out-of-order
+/// idempotent batch as "not the leader" (retriable, nothing stored) rather
+/// than OUT_OF_ORDER_SEQUENCE_NUMBER: longer than the grace a closed log's
+/// waiting appends get (`RangeLog::wait_durable`) plus a client's retry.
+pub const SUCCESSOR_WINDOW: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// The log of one range.
 pub struct RangeLog {
     options: RangeLogOptions,
@@ -247,6 +255,8 @@ pub struct RangeLog {
     /// The newest segment the metadata image records for this log (see
     /// [`RangeLog::set_recorded_active`]); the active one at open.
     recorded_active: std::sync::atomic::AtomicU32,
+    /// When this log opened (see [`SUCCESSOR_WINDOW`]).
+    opened_at: std::time::Instant,
     inner: Mutex<Inner>,
     flush_wanted: Notify,
     /// Committed position: durable on a quorum of the active segment's
@@ -495,6 +505,7 @@ impl RangeLog {
         let written = inner.written_position();
         let log = Arc::new(RangeLog {
             recorded_active: std::sync::atomic::AtomicU32::new(active_seq_at_open),
+            opened_at: std::time::Instant::now(),
             roll_bytes: AtomicU64::new(options.segment_bytes),
             roll_ms: AtomicI64::new(options.segment_ms),
             options,
@@ -601,12 +612,27 @@ impl RangeLog {
             });
         }
         if idempotent && !at_source_offset {
-            let verdict = inner.producers[pi].check(
+            let verdict = match inner.producers[pi].check(
                 header.producer_id,
                 header.producer_epoch,
                 header.base_sequence,
                 last_seq,
-            )?;
+            ) {
+                // A replicated log that just opened (the broker leads the
+                // range on after a seal) may get the tail of a pipeline the
+                // old log answered: batch R1 kept by the seal but failed
+                // NOT_LEADER_OR_FOLLOWER, R2 refused while no log was open,
+                // R3 here. OUT_OF_ORDER_SEQUENCE_NUMBER for R3 would make
+                // librdkafka bump the epoch and resend R1 under new
+                // sequence numbers (stored twice); "not the leader yet"
+                // makes it drain and resend R1, R2, R3 in order instead.
+                Err(SequenceError::OutOfOrderSequence { .. })
+                    if self.options.replicated && self.opened_at.elapsed() < SUCCESSOR_WINDOW =>
+                {
+                    return Err(LogError::Closed);
+                }
+                other => other?,
+            };
             if let Verdict::Duplicate(original) = verdict {
                 let end_position = inner.written_position();
                 return Ok(AppendOutcome {
@@ -950,10 +976,9 @@ impl RangeLog {
     /// quorum of the replicas; on this disk without followers). Once the log
     /// is sealed or closed a commit may never come (a fenced primary): the
     /// wait gives up after a short grace with `Closed`, which clients see
-    /// as NOT_LEADER_OR_FOLLOWER and retry at the new leader, unless the
-    /// recorded seal keeps the append ([`RangeLog::commit_recorded_seal`]).
+    /// as NOT_LEADER_OR_FOLLOWER and retry at the new leader.
     pub async fn wait_durable(&self, position: u64) -> Result<(), LogError> {
-        const GRACE_AFTER_SEAL: std::time::Duration = std::time::Duration::from_secs(5);
+        const GRACE_AFTER_SEAL: std::time::Duration = std::time::Duration::from_secs(2);
         let mut rx = self.durable.subscribe();
         let mut short = self.short_of_replicas.subscribe();
         let mut deadline: Option<tokio::time::Instant> = None;
@@ -1282,31 +1307,6 @@ impl RangeLog {
             })
             .collect();
         (sealed, active_seq)
-    }
-
-    /// The metadata log recorded segment `seq` of this (fenced or closed)
-    /// log sealed at `size` bytes: everything appended here below that end
-    /// is committed by the seal (the copies lacking it are repaired from its
-    /// holder, and the next primary serves it), so the appends waiting for
-    /// it are acknowledged instead of failing. Without this, a batch the
-    /// seal kept would be answered NOT_LEADER_OR_FOLLOWER, which librdkafka
-    /// takes for "not persisted": after an epoch bump it resends it under new
-    /// sequence numbers and the partition holds it twice. Returns whether the
-    /// seal covered anything this log holds (its bytes below `size` are the
-    /// segment's: one writer per segment, a seal only keeps a prefix).
-    pub fn commit_recorded_seal(&self, seq: u32, size: u64) -> bool {
-        let mut inner = self.inner.lock();
-        let Some(i) = inner.segments.iter().position(|s| s.seq == seq) else {
-            return false;
-        };
-        if size > inner.segments[i].size {
-            return false;
-        }
-        let after: u64 = inner.segments[i..].iter().map(|s| s.size).sum();
-        let start =
-            inner.active_base_position + inner.segments.last().map_or(0, |s| s.size) - after;
-        self.commit_locked(&mut inner, start + size);
-        true
     }
 
     /// Batch bytes appended since this log was opened.
@@ -1651,6 +1651,48 @@ mod tests {
             log.append(0, &mut make_batch(1, 1), None).unwrap();
         }
         assert_eq!(log.segment_count() as u32, MAX_UNRECORDED_ROLLS + 4);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_just_opened_replicated_log_refuses_a_sequence_gap_as_not_leader() {
+        use crate::batch::testing::make_idempotent_batch;
+        let dir = tempfile::tempdir().unwrap();
+        let replicated = RangeLog::open(
+            RangeLogOptions {
+                replicated: true,
+                ..options(dir.path())
+            },
+            watch::channel(0).0,
+        )
+        .unwrap();
+        replicated
+            .append(0, &mut make_idempotent_batch(2, 1, 7, 0, 0), None)
+            .unwrap();
+        // Sequence 5 after 0..=1: the tail of a pipeline whose middle the
+        // old log refused. Retriable, nothing stored.
+        let gap = replicated.append(0, &mut make_idempotent_batch(1, 1, 7, 0, 5), None);
+        assert!(matches!(gap, Err(LogError::Closed)), "{gap:?}");
+        assert_eq!(replicated.offsets(0).unwrap().log_end, 2);
+        // In order, it is taken.
+        let next = replicated
+            .append(0, &mut make_idempotent_batch(1, 1, 7, 0, 2), None)
+            .unwrap();
+        assert_eq!(next.base_offset, 2);
+        // A log without followers has no such predecessor: the gap is
+        // Kafka's OUT_OF_ORDER_SEQUENCE_NUMBER at once.
+        let dir = tempfile::tempdir().unwrap();
+        let single = open(dir.path());
+        single
+            .append(0, &mut make_idempotent_batch(2, 1, 7, 0, 0), None)
+            .unwrap();
+        let gap = single.append(0, &mut make_idempotent_batch(1, 1, 7, 0, 5), None);
+        assert!(
+            matches!(
+                gap,
+                Err(LogError::Sequence(SequenceError::OutOfOrderSequence { .. }))
+            ),
+            "{gap:?}"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

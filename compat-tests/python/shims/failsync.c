@@ -17,6 +17,11 @@
  * trigger every 50 ms) and then syncs normally once the file is gone. The
  * first call that hangs logs "failsync: hang ...".
  *
+ * A write that fails (a bad sector, a full disk): while the file named by
+ * FAILSYNC_WRITE_TRIGGER exists, write, pwrite, pwrite64, writev and pwritev
+ * on a matching fd fail with the errno FAILSYNC_WRITE_ERRNO names ("EIO",
+ * the default, or "ENOSPC"), writing nothing; each logs "failsync: write".
+ *
  * A disk that lies (the fault harness's deliberately broken broker): while
  * the file named by FAILSYNC_LIE_TRIGGER exists, a matching call returns 0
  * without syncing anything (nor telling a preloaded lazysync, which then
@@ -24,6 +29,7 @@
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <sys/uio.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -147,4 +153,85 @@ int sync_file_range(int fd, off64_t offset, off64_t nbytes, unsigned int flags)
         return -1;
     }
     return real(fd, offset, nbytes, flags);
+}
+
+/* Whether a write to fd fails now; sets *err to the errno to fail with. */
+static int write_fails(int fd, int *err)
+{
+    int saved = errno;
+    const char *trigger = getenv("FAILSYNC_WRITE_TRIGGER");
+    const char *name = getenv("FAILSYNC_WRITE_ERRNO");
+    char path[4096];
+    int fail = fd > 2 && trigger && *trigger && access(trigger, F_OK) == 0 &&
+               path_matches(fd, path, sizeof path);
+    *err = name && strcmp(name, "ENOSPC") == 0 ? ENOSPC : EIO;
+    if (fail)
+        dprintf(2, "failsync: write(fd=%d, %s) -> %s\n", fd, path, *err == ENOSPC ? "ENOSPC" : "EIO");
+    errno = saved;
+    return fail;
+}
+
+ssize_t write(int fd, const void *buf, size_t count)
+{
+    static ssize_t (*real)(int, const void *, size_t);
+    int err;
+    if (!real)
+        real = NEXT(ssize_t (*)(int, const void *, size_t), "write");
+    if (write_fails(fd, &err)) {
+        errno = err;
+        return -1;
+    }
+    return real(fd, buf, count);
+}
+
+ssize_t pwrite(int fd, const void *buf, size_t count, off_t offset)
+{
+    static ssize_t (*real)(int, const void *, size_t, off_t);
+    int err;
+    if (!real)
+        real = NEXT(ssize_t (*)(int, const void *, size_t, off_t), "pwrite");
+    if (write_fails(fd, &err)) {
+        errno = err;
+        return -1;
+    }
+    return real(fd, buf, count, offset);
+}
+
+ssize_t pwrite64(int fd, const void *buf, size_t count, off64_t offset)
+{
+    static ssize_t (*real)(int, const void *, size_t, off64_t);
+    int err;
+    if (!real)
+        real = NEXT(ssize_t (*)(int, const void *, size_t, off64_t), "pwrite64");
+    if (write_fails(fd, &err)) {
+        errno = err;
+        return -1;
+    }
+    return real(fd, buf, count, offset);
+}
+
+ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
+{
+    static ssize_t (*real)(int, const struct iovec *, int);
+    int err;
+    if (!real)
+        real = NEXT(ssize_t (*)(int, const struct iovec *, int), "writev");
+    if (write_fails(fd, &err)) {
+        errno = err;
+        return -1;
+    }
+    return real(fd, iov, iovcnt);
+}
+
+ssize_t pwritev(int fd, const struct iovec *iov, int iovcnt, off_t offset)
+{
+    static ssize_t (*real)(int, const struct iovec *, int, off_t);
+    int err;
+    if (!real)
+        real = NEXT(ssize_t (*)(int, const struct iovec *, int, off_t), "pwritev");
+    if (write_fails(fd, &err)) {
+        errno = err;
+        return -1;
+    }
+    return real(fd, iov, iovcnt, offset);
 }

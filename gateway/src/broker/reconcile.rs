@@ -57,11 +57,6 @@ pub(super) struct Reconciler {
     /// Active segments this broker is primary of that another broker's
     /// seal-by-quorum fenced, whose entry the image does not show yet.
     fenced_unrecorded: parking_lot::Mutex<HashMap<SegmentId, std::time::Instant>>,
-    /// Logs closed because their range's leadership moved or a seal fenced
-    /// them, with appends possibly still waiting on them: once the image
-    /// records the seal of their last segment, the appends it kept are
-    /// acknowledged (`RangeLog::commit_recorded_seal`).
-    closed_awaiting_seal: parking_lot::Mutex<Vec<(RangeId, Arc<RangeLog>, std::time::Instant)>>,
     /// A pass is wanted although the image did not move (a range waiting
     /// for its producer snapshot has it now): set, then `wake`.
     requested: AtomicBool,
@@ -211,11 +206,6 @@ impl Broker {
                 self.stop_shipping(range.id);
                 log.close();
                 self.logs.write().remove(&range.id);
-                self.reconciler.closed_awaiting_seal.lock().push((
-                    range.id,
-                    log.clone(),
-                    std::time::Instant::now(),
-                ));
                 tracing::info!(range = range.id, primary = ?last.primary(), "no longer primary of the range");
                 // (Only when the log's own newest segment is the image's
                 // active one: once the image shows the next segment, the
@@ -350,7 +340,6 @@ impl Broker {
             .fenced_unrecorded
             .lock()
             .retain(|id, _| image.segments.get(id).is_some_and(|s| !s.is_sealed()));
-        self.commit_recorded_seals(image);
         self.retain_lead_waits(image);
         self.apply_log_starts(image)?;
         if !missing_records.is_empty() {
@@ -480,45 +469,6 @@ async fn seal_if_still_fenced(broker: Weak<Broker>, segment: SegmentId) {
     if unsealed && b.log_of(segment.range).is_none() {
         tracing::info!(%segment, "a fenced segment's seal was not recorded; sealing it by quorum");
         b.seal_by_quorum(segment);
-    }
-}
-
-/// How long a closed log waits for the image to record its seal; its
-/// appends' own waits give up sooner (`RangeLog::wait_durable`).
-const CLOSED_LOG_SEAL_WAIT: Duration = Duration::from_secs(10);
-
-impl Broker {
-    /// The closed logs whose last recorded segment the image shows sealed
-    /// now commit through the recorded end (and are let go); the others
-    /// wait, for a while.
-    fn commit_recorded_seals(&self, image: &MetadataImage) {
-        self.reconciler
-            .closed_awaiting_seal
-            .lock()
-            .retain(|(range, log, since)| {
-                let (sealed, active) = log.local_segments();
-                // The newest segment of the log the image knows (later ones
-                // are rolls it never recorded, which the seal discards).
-                let newest_recorded = std::iter::once(active)
-                    .chain(sealed.iter().rev().map(|s| s.seq))
-                    .find_map(|seq| Some((seq, image.segments.get(&SegmentId::new(*range, seq))?)));
-                match newest_recorded
-                    .and_then(|(seq, seg)| Some((seq, seg.sealed.as_ref()?.size_bytes)))
-                {
-                    Some((seq, size)) => {
-                        if log.commit_recorded_seal(seq, size) {
-                            tracing::debug!(
-                                range,
-                                seq,
-                                size,
-                                "closed log: appends kept by the recorded seal acknowledged"
-                            );
-                        }
-                        false
-                    }
-                    None => since.elapsed() < CLOSED_LOG_SEAL_WAIT,
-                }
-            });
     }
 }
 

@@ -132,13 +132,20 @@ pub async fn eventually(what: &str, mut check: impl FnMut() -> bool) {
 pub struct WireClient {
     stream: TcpStream,
     next_id: i32,
+    client_id: &'static str,
 }
 
 impl WireClient {
     pub async fn connect(addr: SocketAddr) -> WireClient {
         let stream = TcpStream::connect(addr).await.expect("connect");
         stream.set_nodelay(true).unwrap();
-        WireClient { stream, next_id: 1 }
+        WireClient::from_stream(stream)
+    }
+
+    /// The client id its requests carry from now on ("wire-test" by default).
+    pub fn with_client_id(mut self, client_id: &'static str) -> WireClient {
+        self.client_id = client_id;
+        self
     }
 
     /// Sends one request and decodes its response, checking the correlation
@@ -157,7 +164,7 @@ impl WireClient {
             .with_request_api_key(R::KEY)
             .with_request_api_version(version)
             .with_correlation_id(id)
-            .with_client_id(Some(StrBytes::from_static_str("wire-test")));
+            .with_client_id(Some(StrBytes::from_static_str(self.client_id)));
         let mut buf = BytesMut::new();
         buf.put_i32(0);
         header.encode(&mut buf, R::header_version(version)).unwrap();
@@ -170,7 +177,11 @@ impl WireClient {
 
     /// A client on a connection opened elsewhere.
     pub fn from_stream(stream: TcpStream) -> WireClient {
-        WireClient { stream, next_id: 1 }
+        WireClient {
+            stream,
+            next_id: 1,
+            client_id: "wire-test",
+        }
     }
 
     /// Whether the broker closed the connection (without sending anything
