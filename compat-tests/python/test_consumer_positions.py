@@ -67,13 +67,19 @@ def wait_eof(c: Consumer, timeout: float = 30.0) -> None:
     raise AssertionError("never reached the partition's end")
 
 
+def latest_consumer(broker, group: str) -> Consumer:
+    """A consumer of a new group with `auto.offset.reset=latest` that reports
+    reaching a partition's end."""
+    return Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique_topic(group),
+                     "auto.offset.reset": "latest", "enable.auto.commit": False,
+                     "enable.partition.eof": True})
+
+
 def test_latest_reset_starts_a_new_group_at_the_log_end(broker):
     topic = unique_topic("latest")
     create_topic(broker, topic, partitions=1)
     produce(broker.bootstrap, topic, [f"old-{i}".encode() for i in range(20)])
-    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique_topic("g-latest"),
-                  "auto.offset.reset": "latest", "enable.auto.commit": False,
-                  "enable.partition.eof": True})
+    c = latest_consumer(broker, "g-latest")
     try:
         c.subscribe([topic])
         # The position resolves to the log end and the fetch reaches it
@@ -91,9 +97,7 @@ def test_latest_reset_moves_an_out_of_range_position_to_the_log_end(broker):
     topic = unique_topic("oor")
     create_topic(broker, topic, partitions=1)
     produce(broker.bootstrap, topic, [f"old-{i}".encode() for i in range(10)])
-    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": unique_topic("g-oor"),
-                  "auto.offset.reset": "latest", "enable.auto.commit": False,
-                  "enable.partition.eof": True})
+    c = latest_consumer(broker, "g-oor")
     try:
         # Offset 1000 is past the log end (10): the fetch gets
         # OFFSET_OUT_OF_RANGE and the reset policy moves the position to
