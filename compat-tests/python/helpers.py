@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import socket
 import struct
 import threading
@@ -337,3 +338,16 @@ def consumer_group_epochs(bootstrap: str, group: str) -> tuple[int, dict[str, in
     r.tagged_fields()  # the response's
     assert r.at == len(r.data), "ConsumerGroupDescribe parsed to its end"
     return group_epoch, members
+
+
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
+
+
+def broker_log_lines(broker, *needles: str) -> list[str]:
+    """The lines of a broker's log (colour codes removed) that contain any of
+    `needles`: how a test sees an event only the broker knows of."""
+    try:
+        text = ANSI.sub("", broker.log_path.read_text(errors="replace"))
+    except FileNotFoundError:
+        return []
+    return [line for line in text.splitlines() if any(n in line for n in needles)]

@@ -175,6 +175,8 @@ class SteadyProducer:
         self.stop = threading.Event()
         self.delivered: set[tuple[int, int]] = set()
         self.failed: list[str] = []
+        self.crashed: BaseException | None = None
+        self.unflushed: int | None = None
         self.producer = Producer(
             {"bootstrap.servers": broker.bootstrap, "linger.ms": 5, "acks": "all"}
         )
@@ -187,22 +189,31 @@ class SteadyProducer:
             self.delivered.add((msg.partition(), msg.offset()))
 
     def run(self):
-        i = 0
-        start = time.monotonic()
-        while not self.stop.is_set():
-            self.producer.produce(
-                self.topic,
-                key=str(i).encode(),
-                value=f"record-{i}".encode(),
-                partition=i % PARTITIONS,
-                on_delivery=self.on_delivery,
-            )
-            i += 1
-            self.producer.poll(0)
-            ahead = i / self.rate - (time.monotonic() - start)
-            if ahead > 0:
-                time.sleep(ahead)
-        self.producer.flush(30)
+        # Whatever ends this thread reaches the test through `close`: an
+        # exception, or records still queued after the final flush.
+        try:
+            i = 0
+            start = time.monotonic()
+            while not self.stop.is_set():
+                try:
+                    self.producer.produce(
+                        self.topic,
+                        key=str(i).encode(),
+                        value=f"record-{i}".encode(),
+                        partition=i % PARTITIONS,
+                        on_delivery=self.on_delivery,
+                    )
+                except BufferError:
+                    self.producer.poll(0.05)
+                    continue
+                i += 1
+                self.producer.poll(0)
+                ahead = i / self.rate - (time.monotonic() - start)
+                if ahead > 0:
+                    time.sleep(ahead)
+            self.unflushed = self.producer.flush(30)
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            self.crashed = e
 
     def start(self):
         self.thread.start()
@@ -212,6 +223,9 @@ class SteadyProducer:
         self.stop.set()
         self.thread.join(60)
         assert not self.thread.is_alive()
+        if self.crashed is not None:
+            raise AssertionError("the producer thread failed") from self.crashed
+        assert self.unflushed == 0, f"{self.unflushed} records never acknowledged"
 
 
 def wait_settled(ledger: Ledger, names: list[str], timeout: float = SETTLE_TIMEOUT_S):

@@ -43,7 +43,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import threading
 import time
 import urllib.error
@@ -53,7 +52,7 @@ from collections import Counter, defaultdict
 import pytest
 from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 
-from helpers import create_topic, unique_topic
+from helpers import broker_log_lines, create_topic, unique_topic
 
 PARTITIONS = 32
 RECORDS = int(os.environ.get("STRESS_RECORDS", "200000"))
@@ -283,17 +282,6 @@ def check_read_back(broker, topic: str, acked: dict, when: str) -> list[str]:
         problems.append(f"{len(misplaced)} acknowledged record(s) not read back at their offset "
                         f"((producer, seq), acked at, read there, found at): {misplaced[:5]}")
     return [f"{when}: {p}" for p in problems]
-
-
-ANSI = re.compile(r"\x1b\[[0-9;]*m")
-
-
-def broker_log_lines(broker, *needles: str) -> list[str]:
-    try:
-        text = ANSI.sub("", broker.log_path.read_text(errors="replace"))
-    except FileNotFoundError:
-        return []
-    return [line for line in text.splitlines() if any(n in line for n in needles)]
 
 
 @pytest.mark.timeout(600)

@@ -359,7 +359,13 @@ def test_sigterm_moves_leadership_before_the_broker_exits(cluster):
     # Led elsewhere already, with the stopped broker's session still valid.
     moved = leader_of(AdminClient({"bootstrap.servers": survivors}), topic)
     assert moved not in (leader, -1), moved
-    time.sleep(3)
+    # Produce goes on on the new leader well within the stopped broker's
+    # session (60 s): a failover that waited for the session could not
+    # acknowledge these (the pause is printed as a figure, not bounded).
+    def acked_after_exit():
+        with lock:
+            return sum(1 for x in ack_times if x > sent)
+    eventually("records acknowledged by the new leader", lambda: acked_after_exit() >= 200, timeout=45)
     stop.set()
     t.join(30)
     assert producer.flush(60) == 0
@@ -369,7 +375,6 @@ def test_sigterm_moves_leadership_before_the_broker_exits(cluster):
     print(f"\ncontrolled shutdown: exited after {exited:.2f} s, produce paused {pause:.2f} s, new leader {moved}")
     assert errors == [], errors[:5]
     assert len(acked) == produced[0]
-    assert pause < 30, pause
 
     consumed = {}
     c = Consumer({"bootstrap.servers": survivors, "group.id": "controlled-check", "auto.offset.reset": "earliest"})

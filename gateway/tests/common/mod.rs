@@ -200,6 +200,17 @@ impl WireClient {
         )
     }
 
+    /// Whether a response (or a close) is waiting to be read right now,
+    /// without waiting and without consuming it: for ordering checks ("not
+    /// answered before that other request was").
+    pub async fn has_unread_now(&mut self) -> bool {
+        let mut peek = [0u8; 1];
+        // `timeout` polls the peek once before it looks at the (zero) deadline.
+        tokio::time::timeout(Duration::ZERO, self.stream.peek(&mut peek))
+            .await
+            .is_ok()
+    }
+
     /// Writes a raw size-prefixed frame (SASL tokens after a v0 handshake).
     pub async fn send_raw(&mut self, payload: &[u8]) {
         let mut buf = Vec::with_capacity(4 + payload.len());
