@@ -88,27 +88,45 @@ class SteadyProducer(threading.Thread):
         self.producer = Producer({"bootstrap.servers": broker.bootstrap, "acks": "all", "linger.ms": 5})
         self.topic, self.partitions, self.ledger, self.rate = topic, partitions, ledger, rate
         self.stop_event = threading.Event()
+        self.errors: list[str] = []
+        self.unflushed: int | None = None
+        self.failed: BaseException | None = None
 
     def run(self):
-        i = 0
-
         def acked(err, msg, value):
             if err is None:
                 with self.ledger.lock:
                     self.ledger.produced.add(value)
+            else:
+                self.errors.append(str(err))
 
-        while not self.stop_event.is_set():
-            value = i
-            self.producer.produce(
-                self.topic,
-                value=str(value).encode(),
-                partition=i % self.partitions,
-                on_delivery=lambda err, msg, v=value: acked(err, msg, v),
-            )
-            self.producer.poll(0)
-            i += 1
-            time.sleep(1.0 / self.rate)
-        self.producer.flush(30)
+        try:
+            i = 0
+            while not self.stop_event.is_set():
+                value = i
+                self.producer.produce(
+                    self.topic,
+                    value=str(value).encode(),
+                    partition=i % self.partitions,
+                    on_delivery=lambda err, msg, v=value: acked(err, msg, v),
+                )
+                self.producer.poll(0)
+                i += 1
+                time.sleep(1.0 / self.rate)
+            self.unflushed = self.producer.flush(30)
+        except BaseException as e:  # noqa: BLE001 - reported by stop()
+            self.failed = e
+
+    def stop(self):
+        """Stops producing; fails the test if the thread failed, a record
+        was refused, or records were still queued after the flush."""
+        self.stop_event.set()
+        self.join(60)
+        assert not self.is_alive(), "the producer did not stop"
+        if self.failed is not None:
+            raise AssertionError("the producer thread failed") from self.failed
+        assert self.errors == [], self.errors[:5]
+        assert self.unflushed == 0, f"{self.unflushed} records never acknowledged"
 
 
 class GroupMember(threading.Thread):
@@ -290,8 +308,7 @@ def test_rebalances_under_load_lose_nothing(broker_factory, strategy):
         assert sorted(len(o) for o in owned) == [4, 4, 4], owned
         time.sleep(2)
     finally:
-        producer.stop_event.set()
-        producer.join(60)
+        producer.stop()
 
     wait_for(lambda: ledger.produced and ledger.produced <= ledger.values, 60,
              "every produced record to be consumed")
@@ -432,6 +449,72 @@ def test_silent_member_expires_after_session_timeout(broker_factory):
             child.kill()
             child.wait(10)
         a.stop()
+
+
+def test_member_past_max_poll_interval_is_removed_and_its_late_commit_refused(broker_factory):
+    """A consumer that stops polling for longer than max.poll.interval.ms
+    loses its partitions to the rest of the group; when it wakes, its commit
+    is refused and the group's offsets are the ones the new owner commits.
+    (The broker side, a member that never rejoins within its rebalance
+    timeout, is `groups_wire.rs`'s
+    a_member_past_its_rebalance_timeout_is_removed_and_its_late_commit_refused.)"""
+    broker = broker_factory(overrides=FAST)
+    topic = unique_topic("maxpoll")
+    create_topic(broker, topic, partitions=4)
+    p = Producer({"bootstrap.servers": broker.bootstrap})
+    for i in range(200):
+        p.produce(topic, value=str(i).encode(), partition=i % 4)
+    assert p.flush(30) == 0
+    group = unique_topic("mp")
+    stuck = Consumer({
+        "bootstrap.servers": broker.bootstrap, "group.id": group, "client.id": "stuck",
+        "auto.offset.reset": "earliest", "enable.auto.commit": False,
+        "session.timeout.ms": 3000, "heartbeat.interval.ms": 300, "max.poll.interval.ms": 4000,
+    })
+    stuck.subscribe([topic])
+    seen: dict[int, int] = {}
+    try:
+        deadline = time.monotonic() + 30
+        while len(seen) < 4 and time.monotonic() < deadline:
+            m = stuck.poll(0.2)
+            if m is not None and not m.error():
+                seen[m.partition()] = m.offset()
+        assert sorted(seen) == [0, 1, 2, 3], seen
+        # Commit a position inside each partition: the new owner starts there.
+        mine = [TopicPartition(topic, part, 10) for part in range(4)]
+        stuck.commit(offsets=mine, asynchronous=False)
+
+        # Now the application hangs (no poll); a second member joins.
+        other = GroupMember(broker, group, topic, None, "other")
+        other.start()
+        wait_for(lambda: other.snapshot() == {0, 1, 2, 3} and len(other.first_offsets) == 4, 60,
+                 "the other member to own and read every partition")
+        firsts = dict(other.first_offsets)
+
+        # It wakes up: its commit is refused, and changes nothing.
+        with pytest.raises(KafkaException):
+            stuck.commit(offsets=[TopicPartition(topic, part, 150) for part in range(4)],
+                         asynchronous=False)
+        # The poll tells the application it was out of the group.
+        errors = []
+        wake_deadline = time.monotonic() + 10
+        while time.monotonic() < wake_deadline and not errors:
+            m = stuck.poll(0.2)
+            if m is not None and m.error():
+                errors.append(m.error().code())
+        assert KafkaError._MAX_POLL_EXCEEDED in errors, errors
+        other.stop()
+        # The new owner started at the stuck member's last good commit.
+        assert firsts == {part: 10 for part in range(4)}, firsts
+        probe = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group})
+        try:
+            committed = probe.committed([TopicPartition(topic, part) for part in range(4)], timeout=10)
+        finally:
+            probe.close()
+        assert all(tp.offset != 150 for tp in committed), committed
+        assert all(tp.offset >= 10 for tp in committed), committed
+    finally:
+        stuck.close()
 
 
 def test_committed_offsets_survive_kill9(broker_factory):

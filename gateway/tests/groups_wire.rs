@@ -613,3 +613,109 @@ async fn pipelined_commits_apply_in_order_and_the_last_one_wins() {
     }
     running.shutdown().await;
 }
+
+/// A member that does not rejoin within its rebalance timeout (a consumer's
+/// `max.poll.interval.ms`, stuck in the application) is removed: the
+/// rebalance completes without it, its partitions go to the members that
+/// did rejoin, and its late heartbeat and commit are refused with
+/// UNKNOWN_MEMBER_ID, leaving the committed offsets untouched. Its session
+/// is long and it keeps heartbeating, so only the rebalance timeout can
+/// remove it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_past_its_rebalance_timeout_is_removed_and_its_late_commit_refused() {
+    const UNKNOWN_MEMBER_ID: i16 = 25;
+    const REBALANCE_IN_PROGRESS: i16 = 27;
+    let dir = tempfile::tempdir().unwrap();
+    let running = start(dir.path()).await;
+    let mut a = Client::connect(running.kafka_addr).await;
+    create_topic(&mut a).await;
+    let _ = a
+        .call(3, &FindCoordinatorRequest::default().with_key(s("stuck")))
+        .await;
+    let join = |member: &str, rebalance_timeout_ms: i32| {
+        JoinGroupRequest::default()
+            .with_group_id(group("stuck"))
+            .with_session_timeout_ms(30_000)
+            .with_rebalance_timeout_ms(rebalance_timeout_ms)
+            .with_member_id(s(member))
+            .with_protocol_type(s("consumer"))
+            .with_protocols(protocols())
+    };
+    let heartbeat = |member: &str, generation: i32| {
+        HeartbeatRequest::default()
+            .with_group_id(group("stuck"))
+            .with_generation_id(generation)
+            .with_member_id(s(member))
+    };
+    // A joins alone (generation 1) and commits.
+    let r = a.call(5, &join("", 1_500)).await;
+    let r = a.call(5, &join(&r.member_id, 1_500)).await;
+    assert_eq!((r.error_code, r.generation_id), (0, 1));
+    let member_a = r.member_id.to_string();
+    let sync = SyncGroupRequest::default()
+        .with_group_id(group("stuck"))
+        .with_generation_id(1)
+        .with_member_id(s(&member_a));
+    assert_eq!(a.call(3, &sync).await.error_code, 0);
+    let committed = a.call(7, &commit_request("stuck", 1, &member_a)).await;
+    assert_eq!(committed.topics[0].partitions[0].error_code, 0);
+
+    // B joins: a rebalance. B's JoinGroup waits for A, which only heartbeats
+    // (told REBALANCE_IN_PROGRESS) and never rejoins. (The group waits for
+    // the longest rebalance timeout of its members, as Kafka's does.)
+    let mut b = Client::connect(running.kafka_addr).await;
+    let r = b.call(5, &join("", 1_500)).await;
+    let member_b = r.member_id.to_string();
+    let joining = b.send(5, &join(&member_b, 1_500)).await;
+    let mut told = false;
+    for round in 0.. {
+        assert!(round < 300, "A was never removed");
+        let code = a.call(3, &heartbeat(&member_a, 1)).await.error_code;
+        match code {
+            REBALANCE_IN_PROGRESS => told = true,
+            UNKNOWN_MEMBER_ID => break,
+            0 => {}
+            other => panic!("heartbeat answered {other}"),
+        }
+        // Without this the loop would spin; the order of events is what is
+        // checked, not how long they take.
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(told, "A was told of the rebalance before it was removed");
+
+    // The rebalance completed with B alone; B leads generation 2.
+    let r = b.receive::<JoinGroupRequest>(5, joining).await;
+    assert_eq!(r.error_code, 0);
+    assert_eq!(r.generation_id, 2);
+    assert_eq!(r.leader.to_string(), member_b);
+    let members: Vec<String> = r.members.iter().map(|m| m.member_id.to_string()).collect();
+    assert_eq!(members, vec![member_b.clone()]);
+
+    // A's late commit, with its old generation, is refused and changes
+    // nothing; B's commit in generation 2 is taken.
+    let late = a.call(7, &commit_request("stuck", 1, &member_a)).await;
+    assert!(late.topics[0]
+        .partitions
+        .iter()
+        .all(|p| p.error_code == UNKNOWN_MEMBER_ID));
+    let before = fetch_offsets(&mut b, 8, "stuck").await;
+    assert_eq!(before[0].0, 42);
+    let mut late_other = commit_request("stuck", 1, &member_a);
+    late_other.topics[0].partitions[0].committed_offset = 7;
+    let late = a.call(7, &late_other).await;
+    assert_eq!(late.topics[0].partitions[0].error_code, UNKNOWN_MEMBER_ID);
+    assert_eq!(fetch_offsets(&mut b, 8, "stuck").await, before);
+    let sync = SyncGroupRequest::default()
+        .with_group_id(group("stuck"))
+        .with_generation_id(2)
+        .with_member_id(s(&member_b));
+    assert_eq!(b.call(3, &sync).await.error_code, 0);
+    let mut fresh = commit_request("stuck", 2, &member_b);
+    fresh.topics[0].partitions[0].committed_offset = 50;
+    assert_eq!(
+        b.call(7, &fresh).await.topics[0].partitions[0].error_code,
+        0
+    );
+    assert_eq!(fetch_offsets(&mut b, 8, "stuck").await[0].0, 50);
+    running.shutdown().await;
+}
