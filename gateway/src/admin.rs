@@ -1,24 +1,57 @@
-//! The admin HTTP port: `/metrics` (Prometheus text), `/health`, `/ready`.
-//! A deliberately small HTTP/1.1 responder: three GET routes do not need a
-//! web framework.
+//! The admin HTTP port: `/metrics` (Prometheus text), `/health`, `/ready`,
+//! and the ranges API (`/ranges`, `/segments`, `POST /ranges/split` and
+//! `/ranges/merge`), which answers only callers `admin_auth.rs` lets in. A
+//! deliberately small HTTP/1.1 responder: a few routes do not need a web
+//! framework.
 
 use std::sync::Arc;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
+use crate::admin_auth::{self, Caller, Need};
+use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::metrics::Metrics;
 
 pub async fn serve(listener: TcpListener, broker: Arc<Broker>) {
     loop {
-        let Ok((stream, _)) = listener.accept().await else {
+        let Ok((stream, peer)) = listener.accept().await else {
             continue;
         };
         let broker = broker.clone();
         tokio::spawn(async move {
-            let _ = handle(stream, &broker).await;
+            let _ = handle(stream, peer, &broker).await;
         });
     }
+}
+
+/// Why the caller may not have this route (status line and message), or
+/// None: open routes, and callers whose principal the ACLs allow.
+fn refusal(
+    broker: &Broker,
+    head: &str,
+    peer: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+) -> Option<(&'static str, String)> {
+    let op = match admin_auth::need_of(method, path) {
+        Need::Open => return None,
+        Need::Describe => Op::Describe,
+        Need::Alter => Op::Alter,
+    };
+    let image = broker.image();
+    let principal = match admin_auth::caller(head, &broker.config.listeners, &image) {
+        Caller::Principal(p) => p,
+        Caller::Unauthenticated(reason) => return Some(("401 Unauthorized", reason.to_string())),
+    };
+    let authz = Authz::for_principal(broker, Arc::from(principal.as_str()), peer.ip().to_string());
+    (!authz.allows_cluster(op)).then(|| {
+        (
+            "403 Forbidden",
+            format!("{principal} may not {op} the cluster"),
+        )
+    })
 }
 
 fn error_json(message: &str) -> String {
@@ -61,7 +94,11 @@ fn render_broker_metrics(broker: &Broker) -> String {
     ])
 }
 
-async fn handle(mut stream: TcpStream, broker: &Broker) -> std::io::Result<()> {
+async fn handle(
+    mut stream: TcpStream,
+    peer: std::net::SocketAddr,
+    broker: &Broker,
+) -> std::io::Result<()> {
     let mut buf = vec![0u8; 4096];
     let mut len = 0;
     // Read until the end of the request head (or the buffer is full).
@@ -87,6 +124,22 @@ async fn handle(mut stream: TcpStream, broker: &Broker) -> std::io::Result<()> {
             .and_then(|(_, v)| v.parse().ok())
     };
     let json = "application/json";
+    if let Some((status, message)) = refusal(broker, &head, peer, method, path) {
+        Metrics::add(&broker.metrics.admin_requests_refused, 1);
+        tracing::info!(%peer, method, path, status, reason = %message, "admin request refused");
+        let challenge = if status.starts_with("401") {
+            "WWW-Authenticate: Basic realm=\"tessera\"\r\n"
+        } else {
+            ""
+        };
+        let body = error_json(&message);
+        let response = format!(
+            "HTTP/1.1 {status}\r\nContent-Type: {json}\r\n{challenge}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        stream.write_all(response.as_bytes()).await?;
+        return stream.shutdown().await;
+    }
     let (status, content_type, body) = match (method, path) {
         ("GET", "/health") => ("200 OK", "text/plain", "ok\n".to_string()),
         ("GET", "/ready") if broker.is_ready() => ("200 OK", "text/plain", "ready\n".to_string()),

@@ -20,10 +20,10 @@ use tessera_metadata::MetadataImage;
 
 pub use tessera_metadata::acl::{AclOperation as Op, ResourceType as Resource, CLUSTER_NAME};
 
-use crate::api::Connection;
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::request_context::Connection;
 
 /// Who is asking and how to decide, for one request.
 pub struct Authz<'b> {
@@ -42,7 +42,7 @@ struct Subject<'b> {
 impl<'b> Authz<'b> {
     /// The authorization context of the request being handled.
     pub fn current(broker: &'b Broker) -> Authz<'b> {
-        match crate::api::CONNECTION.try_with(|c| c.clone()) {
+        match crate::request_context::CONNECTION.try_with(|c| c.clone()) {
             Ok(connection) => Authz::for_connection(broker, &connection),
             Err(_) => Authz {
                 broker,
@@ -53,16 +53,26 @@ impl<'b> Authz<'b> {
 
     /// The authorization context of `connection`'s requests.
     pub fn for_connection(broker: &'b Broker, connection: &Connection) -> Authz<'b> {
-        let subject = broker.config.authorizer.as_ref().map(|settings| Subject {
-            settings,
-            principal: connection
+        Authz::for_principal(
+            broker,
+            connection
                 .principal
                 .clone()
                 .unwrap_or_else(|| Arc::from("User:ANONYMOUS")),
-            host: connection
+            connection
                 .peer
                 .map(|p| p.ip().to_string())
                 .unwrap_or_default(),
+        )
+    }
+
+    /// The authorization context of `principal` asking from `host` (the
+    /// admin HTTP port's callers).
+    pub fn for_principal(broker: &'b Broker, principal: Arc<str>, host: String) -> Authz<'b> {
+        let subject = broker.config.authorizer.as_ref().map(|settings| Subject {
+            settings,
+            principal,
+            host,
             image: broker.image(),
         });
         Authz { broker, subject }

@@ -6,16 +6,20 @@
 //! makes the open logs and the coordinators follow every image the
 //! controller publishes.
 
+pub mod append;
 mod clean_passes;
 mod cleaner;
 mod configs;
 mod follower_fetch;
+mod internal_topics;
 mod liveness;
+pub mod ranges;
 mod reconcile;
 mod replicas;
 mod retention;
 mod shutdown;
 mod topics;
+pub mod txn_markers;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -301,7 +305,7 @@ impl Broker {
     /// listener; another broker's registered (inter-broker) address.
     pub fn endpoint(&self, registration: &tessera_metadata::BrokerRegistration) -> (String, i32) {
         if registration.broker_id == self.config.node_id {
-            if let Some(l) = crate::api::current_listener() {
+            if let Some(l) = crate::request_context::current_listener() {
                 return (l.advertised_host.clone(), i32::from(l.advertised_port));
             }
         }

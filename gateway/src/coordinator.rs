@@ -40,6 +40,20 @@ impl LoadedPartitions {
     }
 }
 
+/// Maps a coordinator's failed append to what its request reports (Kafka's
+/// `appendGroupMetadataErrorToResponseError`; the transaction coordinator
+/// maps the same way).
+pub fn store_error(e: ApiError) -> ApiError {
+    match e {
+        ApiError::UnknownTopicOrPartition | ApiError::RequestTimedOut => {
+            ApiError::CoordinatorNotAvailable
+        }
+        ApiError::NotLeaderOrFollower | ApiError::Storage(_) => ApiError::NotCoordinator,
+        ApiError::MessageTooLarge(m) => ApiError::UnknownServerError(m),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

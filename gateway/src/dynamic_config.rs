@@ -17,7 +17,7 @@ use tessera_metadata::MetadataImage;
 use crate::config::{in_millis, static_default, static_keys, time_synonyms, BrokerConfig};
 use crate::error::ApiError;
 use crate::topic_config::{
-    check_value, ConfigSynonym, DescribedConfig, Kind, Synonym, SOURCE_DEFAULT,
+    check_value, BrokerDefaults, ConfigSynonym, DescribedConfig, Kind, Synonym, SOURCE_DEFAULT,
     SOURCE_DYNAMIC_BROKER, SOURCE_DYNAMIC_DEFAULT_BROKER, SOURCE_STATIC_BROKER, TOPIC_CONFIGS,
 };
 
@@ -81,6 +81,20 @@ impl<'a> BrokerView<'a> {
             push_as(name, v, SOURCE_DEFAULT);
         }
         out
+    }
+}
+
+impl BrokerDefaults for BrokerView<'_> {
+    fn config(&self) -> &BrokerConfig {
+        self.config
+    }
+
+    fn dynamic(&self, key: &str) -> Option<&str> {
+        BrokerView::dynamic(self, key)
+    }
+
+    fn sources(&self, key: &str) -> Vec<ConfigSynonym> {
+        BrokerView::sources(self, key)
     }
 }
 

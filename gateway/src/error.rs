@@ -185,9 +185,15 @@ pub enum ApiError {
     SecurityDisabled,
     #[error("the broker did not attempt this operation: another in the request failed")]
     OperationNotAttempted,
-    /// A KIP-848 consumer group refused the request (its own code).
-    #[error("{0}")]
-    ConsumerGroup(crate::groups::consumer_protocol::ConsumerGroupError),
+    /// A coordinator's state machine refused the request with a code of
+    /// its choosing and Kafka's message (a KIP-848 group's
+    /// FENCED_MEMBER_EPOCH, say). Coded here so that this, the lowest
+    /// module, names no coordinator's own error type.
+    #[error("{message}")]
+    Coded {
+        code: ResponseError,
+        message: String,
+    },
 }
 
 impl ApiError {
@@ -261,7 +267,7 @@ impl ApiError {
             ApiError::TransactionalIdAuthorizationFailed => K::TransactionalIdAuthorizationFailed,
             ApiError::SecurityDisabled => K::SecurityDisabled,
             ApiError::OperationNotAttempted => K::OperationNotAttempted,
-            ApiError::ConsumerGroup(e) => e.kafka(),
+            ApiError::Coded { code, .. } => *code,
         }
     }
 

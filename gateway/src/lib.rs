@@ -2,9 +2,9 @@
 //! handler per Kafka API, partition -> range routing, and the binary.
 
 pub mod admin;
+pub mod admin_auth;
 pub mod alter_config;
 pub mod api;
-pub mod append;
 pub mod authz;
 pub mod broker;
 pub mod config;
@@ -23,13 +23,14 @@ pub mod peer;
 pub mod producer_ids;
 pub mod quotas;
 pub mod range_policy;
-pub mod ranges;
+pub mod request_context;
 pub mod sasl;
 pub mod server;
 pub mod tls;
 pub mod topic_config;
 pub mod txn;
 pub mod users;
+pub mod wire;
 
 use std::sync::Arc;
 
@@ -110,7 +111,7 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
         }
     }
     tokio::spawn(admin::serve(admin_listener, broker.clone()));
-    tokio::spawn(ranges::run_range_policy(broker.clone()));
+    tokio::spawn(crate::broker::ranges::run_range_policy(broker.clone()));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut servers = Vec::new();
     let limits = connection_limits::ConnectionLimits::new(

@@ -89,6 +89,14 @@ enum Command {
         /// The broker's admin listener.
         #[arg(long, default_value = "127.0.0.1:9644")]
         admin: String,
+        /// A user of the broker (a PLAIN user of a listener, or a SCRAM
+        /// user) for HTTP Basic authentication: needed on a broker with a
+        /// SASL or SSL listener.
+        #[arg(long, env = "TESSERA_ADMIN_USER")]
+        user: Option<String>,
+        /// That user's password.
+        #[arg(long, env = "TESSERA_ADMIN_PASSWORD", hide_env_values = true)]
+        password: Option<String>,
         #[command(subcommand)]
         action: RangesAction,
     },
@@ -171,10 +179,36 @@ fn migrate_command(
 }
 
 /// One request to the admin port; returns the status line and the body.
-fn admin_request(admin: &str, method: &str, target: &str) -> anyhow::Result<(String, String)> {
+/// HTTP Basic credentials for the admin port.
+struct AdminLogin<'a> {
+    user: Option<&'a str>,
+    password: Option<&'a str>,
+}
+
+impl AdminLogin<'_> {
+    fn header(&self) -> String {
+        use base64::Engine;
+        match self.user {
+            None => String::new(),
+            Some(user) => {
+                let token = base64::engine::general_purpose::STANDARD
+                    .encode(format!("{user}:{}", self.password.unwrap_or("")));
+                format!("Authorization: Basic {token}\r\n")
+            }
+        }
+    }
+}
+
+fn admin_request(
+    admin: &str,
+    login: &AdminLogin<'_>,
+    method: &str,
+    target: &str,
+) -> anyhow::Result<(String, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(admin)?;
-    write!(stream, "{method} {target} HTTP/1.1\r\nHost: {admin}\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")?;
+    let auth = login.header();
+    write!(stream, "{method} {target} HTTP/1.1\r\nHost: {admin}\r\n{auth}Content-Length: 0\r\nConnection: close\r\n\r\n")?;
     let mut response = String::new();
     stream.read_to_string(&mut response)?;
     let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
@@ -184,15 +218,25 @@ fn admin_request(admin: &str, method: &str, target: &str) -> anyhow::Result<(Str
     ))
 }
 
-fn ranges_command(admin: &str, action: &RangesAction) -> anyhow::Result<()> {
+fn ranges_command(
+    admin: &str,
+    login: &AdminLogin<'_>,
+    action: &RangesAction,
+) -> anyhow::Result<()> {
     let (status, body) = match action {
-        RangesAction::List => admin_request(admin, "GET", "/ranges")?,
+        RangesAction::List => admin_request(admin, login, "GET", "/ranges")?,
         RangesAction::Split { range, at } => {
             let at = at.map(|a| format!("&at={a}")).unwrap_or_default();
-            admin_request(admin, "POST", &format!("/ranges/split?range={range}{at}"))?
+            admin_request(
+                admin,
+                login,
+                "POST",
+                &format!("/ranges/split?range={range}{at}"),
+            )?
         }
         RangesAction::Merge { left, right } => admin_request(
             admin,
+            login,
             "POST",
             &format!("/ranges/merge?left={left}&right={right}"),
         )?,
@@ -201,7 +245,7 @@ fn ranges_command(admin: &str, action: &RangesAction) -> anyhow::Result<()> {
         anyhow::bail!("{status}: {body}");
     }
     if let RangesAction::List = action {
-        let ranges: Vec<tessera_gateway::ranges::RangeInfo> = serde_json::from_str(&body)?;
+        let ranges: Vec<tessera_gateway::broker::ranges::RangeInfo> = serde_json::from_str(&body)?;
         println!(
             "{:>6}  {:<30} {:>8} {:>8}  {:<7} {:>5} {:>8} {:>14}  parents",
             "range", "topic", "lo", "hi", "state", "epoch", "segments", "bytes"
@@ -377,8 +421,18 @@ fn main() -> anyhow::Result<()> {
     if let Some(Command::Migrate { args, action }) = &cli.command {
         migrate_command(args, action);
     }
-    if let Some(Command::Ranges { admin, action }) = &cli.command {
-        if let Err(e) = ranges_command(admin, action) {
+    if let Some(Command::Ranges {
+        admin,
+        user,
+        password,
+        action,
+    }) = &cli.command
+    {
+        let login = AdminLogin {
+            user: user.as_deref(),
+            password: password.as_deref(),
+        };
+        if let Err(e) = ranges_command(admin, &login, action) {
             eprintln!("error: {e}");
             std::process::exit(1);
         }

@@ -45,6 +45,8 @@ pub struct Metrics {
     /// TLS handshakes that failed or timed out (plaintext on a TLS port,
     /// a refused client certificate).
     pub tls_handshake_failures: AtomicU64,
+    /// Admin HTTP requests refused (401 or 403).
+    pub admin_requests_refused: AtomicU64,
     /// KIP-368: re-authentications that succeeded / failed, and
     /// connections closed because their session expired un-renewed.
     pub reauthentications_succeeded: AtomicU64,
@@ -96,6 +98,7 @@ impl Default for Metrics {
             authentications_succeeded: AtomicU64::new(0),
             authentications_failed: AtomicU64::new(0),
             tls_handshake_failures: AtomicU64::new(0),
+            admin_requests_refused: AtomicU64::new(0),
             reauthentications_succeeded: AtomicU64::new(0),
             reauthentications_failed: AtomicU64::new(0),
             expired_sessions_killed: AtomicU64::new(0),
@@ -209,6 +212,11 @@ impl Metrics {
                 "tessera_failed_authentication_total",
                 "SASL authentications refused: wrong credentials, a disabled mechanism, a request before authentication (Kafka's failed-authentication-total).",
                 &self.authentications_failed,
+            ),
+            (
+                "tessera_admin_requests_refused_total",
+                "Admin HTTP requests answered 401 (no or wrong credentials) or 403 (the ACLs deny the principal).",
+                &self.admin_requests_refused,
             ),
             (
                 "tessera_tls_handshake_failures_total",

@@ -18,13 +18,14 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
 
-use crate::api::{self, Connection, Reply};
+use crate::api::{self, Reply};
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::connection_limits::ConnectionLimits;
 use crate::inter_broker::admission::{admit_replication, Peer};
 use crate::listeners::Listener;
 use crate::metrics::Metrics;
+use crate::request_context::Connection;
 use crate::sasl::{Action, Authenticator, Event};
 use crate::tls::ListenerTls;
 
@@ -322,16 +323,17 @@ async fn connection<R, W>(
             }
         }
         // In request order: decode, and a produce's appends; the rest runs concurrently.
-        let in_flight = api::CONNECTION
+        let in_flight = crate::request_context::CONNECTION
             .scope(
                 context.clone(),
-                api::PEER.scope(
+                crate::request_context::PEER.scope(
                     peer.unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
                     api::start_frame(&broker, frame),
                 ),
             )
             .await;
-        let handle = tokio::spawn(api::CONNECTION.scope(context.clone(), in_flight));
+        let handle =
+            tokio::spawn(crate::request_context::CONNECTION.scope(context.clone(), in_flight));
         if tx.send(handle).await.is_err() {
             break;
         }

@@ -4,8 +4,23 @@
 use std::borrow::Cow;
 use std::collections::BTreeMap;
 
-use crate::dynamic_config::BrokerView;
+use crate::config::BrokerConfig;
 use crate::error::ApiError;
+
+/// What a topic's configs fall back to: the broker's values (Kafka's
+/// `LogConfig` defaults taken from `KafkaConfig`). Implemented by
+/// `dynamic_config::BrokerView`; a trait so that this module, below the
+/// broker's dynamic configs, does not import them.
+pub trait BrokerDefaults {
+    /// The broker's static config.
+    fn config(&self) -> &BrokerConfig;
+    /// The dynamic value of broker key `key` (this broker's, else the
+    /// cluster-wide default).
+    fn dynamic(&self, key: &str) -> Option<&str>;
+    /// Every source with a value for broker key `key`, highest precedence
+    /// first.
+    fn sources(&self, key: &str) -> Vec<ConfigSynonym>;
+}
 
 /// Kafka's limit on a topic name's length.
 pub const MAX_TOPIC_NAME_LEN: usize = 249;
@@ -522,7 +537,7 @@ pub struct DescribedConfig {
 /// STATIC_BROKER_CONFIG, DEFAULT_CONFIG), else Kafka's default.
 pub fn describe_topic_configs(
     topic: &BTreeMap<String, String>,
-    broker: &BrokerView<'_>,
+    broker: &dyn BrokerDefaults,
 ) -> Vec<DescribedConfig> {
     TOPIC_CONFIGS
         .iter()
@@ -593,7 +608,7 @@ pub fn compression_codec(value: &str) -> Option<i16> {
 impl EffectiveTopicConfig {
     pub fn resolve(
         topic: &BTreeMap<String, String>,
-        broker: &BrokerView<'_>,
+        broker: &dyn BrokerDefaults,
     ) -> EffectiveTopicConfig {
         let num = |key: &str, broker_key: &str, fallback: i64| {
             topic
@@ -602,7 +617,7 @@ impl EffectiveTopicConfig {
                 .or_else(|| broker.dynamic(broker_key)?.trim().parse().ok())
                 .unwrap_or(fallback)
         };
-        let c = broker.config;
+        let c = broker.config();
         let ts_type = topic
             .get("message.timestamp.type")
             .map(String::as_str)
@@ -677,7 +692,10 @@ pub struct CompactionConfig {
 }
 
 impl CompactionConfig {
-    pub fn resolve(topic: &BTreeMap<String, String>, broker: &BrokerView<'_>) -> CompactionConfig {
+    pub fn resolve(
+        topic: &BTreeMap<String, String>,
+        broker: &dyn BrokerDefaults,
+    ) -> CompactionConfig {
         let value = |key: &str, broker_key: &str| -> String {
             topic
                 .get(key)
@@ -692,7 +710,7 @@ impl CompactionConfig {
             .get("cleanup.policy")
             .map(String::as_str)
             .or_else(|| broker.dynamic("log.cleanup.policy"))
-            .unwrap_or(&broker.config.log_cleanup_policy)
+            .unwrap_or(&broker.config().log_cleanup_policy)
             .to_string();
         CompactionConfig {
             compact: policy.split(',').any(|p| p.trim() == "compact"),
@@ -725,6 +743,7 @@ impl CompactionConfig {
 mod tests {
     use super::*;
     use crate::config::BrokerConfig;
+    use crate::dynamic_config::BrokerView;
     use tessera_metadata::{MetadataImage, MetadataRecord};
 
     #[test]

@@ -24,8 +24,10 @@ const OFF_RECORD_COUNT: usize = 57;
 
 /// Attribute bit that marks LogAppendTime.
 const TIMESTAMP_TYPE_BIT: i16 = 0x08;
-const TRANSACTIONAL_BIT: i16 = 0x10;
-const CONTROL_BIT: i16 = 0x20;
+/// Attribute bit of a transactional batch.
+pub const TRANSACTIONAL_BIT: i16 = 0x10;
+/// Attribute bit of a control batch (transaction markers).
+pub const CONTROL_BIT: i16 = 0x20;
 
 /// The decoded fixed header of one v2 record batch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -229,6 +229,87 @@ pub fn encode_batch(
     Ok(b)
 }
 
+/// One record's key and value.
+pub type KeyValue<'a> = (Option<&'a [u8]>, Option<&'a [u8]>);
+
+/// An uncompressed v2 batch of `records` (key, value) at offsets 0.., all
+/// at `timestamp`, with the given producer fields and attributes: the
+/// batches coordinators write themselves (Kafka's `MemoryRecords.withRecords`
+/// and `withTransactionalRecords`).
+pub fn build_batch(
+    producer_id: i64,
+    epoch: i16,
+    base_sequence: i32,
+    attributes: i16,
+    timestamp: i64,
+    records: &[KeyValue<'_>],
+) -> Vec<u8> {
+    let header = BatchHeader {
+        base_offset: 0,
+        batch_length: 0,
+        partition_leader_epoch: -1,
+        magic: 2,
+        crc: 0,
+        attributes: attributes & !COMPRESSION_MASK,
+        last_offset_delta: records.len() as i32 - 1,
+        base_timestamp: timestamp,
+        max_timestamp: timestamp,
+        producer_id,
+        producer_epoch: epoch,
+        base_sequence,
+        record_count: records.len() as i32,
+    };
+    let records: Vec<Record> = records
+        .iter()
+        .enumerate()
+        .map(|(i, (key, value))| Record {
+            attributes: 0,
+            timestamp,
+            offset: i as i64,
+            key: key.map(Bytes::copy_from_slice),
+            value: value.map(Bytes::copy_from_slice),
+            headers: Bytes::from_static(&[0]), // no headers
+        })
+        .collect();
+    encode_batch(&header, &records, None).expect("an uncompressed batch encodes")
+}
+
+/// A COMMIT or ABORT marker (Kafka's `EndTransactionMarker`): a control
+/// batch of one record, key `[version 0][type: 0 abort, 1 commit]`, value
+/// `[version 0][coordinator epoch]`.
+pub fn end_txn_marker(
+    producer_id: i64,
+    epoch: i16,
+    commit: bool,
+    coordinator_epoch: i32,
+    timestamp: i64,
+) -> Vec<u8> {
+    let key = [0u8, 0, 0, commit as u8];
+    let mut value = vec![0u8, 0];
+    value.extend_from_slice(&coordinator_epoch.to_be_bytes());
+    build_batch(
+        producer_id,
+        epoch,
+        -1,
+        batch::TRANSACTIONAL_BIT | batch::CONTROL_BIT,
+        timestamp,
+        &[(Some(&key), Some(&value))],
+    )
+}
+
+/// The marker type of a control record's key: `Some(true)` COMMIT,
+/// `Some(false)` ABORT, None for a key that is neither.
+pub fn marker_is_commit(key: &[u8]) -> Option<bool> {
+    if key.len() < 4 {
+        return None;
+    }
+    match i16::from_be_bytes([key[2], key[3]]) {
+        0 => Some(false),
+        1 => Some(true),
+        _ => None,
+    }
+}
+
 /// Kafka's codec ids in a batch's attributes.
 pub mod codec {
     pub const NONE: i16 = 0;
@@ -348,5 +429,52 @@ mod tests {
                 prop_assert_eq!(out, original);
             }
         }
+    }
+
+    #[test]
+    fn end_txn_marker_is_a_valid_marker() {
+        use kafka_protocol::records::RecordBatchDecoder;
+        for commit in [true, false] {
+            let b = end_txn_marker(77, 5, commit, 3, 1234);
+            let header = batch::validate(&b).unwrap();
+            assert!(header.is_control() && header.is_transactional());
+            assert_eq!((header.producer_id, header.producer_epoch), (77, 5));
+            assert_eq!(batch::control_marker_is_commit(&b), Some(commit));
+            let mut bytes = Bytes::from(b);
+            let sets = RecordBatchDecoder::decode_all(&mut bytes).unwrap();
+            let r = &sets[0].records[0];
+            assert!(r.control);
+            assert_eq!(marker_is_commit(r.key.as_ref().unwrap()), Some(commit));
+            assert_eq!(&r.value.as_ref().unwrap()[..], &[0, 0, 0, 0, 0, 3]);
+        }
+        assert_eq!(marker_is_commit(&[0, 0, 0, 7]), None);
+        assert_eq!(marker_is_commit(&[0, 0]), None);
+    }
+
+    #[test]
+    fn a_built_transactional_batch_decodes() {
+        use kafka_protocol::records::RecordBatchDecoder;
+        let b = build_batch(
+            9,
+            1,
+            4,
+            batch::TRANSACTIONAL_BIT,
+            99,
+            &[(Some(b"k1"), Some(b"v1")), (Some(b"k2"), None)],
+        );
+        let header = batch::validate(&b).unwrap();
+        assert!(header.is_transactional() && !header.is_control());
+        assert_eq!(header.base_sequence, 4);
+        assert_eq!((header.base_timestamp, header.max_timestamp), (99, 99));
+        assert_eq!(header.partition_leader_epoch, -1);
+        let mut bytes = Bytes::from(b);
+        let sets = RecordBatchDecoder::decode_all(&mut bytes).unwrap();
+        let rs = &sets[0].records;
+        assert_eq!(rs.len(), 2);
+        assert!(rs[0].transactional);
+        assert_eq!(rs[0].producer_id, 9);
+        assert_eq!(rs[1].offset, 1);
+        assert!(rs[1].value.is_none());
+        assert!(rs[1].headers.is_empty());
     }
 }

@@ -7,8 +7,9 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
 use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader};
 
-use super::{encode_response, SUPPORTED_APIS};
+use super::SUPPORTED_APIS;
 use crate::broker::Broker;
+use crate::wire::encode_response;
 
 fn api_list() -> Vec<ApiVersion> {
     SUPPORTED_APIS

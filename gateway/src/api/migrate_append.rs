@@ -28,7 +28,7 @@ use kafka_protocol::protocol::{Decodable, Encodable, StrBytes};
 use tessera_log::batch;
 
 use super::{InFlight, Reply};
-use crate::append::DurabilityWaits;
+use crate::broker::append::DurabilityWaits;
 use crate::broker::{Broker, PartitionRoute};
 use crate::error::ApiError;
 use crate::metrics::Metrics;

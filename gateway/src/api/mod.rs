@@ -57,11 +57,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 
-use bytes::{BufMut, Bytes, BytesMut};
-use kafka_protocol::messages::{ApiKey, RequestHeader, ResponseHeader};
+use bytes::Bytes;
+use kafka_protocol::messages::{ApiKey, RequestHeader};
 use kafka_protocol::protocol::{Decodable, Encodable};
 
 use crate::broker::Broker;
+use crate::request_context::client_host;
+use crate::wire::try_encode_response;
 
 /// What the connection does with a request's outcome.
 pub enum Reply {
@@ -144,38 +146,6 @@ pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
         .map(|(_, lo, hi)| (*lo, *hi))
 }
 
-/// Encodes a response frame: size, header (in the API's header version), body.
-pub fn encode_response<R: Encodable>(
-    api: ApiKey,
-    version: i16,
-    correlation_id: i32,
-    body: &R,
-) -> Bytes {
-    try_encode_response(api, version, correlation_id, body)
-        .expect("response encodes in its own version")
-}
-
-/// Like [`encode_response`], but a body that does not fit the version (a
-/// handler bug) becomes an error instead of a panic.
-pub fn try_encode_response<R: Encodable>(
-    api: ApiKey,
-    version: i16,
-    correlation_id: i32,
-    body: &R,
-) -> anyhow::Result<Bytes> {
-    let header_version = api.response_header_version(version);
-    let header = ResponseHeader::default().with_correlation_id(correlation_id);
-    let size =
-        header.compute_size(header_version).unwrap_or(0) + body.compute_size(version).unwrap_or(0);
-    let mut buf = BytesMut::with_capacity(4 + size);
-    buf.put_i32(0);
-    header.encode(&mut buf, header_version)?;
-    body.encode(&mut buf, version)?;
-    let len = (buf.len() - 4) as i32;
-    buf[0..4].copy_from_slice(&len.to_be_bytes());
-    Ok(buf.freeze())
-}
-
 fn frame<R: Encodable>(api: ApiKey, version: i16, correlation_id: i32, body: &R) -> Reply {
     match try_encode_response(api, version, correlation_id, body) {
         Ok(bytes) => Reply::Frame(bytes),
@@ -190,41 +160,6 @@ fn frame<R: Encodable>(api: ApiKey, version: i16, correlation_id: i32, body: &R)
 
 fn decode<R: Decodable>(body: &mut Bytes, version: i16) -> Result<R, Reply> {
     R::decode(body, version).map_err(|e| Reply::Close(format!("malformed request body: {e}")))
-}
-
-tokio::task_local! {
-    /// The peer of the connection whose request is being started (set by
-    /// the connection around [`start_frame`]).
-    pub static PEER: std::net::SocketAddr;
-}
-
-/// The connection a request arrived on: its listener and, once a SASL
-/// listener authenticated it, its principal (`User:<name>`).
-#[derive(Clone, Debug)]
-pub struct Connection {
-    pub listener: Arc<crate::listeners::Listener>,
-    pub principal: Option<Arc<str>>,
-    /// The client's address (ACL host matching).
-    pub peer: Option<std::net::SocketAddr>,
-    /// The connection's quota mute (KIP-219), set by throttled responses.
-    pub throttle: Arc<crate::quotas::ConnectionThrottle>,
-}
-
-tokio::task_local! {
-    /// Set by the connection around the whole handling of each request.
-    pub static CONNECTION: Connection;
-}
-
-/// The listener of the request being handled (None outside a connection,
-/// as in tests that call handlers directly).
-pub fn current_listener() -> Option<Arc<crate::listeners::Listener>> {
-    CONNECTION.try_with(|c| c.listener.clone()).ok()
-}
-
-/// Kafka's form of a client's address (`/127.0.0.1`), for group members.
-fn client_host() -> String {
-    PEER.try_with(|p| format!("/{}", p.ip()))
-        .unwrap_or_else(|_| "/0.0.0.0".to_string())
 }
 
 /// The rest of a request's handling, run concurrently with later requests.
@@ -290,9 +225,13 @@ pub async fn start_frame(broker: &Arc<Broker>, mut frame: Bytes) -> InFlight {
     let in_flight = dispatch(broker, api, header, frame, request_size).await;
     match identity {
         None => in_flight,
-        Some((user, client)) => {
-            crate::quotas::time_request(broker.clone(), user, client, started.elapsed(), in_flight)
-        }
+        Some((user, client)) => Box::pin(crate::quotas::time_request(
+            broker.clone(),
+            user,
+            client,
+            started.elapsed(),
+            in_flight,
+        )),
     }
 }
 
@@ -366,7 +305,10 @@ async fn dispatch(
                 Err(reply) => return ready(reply),
             };
             Box::pin(async move {
-                let response = crate::quotas::fetch_with_quota(&broker, &header, request).await;
+                let response = crate::quotas::fetch_with_quota(&broker, &header, request, |r| {
+                    fetch::handle(&broker, &header, r)
+                })
+                .await;
                 frame(api, v, id, &response)
             })
         }

@@ -12,8 +12,8 @@ use kafka_protocol::protocol::StrBytes;
 use tessera_log::{batch, now_ms};
 use tessera_metadata::RangeId;
 
-use crate::append::DurabilityWaits;
 use crate::authz::{Authz, Op, Resource};
+use crate::broker::append::DurabilityWaits;
 use crate::broker::{Broker, PartitionRoute};
 use crate::error::ApiError;
 use crate::metrics::Metrics;

@@ -11,8 +11,8 @@ use kafka_protocol::messages::write_txn_markers_response::{
 use kafka_protocol::messages::{RequestHeader, WriteTxnMarkersRequest, WriteTxnMarkersResponse};
 
 use crate::authz::{Authz, Op};
+use crate::broker::txn_markers::Markers;
 use crate::broker::Broker;
-use crate::txn::markers::Markers;
 
 pub async fn handle(
     broker: &Arc<Broker>,

@@ -69,7 +69,10 @@ impl From<ConsumerGroupError> for ApiError {
             ConsumerGroupError::GroupIdNotFound(_) => ApiError::GroupIdNotFound,
             ConsumerGroupError::FencedInstanceId(_) => ApiError::FencedInstanceId,
             ConsumerGroupError::GroupMaxSizeReached(_) => ApiError::GroupMaxSizeReached,
-            other => ApiError::ConsumerGroup(other),
+            other => ApiError::Coded {
+                code: other.kafka(),
+                message: other.to_string(),
+            },
         }
     }
 }

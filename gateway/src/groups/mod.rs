@@ -42,6 +42,7 @@ use tokio::sync::{oneshot, Notify, OwnedMutexGuard};
 
 use crate::broker::Broker;
 use crate::config::BrokerConfig;
+use crate::coordinator::store_error;
 use crate::error::ApiError;
 use crate::internal_topics::{partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS};
 
@@ -298,19 +299,6 @@ pub struct GroupCoordinator {
     /// The `__consumer_offsets` partitions whose groups are loaded here
     /// (they load and unload with this broker's leadership of them).
     loaded: crate::coordinator::LoadedPartitions,
-}
-
-/// Maps an append failure to what a group request reports (Kafka's
-/// `appendGroupMetadataErrorToResponseError`).
-pub(crate) fn store_error(e: ApiError) -> ApiError {
-    match e {
-        ApiError::UnknownTopicOrPartition | ApiError::RequestTimedOut => {
-            ApiError::CoordinatorNotAvailable
-        }
-        ApiError::NotLeaderOrFollower | ApiError::Storage(_) => ApiError::NotCoordinator,
-        ApiError::MessageTooLarge(m) => ApiError::UnknownServerError(m),
-        other => other,
-    }
 }
 
 impl GroupCoordinator {
@@ -794,7 +782,7 @@ impl GroupCoordinator {
                     if let Some(commit) = r
                         .key
                         .as_deref()
-                        .and_then(crate::txn::records::marker_is_commit)
+                        .and_then(tessera_log::records::marker_is_commit)
                     {
                         let committed = open_txns.end(r.producer_id, commit);
                         self.replay_committed(&mut states, committed, now);

@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::broker::Broker;
+use crate::coordinator::store_error;
 use crate::error::ApiError;
 use crate::groups::records::{CoordinatorRecord, OffsetCommitValue};
-use crate::groups::{store_error, Create, GroupCoordinator};
+use crate::groups::{Create, GroupCoordinator};
 
 /// One committed offset.
 #[derive(Clone, Debug, PartialEq, Eq)]

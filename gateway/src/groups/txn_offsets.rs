@@ -12,11 +12,13 @@ use std::collections::HashMap;
 use bytes::Bytes;
 
 use crate::broker::Broker;
+use crate::coordinator::store_error;
 use crate::error::ApiError;
 use crate::groups::offsets::{CommittedOffset, PartitionCommit, PartitionResults};
 use crate::groups::records::CoordinatorRecord;
-use crate::groups::{store_error, Create, GroupCoordinator, GroupState};
-use crate::txn::records::{encode_batch, KeyValue, ATTR_TRANSACTIONAL};
+use crate::groups::{Create, GroupCoordinator, GroupState};
+use tessera_log::batch::TRANSACTIONAL_BIT;
+use tessera_log::records::{build_batch, KeyValue};
 
 /// One offset waiting for its transaction to end.
 #[derive(Clone, Debug)]
@@ -180,11 +182,11 @@ impl GroupCoordinator {
                 .iter()
                 .map(|(k, v)| (k.as_deref(), v.as_deref()))
                 .collect();
-            let bytes = encode_batch(
+            let bytes = build_batch(
                 req.producer_id,
                 req.producer_epoch,
                 sequence,
-                ATTR_TRANSACTIONAL,
+                TRANSACTIONAL_BIT,
                 tessera_log::now_ms(),
                 &kv,
             );

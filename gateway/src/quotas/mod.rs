@@ -265,43 +265,11 @@ impl QuotaManager {
     }
 }
 
-/// A connection's mute (KIP-219): until when the connection reads no
-/// further request.
-#[derive(Debug, Default)]
-pub struct ConnectionThrottle {
-    until: Mutex<Option<Instant>>,
-}
-
-impl ConnectionThrottle {
-    /// Mutes the connection for `ms` from now (a longer mute already set
-    /// stays).
-    pub fn mute_for(&self, ms: u64) {
-        if ms == 0 {
-            return;
-        }
-        let until = Instant::now() + Duration::from_millis(ms);
-        let mut current = self.until.lock();
-        if current.is_none_or(|c| c < until) {
-            *current = Some(until);
-        }
-    }
-
-    /// The end of the mute, if the connection is muted now.
-    pub fn muted_until(&self) -> Option<Instant> {
-        let mut current = self.until.lock();
-        match *current {
-            Some(t) if t > Instant::now() => Some(t),
-            _ => {
-                *current = None;
-                None
-            }
-        }
-    }
-}
+pub use crate::request_context::ConnectionThrottle;
 
 /// The quota identity of the request being handled: (user, client id).
 pub fn current_identity(header: &kafka_protocol::messages::RequestHeader) -> (String, String) {
-    let principal = crate::api::CONNECTION
+    let principal = crate::request_context::CONNECTION
         .try_with(|c| c.principal.clone())
         .ok()
         .flatten();
@@ -316,7 +284,7 @@ pub fn current_identity(header: &kafka_protocol::messages::RequestHeader) -> (St
 
 /// Mutes the connection of the request being handled (no-op outside one).
 pub fn mute_current(ms: u64) {
-    let _ = crate::api::CONNECTION.try_with(|c| c.throttle.mute_for(ms));
+    let _ = crate::request_context::CONNECTION.try_with(|c| c.throttle.mute_for(ms));
 }
 
 /// Records a Produce request's bytes against `producer_byte_rate` and
@@ -348,16 +316,23 @@ pub fn record_produce(
 /// is recorded, and a throttled fetch is answered empty (its bytes taken
 /// back off the sensor) with the throttle time, the connection muted.
 /// Fetches of other brokers (replication) are exempt.
-pub async fn fetch_with_quota(
-    broker: &std::sync::Arc<crate::Broker>,
+/// `handle` is the Fetch handler itself (passed in: the dispatch layer
+/// wraps its handler in the quota, the quota does not call up into it).
+pub async fn fetch_with_quota<Handle, Handled>(
+    broker: &crate::Broker,
     header: &kafka_protocol::messages::RequestHeader,
     mut request: kafka_protocol::messages::FetchRequest,
-) -> kafka_protocol::messages::FetchResponse {
+    handle: Handle,
+) -> kafka_protocol::messages::FetchResponse
+where
+    Handle: FnOnce(kafka_protocol::messages::FetchRequest) -> Handled,
+    Handled: std::future::Future<Output = kafka_protocol::messages::FetchResponse>,
+{
     use kafka_protocol::protocol::Encodable;
     let from_broker = request.replica_id.0 >= 0 || request.replica_state.replica_id.0 >= 0;
     let image = broker.image();
     if from_broker || image.client_quotas.is_empty() {
-        return crate::api::fetch::handle(broker, header, request).await;
+        return handle(request).await;
     }
     let (user, client) = current_identity(header);
     let quotas = &image.client_quotas;
@@ -368,7 +343,7 @@ pub async fn fetch_with_quota(
         let max = max.clamp(1.0, i32::MAX as f64) as i32;
         request.max_bytes = request.max_bytes.min(max);
     }
-    let response = crate::api::fetch::handle(broker, header, request).await;
+    let response = handle(request).await;
     let size = response
         .compute_size(header.request_api_version)
         .unwrap_or(0) as f64;
@@ -392,46 +367,47 @@ pub async fn fetch_with_quota(
 /// reads on, plus the time spent polling the rest: waits are not handling)
 /// against `request_percentage`; a violation mutes the connection (the
 /// response is not changed: only Produce and Fetch report throttle_time_ms).
-pub fn time_request(
+pub async fn time_request<Rest>(
     broker: std::sync::Arc<crate::Broker>,
     user: String,
     client: String,
     before: Duration,
-    in_flight: crate::api::InFlight,
-) -> crate::api::InFlight {
-    Box::pin(async move {
-        let (reply, busy) = Timed {
-            inner: in_flight,
-            busy: before,
-        }
-        .await;
-        let image = broker.image();
-        let throttle = broker.quotas.record(
-            &image.client_quotas,
-            QuotaKind::Request,
-            &user,
-            &client,
-            nanos_to_percentage(busy.as_nanos()),
-        );
-        mute_current(throttle);
-        reply
-    })
+    in_flight: Rest,
+) -> Rest::Output
+where
+    Rest: std::future::Future + Unpin + Send,
+{
+    let (reply, busy) = Timed {
+        inner: in_flight,
+        busy: before,
+    }
+    .await;
+    let image = broker.image();
+    let throttle = broker.quotas.record(
+        &image.client_quotas,
+        QuotaKind::Request,
+        &user,
+        &client,
+        nanos_to_percentage(busy.as_nanos()),
+    );
+    mute_current(throttle);
+    reply
 }
 
 /// A future and the time spent polling it.
-struct Timed {
-    inner: crate::api::InFlight,
+struct Timed<Inner> {
+    inner: Inner,
     busy: Duration,
 }
 
-impl std::future::Future for Timed {
-    type Output = (crate::api::Reply, Duration);
+impl<Inner: std::future::Future + Unpin> std::future::Future for Timed<Inner> {
+    type Output = (Inner::Output, Duration);
     fn poll(
         mut self: std::pin::Pin<&mut Self>,
         cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Self::Output> {
         let started = Instant::now();
-        let polled = self.inner.as_mut().poll(cx);
+        let polled = std::pin::Pin::new(&mut self.inner).poll(cx);
         self.busy += started.elapsed();
         polled.map(|reply| (reply, self.busy))
     }

@@ -30,8 +30,8 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Decodable, StrBytes};
 use tessera_metadata::MetadataImage;
 
-use crate::api::encode_response;
 use crate::listeners::Listener;
+use crate::wire::encode_response;
 use scram::{ScramCredential, ScramMechanism, ScramServer, ScramStep};
 
 /// One mechanism's exchange in progress.

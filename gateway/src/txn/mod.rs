@@ -24,7 +24,6 @@
 //! is accepted only for a partition of its producer's ongoing transaction, at
 //! the producer's current epoch.
 
-pub mod markers;
 pub mod records;
 pub mod state;
 
@@ -36,9 +35,9 @@ use tessera_metadata::TopicImage;
 
 use crate::broker::{Broker, PartitionRoute};
 use crate::config::BrokerConfig;
+use crate::coordinator::store_error;
 use crate::error::ApiError;
-use crate::groups::{store_error, GroupCoordinator};
-use crate::internal_topics::{partition_for, CONSUMER_OFFSETS};
+use crate::internal_topics::{partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS};
 
 use state::{EndDecision, InitDecision, TxnError, TxnMetadata, TxnState};
 
@@ -332,7 +331,8 @@ impl TxnCoordinator {
         epoch: i16,
         group_id: &str,
     ) -> Result<(), ApiError> {
-        let topic = GroupCoordinator::ensure_offsets_topic(broker)
+        let topic = broker
+            .ensure_internal_topic(CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS)
             .await
             .map_err(|_| ApiError::CoordinatorNotAvailable)?;
         let partition = partition_for(group_id, topic.partitions);
@@ -401,7 +401,7 @@ impl TxnCoordinator {
         commit: bool,
     ) -> Result<(), ApiError> {
         let (_, _, coordinator) = self.coordinator_partition(broker, &m.transactional_id)?;
-        let markers = markers::Markers {
+        let markers = crate::broker::txn_markers::Markers {
             producer_id: m.producer_id,
             producer_epoch: m.producer_epoch,
             commit,

@@ -13,8 +13,7 @@ use kafka_protocol::messages::{ProducerId, TopicName, WriteTxnMarkersRequest};
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::RangeId;
 
-use super::records;
-use crate::append::DurabilityWaits;
+use crate::broker::append::DurabilityWaits;
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::internal_topics::CONSUMER_OFFSETS;
@@ -52,7 +51,7 @@ impl Broker {
                     .topic_by_name(topic)
                     .ok_or(ApiError::UnknownTopicOrPartition)?;
                 let route = self.route(&image, t, *partition)?;
-                let mut bytes = records::control_batch(
+                let mut bytes = tessera_log::records::end_txn_marker(
                     m.producer_id,
                     m.producer_epoch,
                     m.commit,

@@ -1,0 +1,141 @@
+//! The internal topics (`__consumer_offsets`, `__transaction_state`) as
+//! coordinators use them: created on first use (compacted, replicated as
+//! Kafka's `AutoTopicCreationManager` creates them), appended to and read
+//! back through the same range logs as any topic. Their names and key
+//! hashing are `crate::internal_topics`.
+
+use crate::broker::{Broker, NewTopic};
+use crate::error::ApiError;
+use bytes::Bytes;
+use indexmap::IndexMap;
+use kafka_protocol::records::{Compression, Record, RecordBatchDecoder, TimestampType};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use tessera_log::now_ms;
+use tessera_metadata::TopicImage;
+
+impl Broker {
+    /// Returns the internal topic, creating it (compacted) if it does not exist.
+    pub async fn ensure_internal_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+    ) -> Result<Arc<TopicImage>, ApiError> {
+        if let Some(t) = self.image().topic_by_name(name) {
+            return Ok(t.clone());
+        }
+        let mut configs = BTreeMap::new();
+        configs.insert("cleanup.policy".to_string(), "compact".to_string());
+        let segment_bytes = if name == crate::txn::TRANSACTION_STATE {
+            self.config.transaction_state_log_segment_bytes
+        } else {
+            self.config.offsets_topic_segment_bytes
+        };
+        configs.insert("segment.bytes".to_string(), segment_bytes.to_string());
+        // Kafka's keys and default (3), capped at the live brokers so that a
+        // single node or a small cluster still gets its coordinators.
+        let wanted = if name == crate::txn::TRANSACTION_STATE {
+            self.config.transaction_state_log_replication_factor
+        } else {
+            self.config.offsets_topic_replication_factor
+        };
+        let live = self.image().brokers.values().filter(|b| !b.fenced).count();
+        let topic = NewTopic {
+            name: name.to_string(),
+            partitions,
+            replication_factor: wanted.clamp(1, live.max(1) as i16),
+            configs,
+        };
+        self.create_or_existing(topic).await
+    }
+
+    /// Appends key/value records to one partition of a topic as one batch
+    /// and waits until it is durable. Returns the batch's base offset.
+    pub async fn append_records(
+        &self,
+        topic: &TopicImage,
+        partition: i32,
+        records: &[(Option<Bytes>, Option<Bytes>)],
+    ) -> Result<i64, ApiError> {
+        if records.is_empty() {
+            return Err(ApiError::InvalidRequest("no records to append".into()));
+        }
+        let now = now_ms();
+        let records: Vec<Record> = records
+            .iter()
+            .enumerate()
+            .map(|(i, (key, value))| Record {
+                transactional: false,
+                control: false,
+                delete_horizon: false,
+                partition_leader_epoch: -1,
+                producer_id: -1,
+                producer_epoch: -1,
+                timestamp_type: TimestampType::Creation,
+                offset: i as i64,
+                // The encoder starts a new batch whenever `offset - sequence`
+                // changes; this keeps every record in one batch whose base
+                // sequence is -1 (no idempotent producer).
+                sequence: i as i32 - 1,
+                timestamp: now,
+                key: key.clone(),
+                value: value.clone(),
+                headers: IndexMap::new(),
+            })
+            .collect();
+        let buf = tessera_log::records::encode_v2(&records, Compression::None)
+            .map_err(|e| ApiError::Storage(format!("encoding internal records: {e}")))?;
+        let image = self.image();
+        let route = self.route(&image, topic, partition)?;
+        self.append_durably(&route, partition as u32, buf.to_vec())
+            .await
+    }
+
+    /// Reads every record of one partition from its log start to its high
+    /// watermark, decoded, with their offsets (for coordinator replay).
+    pub fn read_records(
+        &self,
+        topic: &TopicImage,
+        partition: i32,
+    ) -> Result<Vec<Record>, ApiError> {
+        let image = self.image();
+        let route = self.route(&image, topic, partition)?;
+        let p = partition as u32;
+        let mut offset = route.log.offsets(p)?.log_start;
+        let mut out = Vec::new();
+        loop {
+            let read = route.log.read(p, offset, 1 << 20)?;
+            if read.records.is_empty() {
+                return Ok(out);
+            }
+            // The next read starts past the last batch's last offset, not its
+            // last record's: a compacted batch keeps its lastOffsetDelta
+            // while records at its end are gone, and a retained empty batch
+            // has none.
+            let mut next = offset;
+            for range in tessera_log::batch::split_batches(&read.records)
+                .map_err(|e| ApiError::CorruptMessage(format!("stored batch: {e}")))?
+            {
+                let header = tessera_log::batch::parse_header(&read.records[range])
+                    .map_err(|e| ApiError::CorruptMessage(format!("stored batch: {e}")))?;
+                next = next.max(header.last_offset() + 1);
+            }
+            let mut buf: Bytes = read.records;
+            let sets = RecordBatchDecoder::decode_all(&mut buf).map_err(|e| {
+                ApiError::CorruptMessage(format!("stored batch does not decode: {e}"))
+            })?;
+            for set in sets {
+                for r in set.records {
+                    next = next.max(r.offset + 1);
+                    if r.offset >= offset {
+                        out.push(r);
+                    }
+                }
+            }
+            if next <= offset {
+                return Ok(out);
+            }
+            offset = next;
+        }
+    }
+}
