@@ -1,14 +1,118 @@
-//! What the group and transaction coordinators share about leadership: a
-//! coordinator serves the ids that hash to the internal partitions this
-//! broker leads, and only once their state is loaded from the log. The
-//! broker's reconcile pass loads a partition when this broker starts to lead
-//! it and unloads it when it stops (see `broker/reconcile.rs`).
+//! What the group and transaction coordinators share: the
+//! [`PartitionWriter`] they see the broker through (Kafka's
+//! `coordinator-common` seam), and leadership: a coordinator serves the ids
+//! that hash to the internal partitions this broker leads, and only once
+//! their state is loaded from the log. The broker's reconcile pass loads a
+//! partition when this broker starts to lead it and unloads it when it
+//! stops (see `broker/reconcile.rs`).
 
 use std::collections::BTreeSet;
+use std::future::Future;
+use std::sync::Arc;
 
+use bytes::Bytes;
+use kafka_protocol::records::Record;
 use parking_lot::RwLock;
+use tessera_metadata::{MetadataImage, TopicImage};
 
 use crate::error::ApiError;
+
+/// What a coordinator needs of the partitions it keeps its state in
+/// (Kafka's `PartitionWriter`, "the minimum required for coordinators"):
+/// implemented over the broker's range logs in `broker/internal_topics.rs`,
+/// and in memory by the coordinators' tests.
+pub trait PartitionWriter: Send + Sync {
+    /// The committed metadata image.
+    fn image(&self) -> Arc<MetadataImage>;
+
+    /// Ok when this broker leads `partition` of `topic` (and so may
+    /// coordinate what hashes to it).
+    fn check_leader(
+        &self,
+        image: &MetadataImage,
+        topic: &TopicImage,
+        partition: i32,
+    ) -> Result<(), ApiError>;
+
+    /// The internal topic `name`, created (compacted) if it does not exist.
+    fn ensure_internal_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+    ) -> impl Future<Output = Result<Arc<TopicImage>, ApiError>> + Send;
+
+    /// Appends `records` as one batch and waits until it is durable as the
+    /// topic's `acks=all` requires; the batch's base offset.
+    fn append_records(
+        &self,
+        topic: &TopicImage,
+        partition: i32,
+        records: &[(Option<Bytes>, Option<Bytes>)],
+    ) -> impl Future<Output = Result<i64, ApiError>> + Send;
+
+    /// Appends `records` as one transactional batch of `producer_id` at
+    /// `producer_epoch` (at its next sequence in the partition) and waits
+    /// until it is durable; its base offset. Transactional offset commits.
+    fn append_transactional(
+        &self,
+        topic: &TopicImage,
+        partition: i32,
+        producer_id: i64,
+        producer_epoch: i16,
+        records: &[(Option<Bytes>, Option<Bytes>)],
+    ) -> impl Future<Output = Result<i64, ApiError>> + Send;
+
+    /// Every record of a partition this broker leads, in offset order
+    /// (what a coordinator replays when it starts to lead it).
+    fn read_records(&self, topic: &TopicImage, partition: i32) -> Result<Vec<Record>, ApiError>;
+}
+
+impl<W: PartitionWriter + ?Sized> PartitionWriter for Arc<W> {
+    fn image(&self) -> Arc<MetadataImage> {
+        (**self).image()
+    }
+
+    fn check_leader(
+        &self,
+        image: &MetadataImage,
+        topic: &TopicImage,
+        partition: i32,
+    ) -> Result<(), ApiError> {
+        (**self).check_leader(image, topic, partition)
+    }
+
+    fn ensure_internal_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+    ) -> impl Future<Output = Result<Arc<TopicImage>, ApiError>> + Send {
+        (**self).ensure_internal_topic(name, partitions)
+    }
+
+    fn append_records(
+        &self,
+        topic: &TopicImage,
+        partition: i32,
+        records: &[(Option<Bytes>, Option<Bytes>)],
+    ) -> impl Future<Output = Result<i64, ApiError>> + Send {
+        (**self).append_records(topic, partition, records)
+    }
+
+    fn append_transactional(
+        &self,
+        topic: &TopicImage,
+        partition: i32,
+        producer_id: i64,
+        producer_epoch: i16,
+        records: &[(Option<Bytes>, Option<Bytes>)],
+    ) -> impl Future<Output = Result<i64, ApiError>> + Send {
+        (**self).append_transactional(topic, partition, producer_id, producer_epoch, records)
+    }
+
+    fn read_records(&self, topic: &TopicImage, partition: i32) -> Result<Vec<Record>, ApiError> {
+        (**self).read_records(topic, partition)
+    }
+}
 
 /// The internal partitions whose coordinator state is loaded.
 #[derive(Default)]

@@ -4,15 +4,20 @@
 //! back through the same range logs as any topic. Their names and key
 //! hashing are `crate::internal_topics`.
 
-use crate::broker::{Broker, NewTopic};
-use crate::error::ApiError;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
 use bytes::Bytes;
 use indexmap::IndexMap;
 use kafka_protocol::records::{Compression, Record, RecordBatchDecoder, TimestampType};
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use tessera_log::batch::TRANSACTIONAL_BIT;
 use tessera_log::now_ms;
-use tessera_metadata::TopicImage;
+use tessera_log::records::{build_batch, KeyValue};
+use tessera_metadata::{MetadataImage, TopicImage};
+
+use crate::broker::{Broker, NewTopic};
+use crate::coordinator::PartitionWriter;
+use crate::error::ApiError;
 
 impl Broker {
     /// Returns the internal topic, creating it (compacted) if it does not exist.
@@ -137,5 +142,79 @@ impl Broker {
             }
             offset = next;
         }
+    }
+}
+
+/// The coordinators' view of the broker: its internal topics, through the
+/// same range logs as any topic.
+impl PartitionWriter for Broker {
+    fn image(&self) -> Arc<MetadataImage> {
+        Broker::image(self)
+    }
+
+    fn check_leader(
+        &self,
+        image: &MetadataImage,
+        topic: &TopicImage,
+        partition: i32,
+    ) -> Result<(), ApiError> {
+        self.route(image, topic, partition).map(|_| ())
+    }
+
+    async fn ensure_internal_topic(
+        &self,
+        name: &str,
+        partitions: u32,
+    ) -> Result<Arc<TopicImage>, ApiError> {
+        Broker::ensure_internal_topic(self, name, partitions).await
+    }
+
+    async fn append_records(
+        &self,
+        topic: &TopicImage,
+        partition: i32,
+        records: &[(Option<Bytes>, Option<Bytes>)],
+    ) -> Result<i64, ApiError> {
+        Broker::append_records(self, topic, partition, records).await
+    }
+
+    async fn append_transactional(
+        &self,
+        topic: &TopicImage,
+        partition: i32,
+        producer_id: i64,
+        producer_epoch: i16,
+        records: &[(Option<Bytes>, Option<Bytes>)],
+    ) -> Result<i64, ApiError> {
+        let route = self.route(&self.image(), topic, partition)?;
+        // The producer's next sequence in this partition (a new epoch starts at 0).
+        let sequence = route
+            .log
+            .producers(partition as u32)?
+            .into_iter()
+            .find(|(id, _)| *id == producer_id)
+            .and_then(|(_, e)| {
+                (e.epoch == producer_epoch)
+                    .then(|| e.batches.back().map(|b| b.last_seq.wrapping_add(1)))
+                    .flatten()
+            })
+            .unwrap_or(0);
+        let kv: Vec<KeyValue<'_>> = records
+            .iter()
+            .map(|(k, v)| (k.as_deref(), v.as_deref()))
+            .collect();
+        let batch = build_batch(
+            producer_id,
+            producer_epoch,
+            sequence,
+            TRANSACTIONAL_BIT,
+            now_ms(),
+            &kv,
+        );
+        self.append_durably(&route, partition as u32, batch).await
+    }
+
+    fn read_records(&self, topic: &TopicImage, partition: i32) -> Result<Vec<Record>, ApiError> {
+        Broker::read_records(self, topic, partition)
     }
 }

@@ -42,7 +42,7 @@ use tokio::sync::{oneshot, Notify, OwnedMutexGuard};
 
 use crate::broker::Broker;
 use crate::config::BrokerConfig;
-use crate::coordinator::store_error;
+use crate::coordinator::{store_error, PartitionWriter};
 use crate::error::ApiError;
 use crate::internal_topics::{partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS};
 
@@ -337,34 +337,34 @@ impl GroupCoordinator {
     }
 
     /// The `__consumer_offsets` partition of a group, if this broker leads it.
-    pub fn coordinator_partition(
+    pub fn coordinator_partition<W: PartitionWriter + ?Sized>(
         &self,
-        broker: &Broker,
+        writer: &W,
         group_id: &str,
     ) -> Result<(Arc<TopicImage>, i32), ApiError> {
-        let image = broker.image();
+        let image = writer.image();
         let topic = image
             .topic_by_name(CONSUMER_OFFSETS)
             .cloned()
             .ok_or(ApiError::CoordinatorNotAvailable)?;
         let partition = partition_for(group_id, topic.partitions);
-        broker
-            .route(&image, &topic, partition)
+        writer
+            .check_leader(&image, &topic, partition)
             .map_err(|_| ApiError::NotCoordinator)?;
         self.loaded.check(partition)?;
         Ok((topic, partition))
     }
 
     /// Appends records to the group's partition and waits until they are durable.
-    async fn append(
+    async fn append<W: PartitionWriter + ?Sized>(
         &self,
-        broker: &Broker,
+        writer: &W,
         group_id: &str,
         records: Vec<CoordinatorRecord>,
     ) -> Result<(), ApiError> {
-        let (topic, partition) = self.coordinator_partition(broker, group_id)?;
+        let (topic, partition) = self.coordinator_partition(writer, group_id)?;
         let kv: Vec<(Option<Bytes>, Option<Bytes>)> = records.iter().map(|r| r.encode()).collect();
-        broker.append_records(&topic, partition, &kv).await?;
+        writer.append_records(&topic, partition, &kv).await?;
         Ok(())
     }
 
@@ -756,9 +756,13 @@ impl GroupCoordinator {
     /// Replays `partitions` of `__consumer_offsets` (which this broker
     /// now leads) to rebuild their groups and committed offsets; requests
     /// for their groups are served from then on.
-    pub async fn load_partitions(&self, broker: &Broker, partitions: &[i32]) -> anyhow::Result<()> {
+    pub async fn load_partitions<W: PartitionWriter + ?Sized>(
+        &self,
+        writer: &W,
+        partitions: &[i32],
+    ) -> anyhow::Result<()> {
         let started = Instant::now();
-        let image = broker.image();
+        let image = writer.image();
         let Some(topic) = image.topic_by_name(CONSUMER_OFFSETS).cloned() else {
             return Ok(());
         };
@@ -768,7 +772,7 @@ impl GroupCoordinator {
         // Transactional offset commits wait for their marker.
         let mut open_txns = txn_offsets::LoadPending::default();
         for &partition in partitions {
-            let stored = match broker.read_records(&topic, partition) {
+            let stored = match writer.read_records(&topic, partition) {
                 Ok(r) => r,
                 Err(ApiError::NotLeaderOrFollower) => continue,
                 Err(e) => {

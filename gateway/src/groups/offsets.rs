@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::broker::Broker;
-use crate::coordinator::store_error;
+use crate::coordinator::{store_error, PartitionWriter};
 use crate::error::ApiError;
 use crate::groups::records::{CoordinatorRecord, OffsetCommitValue};
 use crate::groups::{Create, GroupCoordinator};
@@ -180,12 +180,16 @@ impl GroupCoordinator {
     }
 
     /// OffsetCommit: validate, append, then apply.
-    pub async fn commit_offsets(&self, broker: &Broker, req: CommitRequest) -> PartitionResults {
+    pub async fn commit_offsets<W: PartitionWriter + ?Sized>(
+        &self,
+        writer: &W,
+        req: CommitRequest,
+    ) -> PartitionResults {
         let fail = |e: ApiError| all_partitions(&req.topics, |p| p.partition, &e);
         if req.group_id.is_empty() {
             return fail(ApiError::InvalidGroupId);
         }
-        if let Err(e) = self.coordinator_partition(broker, &req.group_id) {
+        if let Err(e) = self.coordinator_partition(writer, &req.group_id) {
             return fail(e);
         }
         // A commit from outside group management may create a (simple) group.
@@ -208,7 +212,7 @@ impl GroupCoordinator {
         ) {
             return fail(e);
         }
-        let image = broker.image();
+        let image = writer.image();
         let now = self.wall_now();
         let (mut results, accepted) = self.check_commits(&image, &req.topics, now);
         if accepted.is_empty() {
@@ -223,7 +227,7 @@ impl GroupCoordinator {
                 value: Some(o.to_value()),
             })
             .collect();
-        if let Err(e) = self.append(broker, &req.group_id, records).await {
+        if let Err(e) = self.append(writer, &req.group_id, records).await {
             let e = store_error(e);
             for (_, partitions) in &mut results {
                 for (_, r) in partitions.iter_mut() {
@@ -384,5 +388,192 @@ mod tests {
         assert_eq!(o.topics(), vec!["a".to_string(), "b".to_string()]);
         assert_eq!(o.remove("a", 0).unwrap().offset, 1);
         assert_eq!(o.len(), 2);
+    }
+
+    /// The coordinator seen through an in-memory [`PartitionWriter`] whose
+    /// appends can be made to fail.
+    mod through_a_writer {
+        use std::collections::BTreeMap;
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+
+        use bytes::Bytes;
+        use kafka_protocol::records::Record;
+        use tessera_metadata::{MetadataImage, MetadataRecord, TopicImage, TopicRecord};
+
+        use crate::config::BrokerConfig;
+        use crate::coordinator::PartitionWriter;
+        use crate::error::ApiError;
+        use crate::groups::offsets::{CommitRequest, PartitionCommit};
+        use crate::groups::GroupCoordinator;
+        use crate::internal_topics::{partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS};
+
+        struct MemoryWriter {
+            image: Arc<MetadataImage>,
+            fail_appends: AtomicBool,
+            appends: AtomicUsize,
+        }
+
+        impl MemoryWriter {
+            fn new() -> MemoryWriter {
+                let mut image = MetadataImage::default();
+                for (i, (name, partitions)) in
+                    [(CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS), ("orders", 3)]
+                        .into_iter()
+                        .enumerate()
+                {
+                    image.apply(
+                        &MetadataRecord::CreateTopic(TopicRecord {
+                            topic_id: uuid::Uuid::from_u128(i as u128 + 1),
+                            name: name.to_string(),
+                            partitions,
+                            replication_factor: 1,
+                            configs: BTreeMap::new(),
+                        }),
+                        i as i64,
+                    );
+                }
+                MemoryWriter {
+                    image: Arc::new(image),
+                    fail_appends: AtomicBool::new(false),
+                    appends: AtomicUsize::new(0),
+                }
+            }
+
+            fn append(&self) -> Result<i64, ApiError> {
+                if self.fail_appends.load(Ordering::SeqCst) {
+                    return Err(ApiError::NotLeaderOrFollower);
+                }
+                Ok(self.appends.fetch_add(1, Ordering::SeqCst) as i64)
+            }
+        }
+
+        impl PartitionWriter for MemoryWriter {
+            fn image(&self) -> Arc<MetadataImage> {
+                self.image.clone()
+            }
+
+            fn check_leader(
+                &self,
+                _: &MetadataImage,
+                _: &TopicImage,
+                _: i32,
+            ) -> Result<(), ApiError> {
+                Ok(())
+            }
+
+            async fn ensure_internal_topic(
+                &self,
+                name: &str,
+                _: u32,
+            ) -> Result<Arc<TopicImage>, ApiError> {
+                self.image
+                    .topic_by_name(name)
+                    .cloned()
+                    .ok_or(ApiError::CoordinatorNotAvailable)
+            }
+
+            async fn append_records(
+                &self,
+                _: &TopicImage,
+                _: i32,
+                _: &[(Option<Bytes>, Option<Bytes>)],
+            ) -> Result<i64, ApiError> {
+                self.append()
+            }
+
+            async fn append_transactional(
+                &self,
+                _: &TopicImage,
+                _: i32,
+                _: i64,
+                _: i16,
+                _: &[(Option<Bytes>, Option<Bytes>)],
+            ) -> Result<i64, ApiError> {
+                self.append()
+            }
+
+            fn read_records(&self, _: &TopicImage, _: i32) -> Result<Vec<Record>, ApiError> {
+                Ok(Vec::new())
+            }
+        }
+
+        fn commit(offset: i64) -> CommitRequest {
+            CommitRequest {
+                group_id: "g".into(),
+                generation_or_epoch: -1,
+                member_id: String::new(),
+                group_instance_id: None,
+                api_version: 8,
+                topics: vec![(
+                    "orders".into(),
+                    vec![PartitionCommit {
+                        partition: 1,
+                        offset,
+                        leader_epoch: -1,
+                        metadata: None,
+                    }],
+                )],
+            }
+        }
+
+        /// The offset group "g" holds for its one partition, if any.
+        async fn committed(c: &GroupCoordinator) -> Option<i64> {
+            c.committed("g")
+                .await
+                .and_then(|o| o.iter().map(|(_, _, v)| v.offset).next())
+        }
+
+        fn only_result(r: &super::PartitionResults) -> Result<(), ApiError> {
+            assert_eq!(r.len(), 1);
+            assert_eq!(r[0].1.len(), 1);
+            r[0].1[0].1.clone()
+        }
+
+        /// A commit whose append fails is refused and changes nothing the
+        /// coordinator holds: the offsets stay what the log has.
+        #[tokio::test]
+        async fn a_commit_whose_append_fails_changes_no_state() {
+            let writer = MemoryWriter::new();
+            let coordinator = GroupCoordinator::new(&BrokerConfig::default());
+            let partition = partition_for("g", OFFSETS_TOPIC_PARTITIONS);
+            coordinator
+                .load_partitions(&writer, &[partition])
+                .await
+                .unwrap();
+
+            writer.fail_appends.store(true, Ordering::SeqCst);
+            let r = coordinator.commit_offsets(&writer, commit(5)).await;
+            assert!(
+                matches!(only_result(&r), Err(ApiError::NotCoordinator)),
+                "{r:?}"
+            );
+            assert_eq!(committed(&coordinator).await, None);
+
+            writer.fail_appends.store(false, Ordering::SeqCst);
+            let r = coordinator.commit_offsets(&writer, commit(5)).await;
+            assert!(only_result(&r).is_ok(), "{r:?}");
+            assert_eq!(committed(&coordinator).await, Some(5));
+
+            writer.fail_appends.store(true, Ordering::SeqCst);
+            let r = coordinator.commit_offsets(&writer, commit(9)).await;
+            assert!(only_result(&r).is_err(), "{r:?}");
+            assert_eq!(committed(&coordinator).await, Some(5));
+            assert_eq!(writer.appends.load(Ordering::SeqCst), 1);
+        }
+
+        /// Before its partition is loaded, the coordinator answers
+        /// COORDINATOR_LOAD_IN_PROGRESS and appends nothing.
+        #[tokio::test]
+        async fn nothing_is_written_before_the_partition_is_loaded() {
+            let writer = MemoryWriter::new();
+            let coordinator = GroupCoordinator::new(&BrokerConfig::default());
+            let r = coordinator.commit_offsets(&writer, commit(5)).await;
+            assert!(
+                matches!(only_result(&r), Err(ApiError::CoordinatorLoadInProgress)),
+                "{r:?}"
+            );
+            assert_eq!(writer.appends.load(Ordering::SeqCst), 0);
+        }
     }
 }

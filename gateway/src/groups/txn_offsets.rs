@@ -11,14 +11,11 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use crate::broker::Broker;
-use crate::coordinator::store_error;
+use crate::coordinator::{store_error, PartitionWriter};
 use crate::error::ApiError;
 use crate::groups::offsets::{CommittedOffset, PartitionCommit, PartitionResults};
 use crate::groups::records::CoordinatorRecord;
 use crate::groups::{Create, GroupCoordinator, GroupState};
-use tessera_log::batch::TRANSACTIONAL_BIT;
-use tessera_log::records::{build_batch, KeyValue};
 
 /// One offset waiting for its transaction to end.
 #[derive(Clone, Debug)]
@@ -100,9 +97,9 @@ impl LoadPending {
 impl GroupCoordinator {
     /// TxnOffsetCommit: validate against the group, append the offsets as
     /// the producer's transactional batch, then hold them as pending.
-    pub async fn txn_offset_commit(
+    pub async fn txn_offset_commit<W: PartitionWriter + ?Sized>(
         &self,
-        broker: &Broker,
+        writer: &W,
         req: TxnCommitRequest,
     ) -> PartitionResults {
         let fail = |e: ApiError| -> PartitionResults {
@@ -119,7 +116,7 @@ impl GroupCoordinator {
         if req.group_id.is_empty() {
             return fail(ApiError::InvalidGroupId);
         }
-        let (topic, partition) = match self.coordinator_partition(broker, &req.group_id) {
+        let (topic, partition) = match self.coordinator_partition(writer, &req.group_id) {
             Ok(tp) => tp,
             Err(e) => return fail(e),
         };
@@ -137,7 +134,7 @@ impl GroupCoordinator {
                 return fail(e);
             }
         }
-        let image = broker.image();
+        let image = writer.image();
         let now = self.now();
         let (mut results, accepted) = self.check_commits(&image, &req.topics, now);
         let accepted: Vec<PendingOffset> = accepted
@@ -164,35 +161,15 @@ impl GroupCoordinator {
                 .encode()
             })
             .collect();
-        let appended = async {
-            let route = broker.route(&image, &topic, partition)?;
-            // The producer's next sequence in this partition (a new epoch starts at 0).
-            let sequence = route
-                .log
-                .producers(partition as u32)?
-                .into_iter()
-                .find(|(id, _)| *id == req.producer_id)
-                .and_then(|(_, e)| {
-                    (e.epoch == req.producer_epoch)
-                        .then(|| e.batches.back().map(|b| b.last_seq.wrapping_add(1)))
-                        .flatten()
-                })
-                .unwrap_or(0);
-            let kv: Vec<KeyValue<'_>> = encoded
-                .iter()
-                .map(|(k, v)| (k.as_deref(), v.as_deref()))
-                .collect();
-            let bytes = build_batch(
+        let appended = writer
+            .append_transactional(
+                &topic,
+                partition,
                 req.producer_id,
                 req.producer_epoch,
-                sequence,
-                TRANSACTIONAL_BIT,
-                tessera_log::now_ms(),
-                &kv,
-            );
-            broker.append_durably(&route, partition as u32, bytes).await
-        }
-        .await;
+                &encoded,
+            )
+            .await;
         if let Err(e) = appended {
             let e = store_error(e);
             for (_, partitions) in &mut results {
