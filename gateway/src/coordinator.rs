@@ -25,14 +25,15 @@ pub trait PartitionWriter: Send + Sync {
     /// The committed metadata image.
     fn image(&self) -> Arc<MetadataImage>;
 
-    /// Ok when this broker leads `partition` of `topic` (and so may
-    /// coordinate what hashes to it).
+    /// The leader epoch of `partition` of `topic` when this broker leads
+    /// it (and so may coordinate what hashes to it); NOT_LEADER_OR_FOLLOWER
+    /// otherwise.
     fn check_leader(
         &self,
         image: &MetadataImage,
         topic: &TopicImage,
         partition: i32,
-    ) -> Result<(), ApiError>;
+    ) -> Result<i32, ApiError>;
 
     /// The internal topic `name`, created (compacted) if it does not exist.
     fn ensure_internal_topic(
@@ -67,6 +68,54 @@ pub trait PartitionWriter: Send + Sync {
     fn read_records(&self, topic: &TopicImage, partition: i32) -> Result<Vec<Record>, ApiError>;
 }
 
+/// Where the transaction coordinator gets new producer ids (Kafka's
+/// `ProducerIdManager`: blocks allocated through the metadata log).
+pub trait ProducerIdSource: Send + Sync {
+    fn next_producer_id(&self) -> impl Future<Output = Result<i64, ApiError>> + Send;
+}
+
+/// One transaction's end, as markers must record it.
+#[derive(Clone, Debug)]
+pub struct Markers {
+    pub producer_id: i64,
+    pub producer_epoch: i16,
+    pub commit: bool,
+    pub coordinator_epoch: i32,
+}
+
+/// Who writes a transaction's COMMIT/ABORT markers into its partitions
+/// (Kafka's `TransactionMarkerChannelManager`): this broker for the ones it
+/// leads, WriteTxnMarkers to the others.
+pub trait TxnMarkerWriter: Send + Sync {
+    /// Writes `markers` to every partition and waits until each is durable.
+    fn write_markers(
+        &self,
+        markers: &Markers,
+        partitions: &[(String, i32)],
+    ) -> impl Future<Output = Result<(), ApiError>> + Send;
+}
+
+impl<S: ProducerIdSource + ?Sized> ProducerIdSource for Arc<S> {
+    fn next_producer_id(&self) -> impl Future<Output = Result<i64, ApiError>> + Send {
+        (**self).next_producer_id()
+    }
+}
+
+impl<M: TxnMarkerWriter + ?Sized> TxnMarkerWriter for Arc<M> {
+    fn write_markers(
+        &self,
+        markers: &Markers,
+        partitions: &[(String, i32)],
+    ) -> impl Future<Output = Result<(), ApiError>> + Send {
+        (**self).write_markers(markers, partitions)
+    }
+}
+
+/// All the transaction coordinator needs of the broker.
+pub trait TxnHost: PartitionWriter + ProducerIdSource + TxnMarkerWriter {}
+
+impl<T: PartitionWriter + ProducerIdSource + TxnMarkerWriter + ?Sized> TxnHost for T {}
+
 impl<W: PartitionWriter + ?Sized> PartitionWriter for Arc<W> {
     fn image(&self) -> Arc<MetadataImage> {
         (**self).image()
@@ -77,7 +126,7 @@ impl<W: PartitionWriter + ?Sized> PartitionWriter for Arc<W> {
         image: &MetadataImage,
         topic: &TopicImage,
         partition: i32,
-    ) -> Result<(), ApiError> {
+    ) -> Result<i32, ApiError> {
         (**self).check_leader(image, topic, partition)
     }
 

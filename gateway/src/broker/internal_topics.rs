@@ -16,7 +16,7 @@ use tessera_log::records::{build_batch, KeyValue};
 use tessera_metadata::{MetadataImage, TopicImage};
 
 use crate::broker::{Broker, NewTopic};
-use crate::coordinator::PartitionWriter;
+use crate::coordinator::{PartitionWriter, ProducerIdSource};
 use crate::error::ApiError;
 
 impl Broker {
@@ -157,8 +157,8 @@ impl PartitionWriter for Broker {
         image: &MetadataImage,
         topic: &TopicImage,
         partition: i32,
-    ) -> Result<(), ApiError> {
-        self.route(image, topic, partition).map(|_| ())
+    ) -> Result<i32, ApiError> {
+        self.route(image, topic, partition).map(|r| r.leader_epoch)
     }
 
     async fn ensure_internal_topic(
@@ -216,5 +216,13 @@ impl PartitionWriter for Broker {
 
     fn read_records(&self, topic: &TopicImage, partition: i32) -> Result<Vec<Record>, ApiError> {
         Broker::read_records(self, topic, partition)
+    }
+}
+
+impl ProducerIdSource for Broker {
+    async fn next_producer_id(&self) -> Result<i64, ApiError> {
+        self.producer_ids
+            .next_id(&self.controller, self.config.node_id)
+            .await
     }
 }

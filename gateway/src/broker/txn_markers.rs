@@ -21,14 +21,7 @@ use crate::internal_topics::CONSUMER_OFFSETS;
 /// How long a coordinator waits for another broker to write its markers.
 const REMOTE_MARKERS_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// One transaction's end, as markers must record it.
-#[derive(Clone, Debug)]
-pub struct Markers {
-    pub producer_id: i64,
-    pub producer_epoch: i16,
-    pub commit: bool,
-    pub coordinator_epoch: i32,
-}
+pub use crate::coordinator::Markers;
 
 impl Broker {
     /// Appends the markers to `partitions` this broker leads and waits until
@@ -171,4 +164,14 @@ fn write_request(m: &Markers, partitions: &[(String, i32)]) -> WriteTxnMarkersRe
                 })
                 .collect(),
         )])
+}
+
+impl crate::coordinator::TxnMarkerWriter for Broker {
+    async fn write_markers(
+        &self,
+        markers: &Markers,
+        partitions: &[(String, i32)],
+    ) -> Result<(), ApiError> {
+        Broker::write_markers(self, markers, partitions).await
+    }
 }

@@ -458,8 +458,8 @@ mod tests {
                 _: &MetadataImage,
                 _: &TopicImage,
                 _: i32,
-            ) -> Result<(), ApiError> {
-                Ok(())
+            ) -> Result<i32, ApiError> {
+                Ok(0)
             }
 
             async fn ensure_internal_topic(

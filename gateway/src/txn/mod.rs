@@ -33,9 +33,9 @@ use std::time::{Duration, Instant};
 
 use tessera_metadata::TopicImage;
 
-use crate::broker::{Broker, PartitionRoute};
+use crate::broker::Broker;
 use crate::config::BrokerConfig;
-use crate::coordinator::store_error;
+use crate::coordinator::{store_error, Markers, PartitionWriter, TxnHost};
 use crate::error::ApiError;
 use crate::internal_topics::{partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS};
 
@@ -115,29 +115,31 @@ impl TxnCoordinator {
     }
 
     /// Makes sure `__transaction_state` exists (FindCoordinator does this).
-    pub async fn ensure_topic(broker: &Broker) -> Result<Arc<TopicImage>, ApiError> {
-        broker
+    pub async fn ensure_topic<W: PartitionWriter + ?Sized>(
+        writer: &W,
+    ) -> Result<Arc<TopicImage>, ApiError> {
+        writer
             .ensure_internal_topic(TRANSACTION_STATE, TXN_TOPIC_PARTITIONS)
             .await
     }
 
-    /// The `__transaction_state` partition of an id, if this broker leads it.
-    pub fn coordinator_partition(
+    /// The `__transaction_state` partition of an id, if this host leads it.
+    pub fn coordinator_partition<H: TxnHost + ?Sized>(
         &self,
-        broker: &Broker,
+        host: &H,
         transactional_id: &str,
-    ) -> Result<(Arc<TopicImage>, i32, PartitionRoute), ApiError> {
-        let image = broker.image();
+    ) -> Result<(Arc<TopicImage>, i32, i32), ApiError> {
+        let image = host.image();
         let topic = image
             .topic_by_name(TRANSACTION_STATE)
             .cloned()
             .ok_or(ApiError::CoordinatorNotAvailable)?;
         let partition = partition_for(transactional_id, topic.partitions);
-        let route = broker
-            .route(&image, &topic, partition)
+        let leader_epoch = host
+            .check_leader(&image, &topic, partition)
             .map_err(|_| ApiError::NotCoordinator)?;
         self.loaded.check(partition)?;
-        Ok((topic, partition, route))
+        Ok((topic, partition, leader_epoch))
     }
 
     fn slot(&self, transactional_id: &str, create: bool) -> Option<Slot> {
@@ -154,12 +156,15 @@ impl TxnCoordinator {
     }
 
     /// Appends the metadata (a tombstone for Dead) and waits until durable.
-    async fn persist(&self, broker: &Broker, m: &TxnMetadata) -> Result<(), ApiError> {
-        let (topic, partition, _) = self.coordinator_partition(broker, &m.transactional_id)?;
+    async fn persist<H: TxnHost + ?Sized>(
+        &self,
+        host: &H,
+        m: &TxnMetadata,
+    ) -> Result<(), ApiError> {
+        let (topic, partition, _) = self.coordinator_partition(host, &m.transactional_id)?;
         let key = records::encode_key(&m.transactional_id);
         let value = (m.state != TxnState::Dead).then(|| records::encode_value(m));
-        broker
-            .append_records(&topic, partition, &[(Some(key), value)])
+        host.append_records(&topic, partition, &[(Some(key), value)])
             .await
             .map_err(store_error)?;
         Ok(())
@@ -189,13 +194,13 @@ impl TxnCoordinator {
         *slot = Some(m);
     }
 
-    async fn persist_and_apply(
+    async fn persist_and_apply<H: TxnHost + ?Sized>(
         &self,
-        broker: &Broker,
+        host: &H,
         slot: &mut Option<TxnMetadata>,
         m: TxnMetadata,
     ) -> Result<(), ApiError> {
-        self.persist(broker, &m).await?;
+        self.persist(host, &m).await?;
         self.apply(slot, m);
         Ok(())
     }
@@ -210,7 +215,7 @@ impl TxnCoordinator {
     ) -> Result<(), ApiError> {
         let views = self.views.read();
         let Some(view) = views.get(&producer_id) else {
-            // Its coordinator is another broker's: a Kafka 3.x partition
+            // Its coordinator is another host's: a Kafka 3.x partition
             // leader accepts the batch without asking it (KIP-890 adds the
             // check); the marker the coordinator sends ends it.
             return Ok(());
@@ -239,9 +244,9 @@ impl TxnCoordinator {
     // ---- client requests ---------------------------------------------------
 
     /// InitProducerId with a transactional id: the producer id and epoch.
-    pub async fn init_producer_id(
+    pub async fn init_producer_id<H: TxnHost + ?Sized>(
         &self,
-        broker: &Broker,
+        host: &H,
         transactional_id: &str,
         timeout_ms: i32,
         expected: Option<(i64, i16)>,
@@ -252,34 +257,26 @@ impl TxnCoordinator {
         if timeout_ms <= 0 || timeout_ms > self.max_timeout_ms {
             return Err(ApiError::InvalidTransactionTimeout);
         }
-        self.coordinator_partition(broker, transactional_id)?;
+        self.coordinator_partition(host, transactional_id)?;
         let slot = self.slot(transactional_id, true).expect("created");
         let mut guard = slot.lock().await;
         let now = Self::now();
         let current = match guard.as_ref() {
             Some(m) => m.clone(),
             None => {
-                let id = broker
-                    .producer_ids
-                    .next_id(&broker.controller, broker.config.node_id)
-                    .await?;
+                let id = host.next_producer_id().await?;
                 TxnMetadata::new(transactional_id, id, timeout_ms, now)
             }
         };
         let fresh = if current.needs_new_producer_id() {
-            Some(
-                broker
-                    .producer_ids
-                    .next_id(&broker.controller, broker.config.node_id)
-                    .await?,
-            )
+            Some(host.next_producer_id().await?)
         } else {
             None
         };
         match current.init_producer_id(timeout_ms, expected, fresh, now)? {
             InitDecision::Ready(next) => {
                 let answer = (next.producer_id, next.producer_epoch);
-                self.persist_and_apply(broker, &mut guard, next).await?;
+                self.persist_and_apply(host, &mut guard, next).await?;
                 Ok(answer)
             }
             InitDecision::AbortFirst(prepared) => {
@@ -289,55 +286,59 @@ impl TxnCoordinator {
                     epoch = prepared.producer_epoch,
                     "fencing the previous producer: aborting its open transaction"
                 );
-                self.finish(broker, &mut guard, prepared).await?;
+                self.finish(host, &mut guard, prepared).await?;
                 Err(ApiError::ConcurrentTransactions)
             }
         }
     }
 
-    async fn locked(&self, transactional_id: &str, broker: &Broker) -> Result<Slot, ApiError> {
+    async fn locked<H: TxnHost + ?Sized>(
+        &self,
+        transactional_id: &str,
+        host: &H,
+    ) -> Result<Slot, ApiError> {
         if transactional_id.is_empty() {
             return Err(ApiError::InvalidRequest("empty transactional id".into()));
         }
-        self.coordinator_partition(broker, transactional_id)?;
+        self.coordinator_partition(host, transactional_id)?;
         self.slot(transactional_id, false)
             .ok_or(ApiError::InvalidProducerIdMapping)
     }
 
     /// AddPartitionsToTxn (v0-3 form).
-    pub async fn add_partitions(
+    pub async fn add_partitions<H: TxnHost + ?Sized>(
         &self,
-        broker: &Broker,
+        host: &H,
         transactional_id: &str,
         producer_id: i64,
         epoch: i16,
         partitions: &[(String, i32)],
     ) -> Result<(), ApiError> {
-        let slot = self.locked(transactional_id, broker).await?;
+        let slot = self.locked(transactional_id, host).await?;
         let mut guard = slot.lock().await;
         let current = guard.clone().ok_or(ApiError::InvalidProducerIdMapping)?;
         if let Some(next) = current.add_partitions(producer_id, epoch, partitions, Self::now())? {
-            self.persist_and_apply(broker, &mut guard, next).await?;
+            self.persist_and_apply(host, &mut guard, next).await?;
         }
         Ok(())
     }
 
     /// AddOffsetsToTxn: the group's `__consumer_offsets` partition joins the transaction.
-    pub async fn add_offsets(
+    pub async fn add_offsets<H: TxnHost + ?Sized>(
         &self,
-        broker: &Broker,
+        host: &H,
         transactional_id: &str,
         producer_id: i64,
         epoch: i16,
         group_id: &str,
     ) -> Result<(), ApiError> {
-        let topic = broker
+        let topic = host
             .ensure_internal_topic(CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS)
             .await
             .map_err(|_| ApiError::CoordinatorNotAvailable)?;
         let partition = partition_for(group_id, topic.partitions);
         self.add_partitions(
-            broker,
+            host,
             transactional_id,
             producer_id,
             epoch,
@@ -347,39 +348,38 @@ impl TxnCoordinator {
     }
 
     /// EndTxn: commit or abort, markers written, before answering.
-    pub async fn end_txn(
+    pub async fn end_txn<H: TxnHost + ?Sized>(
         &self,
-        broker: &Broker,
+        host: &H,
         transactional_id: &str,
         producer_id: i64,
         epoch: i16,
         commit: bool,
     ) -> Result<(), ApiError> {
-        let slot = self.locked(transactional_id, broker).await?;
+        let slot = self.locked(transactional_id, host).await?;
         let mut guard = slot.lock().await;
         let current = guard.clone().ok_or(ApiError::InvalidProducerIdMapping)?;
         match current.end_txn(producer_id, epoch, commit, true, Self::now())? {
             EndDecision::AlreadyDone => Ok(()),
-            EndDecision::Prepare(prepared) => self.finish(broker, &mut guard, prepared).await,
+            EndDecision::Prepare(prepared) => self.finish(host, &mut guard, prepared).await,
         }
     }
 
     /// Persists a Prepare state, writes the markers, completes.
-    async fn finish(
+    async fn finish<H: TxnHost + ?Sized>(
         &self,
-        broker: &Broker,
+        host: &H,
         slot: &mut Option<TxnMetadata>,
         prepared: TxnMetadata,
     ) -> Result<(), ApiError> {
-        self.persist_and_apply(broker, slot, prepared.clone())
-            .await?;
-        self.complete(broker, slot).await
+        self.persist_and_apply(host, slot, prepared.clone()).await?;
+        self.complete(host, slot).await
     }
 
     /// Writes the markers of a transaction in a Prepare state and completes it.
-    async fn complete(
+    async fn complete<H: TxnHost + ?Sized>(
         &self,
-        broker: &Broker,
+        host: &H,
         slot: &mut Option<TxnMetadata>,
     ) -> Result<(), ApiError> {
         let Some(prepared) = slot.clone() else {
@@ -388,38 +388,38 @@ impl TxnCoordinator {
         let commit = prepared.state == TxnState::PrepareCommit;
         // Completes the group coordinator's pending offsets where a
         // `__consumer_offsets` partition takes its marker (here or on the
-        // broker that leads it).
-        self.write_markers(broker, &prepared, commit).await?;
+        // host that leads it).
+        self.write_markers(host, &prepared, commit).await?;
         let done = prepared.complete(Self::now())?;
-        self.persist_and_apply(broker, slot, done).await
+        self.persist_and_apply(host, slot, done).await
     }
 
-    async fn write_markers(
+    async fn write_markers<H: TxnHost + ?Sized>(
         &self,
-        broker: &Broker,
+        host: &H,
         m: &TxnMetadata,
         commit: bool,
     ) -> Result<(), ApiError> {
-        let (_, _, coordinator) = self.coordinator_partition(broker, &m.transactional_id)?;
-        let markers = crate::broker::txn_markers::Markers {
+        let (_, _, coordinator_epoch) = self.coordinator_partition(host, &m.transactional_id)?;
+        let markers = Markers {
             producer_id: m.producer_id,
             producer_epoch: m.producer_epoch,
             commit,
-            coordinator_epoch: coordinator.leader_epoch,
+            coordinator_epoch,
         };
         let partitions: Vec<(String, i32)> = m.partitions.iter().cloned().collect();
-        broker.write_markers(&markers, &partitions).await
+        host.write_markers(&markers, &partitions).await
     }
 
     // ---- admin -------------------------------------------------------------
 
     /// DescribeTransactions for one id.
-    pub async fn describe(
+    pub async fn describe<H: TxnHost + ?Sized>(
         &self,
-        broker: &Broker,
+        host: &H,
         transactional_id: &str,
     ) -> Result<TxnDescription, ApiError> {
-        self.coordinator_partition(broker, transactional_id)?;
+        self.coordinator_partition(host, transactional_id)?;
         let slot = self
             .slot(transactional_id, false)
             .ok_or(ApiError::TransactionalIdNotFound)?;
@@ -445,18 +445,22 @@ impl TxnCoordinator {
 
     // ---- load and timers ---------------------------------------------------
 
-    /// Replays `partitions` of `__transaction_state` (which this broker now
+    /// Replays `partitions` of `__transaction_state` (which this host now
     /// leads); requests for their ids are served from then on.
-    pub async fn load_partitions(&self, broker: &Broker, partitions: &[i32]) -> anyhow::Result<()> {
+    pub async fn load_partitions<H: TxnHost + ?Sized>(
+        &self,
+        host: &H,
+        partitions: &[i32],
+    ) -> anyhow::Result<()> {
         let started = Instant::now();
-        let image = broker.image();
+        let image = host.image();
         let Some(topic) = image.topic_by_name(TRANSACTION_STATE).cloned() else {
             return Ok(());
         };
         let mut loaded: HashMap<String, Option<TxnMetadata>> = HashMap::new();
         let mut skipped = 0usize;
         for &partition in partitions {
-            let stored = match broker.read_records(&topic, partition) {
+            let stored = match host.read_records(&topic, partition) {
                 Ok(r) => r,
                 Err(ApiError::NotLeaderOrFollower) => continue,
                 Err(e) => {
@@ -513,7 +517,7 @@ impl TxnCoordinator {
         Ok(())
     }
 
-    /// Drops the transactional ids of `partitions` (this broker no longer
+    /// Drops the transactional ids of `partitions` (this host no longer
     /// leads them): their requests get NOT_COORDINATOR.
     pub fn unload_partitions(&self, partitions: &[i32]) {
         self.loaded.remove(partitions);
@@ -534,7 +538,7 @@ impl TxnCoordinator {
     }
 
     /// One pass of the timer.
-    pub async fn tick(&self, broker: &Broker) {
+    pub async fn tick<H: TxnHost + ?Sized>(&self, host: &H) {
         let slots: Vec<(String, Slot)> = self
             .txns
             .lock()
@@ -549,16 +553,16 @@ impl TxnCoordinator {
             let now = Self::now();
             let result = if m.state.is_prepare() {
                 tracing::info!(transactional_id = %id, state = m.state.name(), "completing a transaction left in a prepare state");
-                self.complete(broker, &mut guard).await
+                self.complete(host, &mut guard).await
             } else if m.is_timed_out(now) {
                 tracing::info!(transactional_id = %id, producer_id = m.producer_id, epoch = m.producer_epoch, "aborting a timed-out transaction");
                 match m.abort_timed_out(now) {
-                    Ok(prepared) => self.finish(broker, &mut guard, prepared).await,
+                    Ok(prepared) => self.finish(host, &mut guard, prepared).await,
                     Err(e) => Err(e.into()),
                 }
             } else if m.state.is_idle() && now - m.last_update_ms > self.expiration_ms {
                 match m.expire(now) {
-                    Ok(dead) => self.persist_and_apply(broker, &mut guard, dead).await,
+                    Ok(dead) => self.persist_and_apply(host, &mut guard, dead).await,
                     Err(e) => Err(e.into()),
                 }
             } else {
