@@ -104,7 +104,7 @@ fn load_cluster_id(data_dir: &Path, node_id: i32, voters: &str) -> std::io::Resu
     } else {
         cluster_id_for_voters(voters)
     };
-    let id = kafka_style_uuid(id);
+    let id = crate::wire::kafka_style_uuid(id);
     let text = format!("version=1\ncluster.id={id}\nnode.id={node_id}\n");
     tessera_fs::write_atomic(&path, text.as_bytes())?;
     Ok(id)
@@ -118,27 +118,6 @@ fn cluster_id_for_voters(voters: &str) -> uuid::Uuid {
         })
     };
     uuid::Uuid::from_u64_pair(fnv(0xcbf2_9ce4_8422_2325), fnv(0x84222325_cbf29ce4))
-}
-
-/// Kafka prints ids as 22 characters of URL-safe base64 without padding.
-pub fn kafka_style_uuid(id: uuid::Uuid) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let bytes = id.as_bytes();
-    let mut out = String::with_capacity(22);
-    let mut acc: u32 = 0;
-    let mut bits = 0;
-    for &b in bytes {
-        acc = (acc << 8) | b as u32;
-        bits += 8;
-        while bits >= 6 {
-            bits -= 6;
-            out.push(ALPHABET[((acc >> bits) & 63) as usize] as char);
-        }
-    }
-    if bits > 0 {
-        out.push(ALPHABET[((acc << (6 - bits)) & 63) as usize] as char);
-    }
-    out
 }
 
 /// The metadata controller's configuration for a broker's config.
@@ -424,12 +403,5 @@ mod tests {
             load_cluster_id(a.path(), 1, "").unwrap(),
             load_cluster_id(b.path(), 1, "").unwrap()
         );
-    }
-
-    #[test]
-    fn kafka_uuid_is_22_chars() {
-        let s = kafka_style_uuid(uuid::Uuid::nil());
-        assert_eq!(s, "AAAAAAAAAAAAAAAAAAAAAA");
-        assert_eq!(kafka_style_uuid(uuid::Uuid::new_v4()).len(), 22);
     }
 }

@@ -226,3 +226,13 @@ impl ProducerIdSource for Broker {
             .await
     }
 }
+
+impl crate::groups::GroupHost for Broker {
+    fn group_coordinator(&self) -> &crate::groups::GroupCoordinator {
+        &self.groups
+    }
+
+    fn serving(&self) -> bool {
+        self.is_ready() && !self.is_shutting_down()
+    }
+}

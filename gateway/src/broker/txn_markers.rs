@@ -175,3 +175,9 @@ impl crate::coordinator::TxnMarkerWriter for Broker {
         Broker::write_markers(self, markers, partitions).await
     }
 }
+
+impl crate::txn::TxnTimerHost for Broker {
+    fn txn_coordinator(&self) -> &crate::txn::TxnCoordinator {
+        &self.txns
+    }
+}

@@ -44,8 +44,8 @@ use super::{
     Group, GroupCoordinator, GroupDescription, GroupEntry, GroupKind, GroupSlot, GroupState,
     Outcome,
 };
-use crate::broker::Broker;
 use crate::config::BrokerConfig;
+use crate::coordinator::PartitionWriter;
 use crate::error::ApiError;
 
 /// The consumer group protocol's settings from the broker's.
@@ -552,14 +552,13 @@ impl GroupCoordinator {
     }
 
     /// ConsumerGroupHeartbeat: join, heartbeat or leave a consumer group.
-    pub async fn consumer_group_heartbeat(
+    pub async fn consumer_group_heartbeat<W: PartitionWriter + ?Sized>(
         &self,
-        broker: &Broker,
+        writer: &W,
         input: HeartbeatInput,
     ) -> Result<HeartbeatOutput, ConsumerRequestError> {
-        let config = consumer_config(&broker.config);
-        validate_heartbeat(&input, &config)?;
-        self.coordinator_partition(broker, &input.group_id)?;
+        validate_heartbeat(&input, &self.consumer)?;
+        self.coordinator_partition(writer, &input.group_id)?;
         let group_id = input.group_id.clone();
         let join = input.member_epoch == JOIN_GROUP_MEMBER_EPOCH;
         // Kafka answers GROUP_ID_NOT_FOUND to a member of a group it does
@@ -573,7 +572,9 @@ impl GroupCoordinator {
                 input.member_id
             )))
         };
-        let Some((slot, mut entry)) = self.lock_consumer(&group_id, join.then_some(&config)).await
+        let Some((slot, mut entry)) = self
+            .lock_consumer(&group_id, join.then_some(&self.consumer))
+            .await
         else {
             return Err(gone());
         };
@@ -591,15 +592,15 @@ impl GroupCoordinator {
                 .into());
             }
         }
-        let image = broker.image();
+        let image = writer.image();
         let mut result = None;
         let applied = self
-            .transact(broker, &slot, &mut entry, |s, now| {
+            .transact(writer, &slot, &mut entry, |s, now| {
                 let original = convert.then(|| s.group.clone());
                 let mut records = Vec::new();
                 if convert {
                     // The classic group's metadata is deleted first.
-                    s.group = Group::Consumer(ConsumerGroup::new(&group_id, config.clone()));
+                    s.group = Group::Consumer(ConsumerGroup::new(&group_id, self.consumer.clone()));
                     records.push(CoordinatorRecord::GroupMetadata {
                         group: group_id.clone(),
                         value: None,
@@ -701,15 +702,15 @@ impl GroupCoordinator {
     }
 
     /// ConsumerGroupDescribe for one group.
-    pub async fn consumer_group_describe(
+    pub async fn consumer_group_describe<W: PartitionWriter + ?Sized>(
         &self,
-        broker: &Broker,
+        writer: &W,
         group_id: &str,
     ) -> Result<DescribedGroup, ConsumerRequestError> {
         if group_id.is_empty() {
             return Err(ApiError::InvalidGroupId.into());
         }
-        self.coordinator_partition(broker, group_id)?;
+        self.coordinator_partition(writer, group_id)?;
         let Some((_slot, entry)) = self.lock(group_id, super::Create::No).await else {
             return Err(ConsumerGroupError::GroupIdNotFound(format!(
                 "Group {group_id} not found."
@@ -717,7 +718,7 @@ impl GroupCoordinator {
             .into());
         };
         match &entry.state.group {
-            Group::Consumer(g) => Ok(g.describe(&*broker.image())),
+            Group::Consumer(g) => Ok(g.describe(&*writer.image())),
             _ => Err(ConsumerGroupError::GroupIdNotFound(format!(
                 "Group {group_id} is not a consumer group."
             ))

@@ -742,7 +742,7 @@ impl ConsumerGroup {
             )));
         }
         let member_id = if req.member_id.is_empty() {
-            crate::broker::kafka_style_uuid(uuid::Uuid::new_v4())
+            crate::wire::kafka_style_uuid(uuid::Uuid::new_v4())
         } else {
             req.member_id.clone()
         };

@@ -14,7 +14,8 @@ use std::time::Duration;
 use super::classic::ClassicState;
 use super::records::CoordinatorRecord;
 use super::{Group, GroupCoordinator, GroupOffsets};
-use crate::broker::Broker;
+use crate::coordinator::PartitionWriter;
+use crate::groups::GroupHost;
 
 /// The offsets of `group` that expire at `now` (pure): `(topic, partition)`.
 pub fn expired_offsets(
@@ -54,11 +55,8 @@ pub fn expired_offsets(
 
 impl GroupCoordinator {
     /// One expiry pass over the groups loaded here; the offsets removed.
-    pub async fn expire_offsets(&self, broker: &Broker) -> usize {
-        let retention_ms = broker
-            .config
-            .offsets_retention_minutes
-            .saturating_mul(60_000);
+    pub async fn expire_offsets<W: PartitionWriter + ?Sized>(&self, writer: &W) -> usize {
+        let retention_ms = self.offsets_retention_minutes.saturating_mul(60_000);
         let slots: Vec<_> = self.groups.lock().values().cloned().collect();
         let mut removed = 0;
         for slot in slots {
@@ -66,7 +64,7 @@ impl GroupCoordinator {
             if entry.removed {
                 continue;
             }
-            let image = broker.image();
+            let image = writer.image();
             let now = self.now();
             let expired = expired_offsets(
                 &entry.state.group,
@@ -93,7 +91,7 @@ impl GroupCoordinator {
             if delete_group {
                 records.extend(entry.state.group.tombstones(&group_id));
             }
-            if let Err(e) = self.append(broker, &group_id, records).await {
+            if let Err(e) = self.append(writer, &group_id, records).await {
                 tracing::warn!(group = %group_id, error = %e, "could not expire offsets");
                 continue;
             }
@@ -114,14 +112,16 @@ impl GroupCoordinator {
 }
 
 /// Runs expiry passes until the broker is gone.
-pub(super) async fn run(broker: Weak<Broker>) {
+pub(super) async fn run<H: GroupHost>(host: Weak<H>) {
     loop {
-        let Some(b) = broker.upgrade() else { return };
-        let interval = Duration::from_millis(b.config.offsets_retention_check_interval_ms.max(1));
-        if b.is_ready() && !b.is_shutting_down() {
-            b.groups.expire_offsets(&b).await;
+        let Some(h) = host.upgrade() else { return };
+        let coordinator = h.group_coordinator();
+        let interval =
+            Duration::from_millis(coordinator.offsets_retention_check_interval_ms.max(1));
+        if h.serving() {
+            coordinator.expire_offsets(&*h).await;
         }
-        drop(b);
+        drop(h);
         tokio::time::sleep(interval).await;
     }
 }

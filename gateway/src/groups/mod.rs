@@ -40,7 +40,6 @@ use bytes::Bytes;
 use tessera_metadata::TopicImage;
 use tokio::sync::{oneshot, Notify, OwnedMutexGuard};
 
-use crate::broker::Broker;
 use crate::config::BrokerConfig;
 use crate::coordinator::{store_error, PartitionWriter};
 use crate::error::ApiError;
@@ -299,6 +298,18 @@ pub struct GroupCoordinator {
     /// The `__consumer_offsets` partitions whose groups are loaded here
     /// (they load and unload with this broker's leadership of them).
     loaded: crate::coordinator::LoadedPartitions,
+    /// `offsets.retention.minutes`, `offsets.retention.check.interval.ms`.
+    offsets_retention_minutes: i64,
+    offsets_retention_check_interval_ms: u64,
+}
+
+/// The broker as the group coordinator's background tasks see it (group
+/// timers, offset expiry): the partitions, whether it serves requests now,
+/// and the coordinator it holds. Implemented by `Broker`
+/// (`broker/internal_topics.rs`).
+pub trait GroupHost: PartitionWriter + 'static {
+    fn group_coordinator(&self) -> &GroupCoordinator;
+    fn serving(&self) -> bool;
 }
 
 impl GroupCoordinator {
@@ -313,6 +324,8 @@ impl GroupCoordinator {
             },
             consumer: consumer_groups::consumer_config(config),
             offset_metadata_max_bytes: config.offset_metadata_max_bytes,
+            offsets_retention_minutes: config.offsets_retention_minutes,
+            offsets_retention_check_interval_ms: config.offsets_retention_check_interval_ms,
             groups: parking_lot::Mutex::new(HashMap::new()),
             next_waiter: AtomicU64::new(1),
             wake: Notify::new(),
@@ -439,9 +452,9 @@ impl GroupCoordinator {
     /// Runs a transition on a copy of the group's state; appends what it
     /// asks to persist (plus the group's creation record if it is new) and
     /// keeps the copy only once that is durable. Replies go out after.
-    async fn transact<F>(
+    async fn transact<W: PartitionWriter + ?Sized, F>(
         &self,
-        broker: &Broker,
+        writer: &W,
         slot: &Arc<GroupSlot>,
         entry: &mut GroupEntry,
         transition: F,
@@ -456,7 +469,7 @@ impl GroupCoordinator {
             outcome.records = next.group.creation_records(&slot.group_id);
         }
         if !outcome.records.is_empty() {
-            if let Err(e) = self.append(broker, &slot.group_id, outcome.records).await {
+            if let Err(e) = self.append(writer, &slot.group_id, outcome.records).await {
                 tracing::warn!(group = %slot.group_id, error = %e, "could not persist group state");
                 if !entry.persisted {
                     self.remove_slot(slot, entry);
@@ -495,9 +508,9 @@ impl GroupCoordinator {
     // ---- classic protocol ------------------------------------------------
 
     /// JoinGroup: answers when the join phase completes (or at once).
-    pub async fn join_group(
+    pub async fn join_group<W: PartitionWriter + ?Sized>(
         &self,
-        broker: &Broker,
+        writer: &W,
         group_id: &str,
         mut req: JoinRequest,
     ) -> JoinResult {
@@ -505,7 +518,7 @@ impl GroupCoordinator {
         if group_id.is_empty() {
             return JoinResult::error(member_id, ApiError::InvalidGroupId);
         }
-        if let Err(e) = self.coordinator_partition(broker, group_id) {
+        if let Err(e) = self.coordinator_partition(writer, group_id) {
             return JoinResult::error(member_id, e);
         }
         let create = if member_id.is_empty() {
@@ -526,7 +539,7 @@ impl GroupCoordinator {
         entry.waiters.insert(waiter, Waiter::Join(tx));
         let group_name = slot.group_id.clone();
         let result = self
-            .transact(broker, &slot, &mut entry, |s, now| match &mut s.group {
+            .transact(writer, &slot, &mut entry, |s, now| match &mut s.group {
                 Group::Classic(g) => {
                     let fx = g.join(req, waiter, now);
                     Outcome::classic(&group_name, g, fx)
@@ -546,16 +559,16 @@ impl GroupCoordinator {
     }
 
     /// SyncGroup: answers when the leader's assignment is persisted (or at once).
-    pub async fn sync_group(
+    pub async fn sync_group<W: PartitionWriter + ?Sized>(
         &self,
-        broker: &Broker,
+        writer: &W,
         group_id: &str,
         req: SyncRequest,
     ) -> SyncResult {
         if group_id.is_empty() {
             return SyncResult::error(ApiError::InvalidGroupId);
         }
-        if let Err(e) = self.coordinator_partition(broker, group_id) {
+        if let Err(e) = self.coordinator_partition(writer, group_id) {
             return SyncResult::error(e);
         }
         let Some((slot, mut entry)) = self.lock(group_id, Create::No).await else {
@@ -567,7 +580,7 @@ impl GroupCoordinator {
         let generation = req.generation_id;
         let group_name = slot.group_id.clone();
         let result = self
-            .transact(broker, &slot, &mut entry, |s, now| match &mut s.group {
+            .transact(writer, &slot, &mut entry, |s, now| match &mut s.group {
                 Group::Classic(g) => {
                     let fx = g.sync(req, waiter, now);
                     Outcome::classic(&group_name, g, fx)
@@ -581,7 +594,7 @@ impl GroupCoordinator {
             // waiting for it get the error and the group rebalances.
             let error = e.clone();
             let _ = self
-                .transact(broker, &slot, &mut entry, |s, now| match &mut s.group {
+                .transact(writer, &slot, &mut entry, |s, now| match &mut s.group {
                     Group::Classic(g) => {
                         let fx = g.assignment_store_failed(generation, error, now);
                         Outcome::classic(&group_name, g, fx)
@@ -596,9 +609,9 @@ impl GroupCoordinator {
             .unwrap_or_else(|_| SyncResult::error(ApiError::RebalanceInProgress))
     }
 
-    pub async fn heartbeat(
+    pub async fn heartbeat<W: PartitionWriter + ?Sized>(
         &self,
-        broker: &Broker,
+        writer: &W,
         group_id: &str,
         member_id: &str,
         instance_id: Option<&str>,
@@ -607,13 +620,13 @@ impl GroupCoordinator {
         if group_id.is_empty() {
             return Err(ApiError::InvalidGroupId);
         }
-        self.coordinator_partition(broker, group_id)?;
+        self.coordinator_partition(writer, group_id)?;
         let (slot, mut entry) = self
             .lock(group_id, Create::No)
             .await
             .ok_or(ApiError::UnknownMemberId)?;
         let mut result = Ok(());
-        self.transact(broker, &slot, &mut entry, |s, now| {
+        self.transact(writer, &slot, &mut entry, |s, now| {
             match &mut s.group {
                 Group::Classic(g) => {
                     result = g.heartbeat(member_id, instance_id, generation_id, now)
@@ -628,16 +641,16 @@ impl GroupCoordinator {
 
     /// LeaveGroup: `(member id, group instance id)` pairs; `Err` is the
     /// group-level error, otherwise one result per member.
-    pub async fn leave_group(
+    pub async fn leave_group<W: PartitionWriter + ?Sized>(
         &self,
-        broker: &Broker,
+        writer: &W,
         group_id: &str,
         members: Vec<(String, Option<String>)>,
     ) -> Result<Vec<Result<(), ApiError>>, ApiError> {
         if group_id.is_empty() {
             return Err(ApiError::InvalidGroupId);
         }
-        self.coordinator_partition(broker, group_id)?;
+        self.coordinator_partition(writer, group_id)?;
         let Some((slot, mut entry)) = self.lock(group_id, Create::No).await else {
             return Ok(members
                 .iter()
@@ -646,7 +659,7 @@ impl GroupCoordinator {
         };
         let mut results = Err(ApiError::UnknownMemberId);
         let group_name = slot.group_id.clone();
-        self.transact(broker, &slot, &mut entry, |s, now| match &mut s.group {
+        self.transact(writer, &slot, &mut entry, |s, now| match &mut s.group {
             Group::Classic(g) => {
                 let (r, fx) = g.leave(&members, now);
                 results = r;
@@ -687,12 +700,12 @@ impl GroupCoordinator {
     }
 
     /// `Ok(None)`: no such group.
-    pub async fn describe_group(
+    pub async fn describe_group<W: PartitionWriter + ?Sized>(
         &self,
-        broker: &Broker,
+        writer: &W,
         group_id: &str,
     ) -> Result<Option<GroupDescription>, ApiError> {
-        self.coordinator_partition(broker, group_id)?;
+        self.coordinator_partition(writer, group_id)?;
         Ok(match self.lock(group_id, Create::No).await {
             // Only classic groups are described here; a consumer group is
             // "not a classic group": Dead (v6+: GROUP_ID_NOT_FOUND), as Kafka.
@@ -705,11 +718,15 @@ impl GroupCoordinator {
 
     /// DeleteGroups for one group: tombstones for its offsets and its
     /// metadata, then it is gone.
-    pub async fn delete_group(&self, broker: &Broker, group_id: &str) -> Result<(), ApiError> {
+    pub async fn delete_group<W: PartitionWriter + ?Sized>(
+        &self,
+        writer: &W,
+        group_id: &str,
+    ) -> Result<(), ApiError> {
         if group_id.is_empty() {
             return Err(ApiError::InvalidGroupId);
         }
-        self.coordinator_partition(broker, group_id)?;
+        self.coordinator_partition(writer, group_id)?;
         let (slot, mut entry) = self
             .lock(group_id, Create::No)
             .await
@@ -727,7 +744,7 @@ impl GroupCoordinator {
             })
             .collect();
         records.extend(entry.state.group.tombstones(group_id));
-        self.append(broker, group_id, records)
+        self.append(writer, group_id, records)
             .await
             .map_err(store_error)?;
         let now = self.now();
@@ -906,26 +923,28 @@ impl GroupCoordinator {
         }
     }
 
-    /// Starts the task that runs each group's timers when they are due.
-    pub fn start_timers(broker: &Arc<Broker>) {
-        let weak = Arc::downgrade(broker);
-        tokio::spawn(run_timers(weak));
-        tokio::spawn(expiry::run(Arc::downgrade(broker)));
+    /// Starts the task that runs each group's timers when they are due,
+    /// and the offset expiry task.
+    pub fn start_timers<H: GroupHost>(host: &Arc<H>) {
+        tokio::spawn(run_timers(Arc::downgrade(host)));
+        tokio::spawn(expiry::run(Arc::downgrade(host)));
     }
 
     /// Makes sure `__consumer_offsets` exists (FindCoordinator does this).
-    pub async fn ensure_offsets_topic(broker: &Broker) -> Result<Arc<TopicImage>, ApiError> {
-        broker
+    pub async fn ensure_offsets_topic<W: PartitionWriter + ?Sized>(
+        writer: &W,
+    ) -> Result<Arc<TopicImage>, ApiError> {
+        writer
             .ensure_internal_topic(CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS)
             .await
     }
 }
 
-async fn run_timers(broker: Weak<Broker>) {
+async fn run_timers<H: GroupHost>(host: Weak<H>) {
     loop {
         let (next, due) = {
-            let Some(b) = broker.upgrade() else { return };
-            let coordinator = &b.groups;
+            let Some(b) = host.upgrade() else { return };
+            let coordinator = b.group_coordinator();
             let now = coordinator.now();
             let mut next = now + 1000;
             let mut due = Vec::new();
@@ -942,29 +961,29 @@ async fn run_timers(broker: Weak<Broker>) {
             (next - now, due)
         };
         for slot in due {
-            let broker = broker.clone();
+            let host = host.clone();
             tokio::spawn(async move {
-                if let Some(b) = broker.upgrade() {
-                    tick_group(&b, &slot).await;
+                if let Some(b) = host.upgrade() {
+                    tick_group(&*b, &slot).await;
                 }
                 slot.ticking.store(false, Ordering::Release);
             });
         }
-        let Some(b) = broker.upgrade() else { return };
-        let wake = b.groups.wake.notified();
+        let Some(b) = host.upgrade() else { return };
+        let wake = b.group_coordinator().wake.notified();
         let _ = tokio::time::timeout(Duration::from_millis(next.max(1) as u64), wake).await;
     }
 }
 
-async fn tick_group(broker: &Broker, slot: &Arc<GroupSlot>) {
-    let coordinator = &broker.groups;
+async fn tick_group<H: GroupHost>(host: &H, slot: &Arc<GroupSlot>) {
+    let coordinator = host.group_coordinator();
     let mut entry = slot.entry.clone().lock_owned().await;
     if entry.removed {
         return;
     }
     let group_name = slot.group_id.clone();
     let result = coordinator
-        .transact(broker, slot, &mut entry, |s, now| {
+        .transact(host, slot, &mut entry, |s, now| {
             s.group.tick(&group_name, now)
         })
         .await;

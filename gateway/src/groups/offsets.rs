@@ -9,7 +9,6 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::broker::Broker;
 use crate::coordinator::{store_error, PartitionWriter};
 use crate::error::ApiError;
 use crate::groups::records::{CoordinatorRecord, OffsetCommitValue};
@@ -249,14 +248,14 @@ impl GroupCoordinator {
 
     /// OffsetFetch for one group: `topics` None means every committed offset.
     /// An unknown group has no offsets (Kafka answers -1, not an error).
-    pub async fn fetch_offsets(
+    pub async fn fetch_offsets<W: PartitionWriter + ?Sized>(
         &self,
-        broker: &Broker,
+        writer: &W,
         group_id: &str,
         member: Option<(&str, i32)>,
         topics: Option<Vec<(String, Vec<i32>)>>,
     ) -> Result<FetchedOffsets, ApiError> {
-        self.coordinator_partition(broker, group_id)?;
+        self.coordinator_partition(writer, group_id)?;
         let mut known = true;
         let offsets = match self.lock(group_id, Create::No).await {
             Some((_slot, entry)) => {
@@ -303,23 +302,23 @@ impl GroupCoordinator {
     }
 
     /// OffsetDelete: `Err` is the group-level error.
-    pub async fn delete_offsets(
+    pub async fn delete_offsets<W: PartitionWriter + ?Sized>(
         &self,
-        broker: &Broker,
+        writer: &W,
         group_id: &str,
         topics: Vec<(String, Vec<i32>)>,
     ) -> Result<PartitionResults, ApiError> {
         if group_id.is_empty() {
             return Err(ApiError::InvalidGroupId);
         }
-        self.coordinator_partition(broker, group_id)?;
+        self.coordinator_partition(writer, group_id)?;
         let (slot, mut entry) = self
             .lock(group_id, Create::No)
             .await
             .ok_or(ApiError::GroupIdNotFound)?;
         let kind = entry.state.group.kind();
         kind.validate_offset_delete()?;
-        let image = broker.image();
+        let image = writer.image();
         let mut results: PartitionResults = Vec::new();
         let mut deleted: Vec<(String, i32)> = Vec::new();
         for (topic, partitions) in &topics {
@@ -351,7 +350,7 @@ impl GroupCoordinator {
                     value: None,
                 })
                 .collect();
-            self.append(broker, group_id, records)
+            self.append(writer, group_id, records)
                 .await
                 .map_err(store_error)?;
             for (t, p) in deleted {

@@ -33,7 +33,6 @@ use std::time::{Duration, Instant};
 
 use tessera_metadata::TopicImage;
 
-use crate::broker::Broker;
 use crate::config::BrokerConfig;
 use crate::coordinator::{store_error, Markers, PartitionWriter, TxnHost};
 use crate::error::ApiError;
@@ -102,6 +101,13 @@ pub struct TxnCoordinator {
     loaded: crate::coordinator::LoadedPartitions,
 }
 
+/// The broker as the transaction coordinator's timer sees it: what the
+/// coordinator needs ([`TxnHost`]) and the coordinator it holds.
+/// Implemented by `Broker` (`broker/txn_markers.rs`).
+pub trait TxnTimerHost: TxnHost + 'static {
+    fn txn_coordinator(&self) -> &TxnCoordinator;
+}
+
 impl TxnCoordinator {
     pub fn new(config: &BrokerConfig) -> Self {
         TxnCoordinator {
@@ -123,7 +129,7 @@ impl TxnCoordinator {
             .await
     }
 
-    /// The `__transaction_state` partition of an id, if this host leads it.
+    /// The `__transaction_state` partition of an id, if this broker leads it.
     pub fn coordinator_partition<H: TxnHost + ?Sized>(
         &self,
         host: &H,
@@ -215,7 +221,7 @@ impl TxnCoordinator {
     ) -> Result<(), ApiError> {
         let views = self.views.read();
         let Some(view) = views.get(&producer_id) else {
-            // Its coordinator is another host's: a Kafka 3.x partition
+            // Its coordinator is another broker's: a Kafka 3.x partition
             // leader accepts the batch without asking it (KIP-890 adds the
             // check); the marker the coordinator sends ends it.
             return Ok(());
@@ -388,7 +394,7 @@ impl TxnCoordinator {
         let commit = prepared.state == TxnState::PrepareCommit;
         // Completes the group coordinator's pending offsets where a
         // `__consumer_offsets` partition takes its marker (here or on the
-        // host that leads it).
+        // broker that leads it).
         self.write_markers(host, &prepared, commit).await?;
         let done = prepared.complete(Self::now())?;
         self.persist_and_apply(host, slot, done).await
@@ -445,7 +451,7 @@ impl TxnCoordinator {
 
     // ---- load and timers ---------------------------------------------------
 
-    /// Replays `partitions` of `__transaction_state` (which this host now
+    /// Replays `partitions` of `__transaction_state` (which this broker now
     /// leads); requests for their ids are served from then on.
     pub async fn load_partitions<H: TxnHost + ?Sized>(
         &self,
@@ -517,7 +523,7 @@ impl TxnCoordinator {
         Ok(())
     }
 
-    /// Drops the transactional ids of `partitions` (this host no longer
+    /// Drops the transactional ids of `partitions` (this broker no longer
     /// leads them): their requests get NOT_COORDINATOR.
     pub fn unload_partitions(&self, partitions: &[i32]) {
         self.loaded.remove(partitions);
@@ -533,8 +539,8 @@ impl TxnCoordinator {
 
     /// Starts the task that aborts timed-out transactions, finishes
     /// transactions left in a Prepare state and expires idle ids.
-    pub fn start_timers(broker: &Arc<Broker>) {
-        tokio::spawn(run_timer(Arc::downgrade(broker)));
+    pub fn start_timers<H: TxnTimerHost>(host: &Arc<H>) {
+        tokio::spawn(run_timer(Arc::downgrade(host)));
     }
 
     /// One pass of the timer.
@@ -596,13 +602,14 @@ fn describe(m: &TxnMetadata) -> TxnDescription {
     }
 }
 
-async fn run_timer(broker: Weak<Broker>) {
+async fn run_timer<H: TxnTimerHost>(host: Weak<H>) {
     // The first pass right away: finish what a restart left in a Prepare state.
     loop {
         let interval = {
-            let Some(b) = broker.upgrade() else { return };
-            b.txns.tick(&b).await;
-            b.txns.cleanup_interval_ms
+            let Some(h) = host.upgrade() else { return };
+            let txns = h.txn_coordinator();
+            txns.tick(&*h).await;
+            txns.cleanup_interval_ms
         };
         tokio::time::sleep(Duration::from_millis(interval)).await;
     }
