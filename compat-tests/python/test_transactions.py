@@ -270,17 +270,24 @@ def committed_count(broker, topic, partitions):
     return got
 
 
-def test_consume_transform_produce_exactly_once_through_app_kill(broker, tmp_path):
-    src, dst = unique_topic("eos-in"), unique_topic("eos-out")
+def eos_setup(broker, tmp_path, prefix: str, n: int, app_text: str):
+    """The input topic with `n` records ("0".."n-1", spread over the
+    partitions), an empty output topic, and the application's script."""
+    src, dst = unique_topic(f"{prefix}-in"), unique_topic(f"{prefix}-out")
     create_topic(broker, src, partitions=PARTITIONS)
     create_topic(broker, dst, partitions=PARTITIONS)
-    n = 1500
     prod = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
     for i in range(n):
         prod.produce(src, value=f"{i}".encode(), partition=i % PARTITIONS)
-    prod.flush(30)
+    assert prod.flush(30) == 0
     app = tmp_path / "app.py"
-    app.write_text(APP)
+    app.write_text(app_text)
+    return src, dst, app
+
+
+def test_consume_transform_produce_exactly_once_through_app_kill(broker, tmp_path):
+    n = 1500
+    src, dst, app = eos_setup(broker, tmp_path, "eos", n, APP)
     group, txn_id = f"eos-{uuid.uuid4().hex[:6]}", f"eos-{uuid.uuid4().hex[:6]}"
     args = [sys.executable, str(app), broker.bootstrap, src, dst, group, txn_id]
 
@@ -359,16 +366,8 @@ def test_consume_transform_produce_exactly_once_through_broker_kills(broker, tmp
     application runs (read_committed in, transactional out, offsets sent to
     the transaction): the committed output holds every input record exactly
     once."""
-    src, dst = unique_topic("eosk-in"), unique_topic("eosk-out")
-    create_topic(broker, src, partitions=PARTITIONS)
-    create_topic(broker, dst, partitions=PARTITIONS)
     n = 2000
-    prod = Producer({"bootstrap.servers": broker.bootstrap, "enable.idempotence": True})
-    for i in range(n):
-        prod.produce(src, value=f"{i}".encode(), partition=i % PARTITIONS)
-    assert prod.flush(30) == 0
-    app = tmp_path / "app.py"
-    app.write_text(CRASH_ONLY_APP)
+    src, dst, app = eos_setup(broker, tmp_path, "eosk", n, CRASH_ONLY_APP)
     group, txn_id = f"eosk-{uuid.uuid4().hex[:6]}", f"eosk-{uuid.uuid4().hex[:6]}"
     args = [sys.executable, str(app), broker.bootstrap, src, dst, group, txn_id]
     app_log = tmp_path / "app.log"

@@ -451,38 +451,11 @@ mod tests;
 /// Builders for tests in this and other crates.
 #[doc(hidden)]
 pub mod testing {
-    use super::*;
-
     /// An uncompressed batch of `(key, value)` records (value `None`: a
     /// tombstone) at base offset 0 with `timestamp`, no producer id.
     pub fn keyed_batch(records: &[(&[u8], Option<&[u8]>)], timestamp: i64) -> Vec<u8> {
-        let header = BatchHeader {
-            base_offset: 0,
-            batch_length: 0,
-            partition_leader_epoch: -1,
-            magic: 2,
-            crc: 0,
-            attributes: 0,
-            last_offset_delta: records.len() as i32 - 1,
-            base_timestamp: timestamp,
-            max_timestamp: timestamp,
-            producer_id: -1,
-            producer_epoch: -1,
-            base_sequence: -1,
-            record_count: records.len() as i32,
-        };
-        let records: Vec<Record> = records
-            .iter()
-            .enumerate()
-            .map(|(i, (k, v))| Record {
-                attributes: 0,
-                timestamp,
-                offset: i as i64,
-                key: Some(Bytes::copy_from_slice(k)),
-                value: v.map(Bytes::copy_from_slice),
-                headers: Bytes::from_static(&[0]),
-            })
-            .collect();
-        encode_batch(&header, &records, None).expect("uncompressed encoding")
+        let records: Vec<crate::records::KeyValue<'_>> =
+            records.iter().map(|(k, v)| (Some(*k), *v)).collect();
+        crate::records::build_batch(-1, -1, -1, 0, timestamp, &records)
     }
 }
