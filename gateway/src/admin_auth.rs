@@ -22,6 +22,7 @@ use base64::Engine;
 use tessera_metadata::MetadataImage;
 
 use crate::listeners::{Listener, SecurityProtocol};
+use crate::sasl::constant_time_eq;
 use crate::sasl::scram::{ScramCredential, ScramMechanism};
 
 /// What a route needs.
@@ -97,16 +98,9 @@ fn scram_matches(
     credentials
         .range((user.to_string(), 0)..=(user.to_string(), u8::MAX))
         .any(|(_, record)| {
-            let Some(mechanism) = ScramMechanism::from_kafka_type(record.mechanism as i8) else {
-                return false;
-            };
-            let candidate = ScramCredential::from_password(
-                mechanism,
-                password,
-                &record.salt,
-                record.iterations,
-            );
-            constant_time_eq(&candidate.stored_key, &record.stored_key)
+            ScramMechanism::from_kafka_type(record.mechanism as i8).is_some_and(|mechanism| {
+                ScramCredential::from_record(record).verify_password(mechanism, password)
+            })
         })
 }
 
@@ -132,10 +126,6 @@ pub fn caller(head: &str, listeners: &[Listener], image: &MetadataImage) -> Call
         Ok(None) if anonymous_allowed(listeners) => Caller::Principal("User:ANONYMOUS".into()),
         Ok(None) => Caller::Unauthenticated("authentication required"),
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 #[cfg(test)]

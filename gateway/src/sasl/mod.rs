@@ -34,6 +34,12 @@ use crate::listeners::Listener;
 use crate::wire::encode_response;
 use scram::{ScramCredential, ScramMechanism, ScramServer, ScramStep};
 
+/// Equality of two secrets in time that depends on their length only (no
+/// early exit on the first differing byte): every password and key check.
+pub fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
 /// One mechanism's exchange in progress.
 pub enum Exchange {
     Plain,

@@ -2,6 +2,7 @@
 //! `user_NAME="password"` options of a `PlainLoginModule` JAAS entry
 //! (`listener.name.<listener>.plain.sasl.jaas.config`). Pure.
 
+use super::constant_time_eq;
 use std::collections::BTreeMap;
 
 /// Why a PLAIN exchange failed: Kafka's messages (`PlainSaslServer`).
@@ -44,10 +45,6 @@ pub fn authenticate(
         Some(expected) if constant_time_eq(expected.as_bytes(), password) => Ok(user),
         _ => Err(PlainError::Credentials),
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A JAAS entry's options: `LoginModuleClass required key="value" key2=value;`.

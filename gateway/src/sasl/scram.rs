@@ -2,6 +2,7 @@
 //! credentials as Kafka stores them (salt, iterations, stored key, server
 //! key; never the password). Pure: no I/O, the nonce is given.
 
+use super::constant_time_eq;
 use base64::engine::general_purpose::STANDARD as B64;
 use base64::Engine;
 use hmac::{Hmac, Mac};
@@ -120,6 +121,13 @@ impl ScramCredential {
     ) -> ScramCredential {
         let salted = mechanism.salted_password(password.as_bytes(), salt, iterations);
         Self::from_salted_password(mechanism, &salted, salt, iterations)
+    }
+
+    /// Whether `password` is the one this credential was made from (a
+    /// login that carries the password itself: the admin port's Basic).
+    pub fn verify_password(&self, mechanism: ScramMechanism, password: &str) -> bool {
+        let candidate = Self::from_password(mechanism, password, &self.salt, self.iterations);
+        constant_time_eq(&candidate.stored_key, &self.stored_key)
     }
 
     pub fn to_record(&self, user: &str, mechanism: ScramMechanism) -> ScramCredentialRecord {
@@ -371,10 +379,6 @@ impl ScramServer {
         let server_signature = m.hmac(&credential.server_key, auth_message.as_bytes());
         Ok(format!("v={}", B64.encode(server_signature)).into_bytes())
     }
-}
-
-fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 /// A fresh server nonce: 32 random alphanumeric characters (Kafka's
