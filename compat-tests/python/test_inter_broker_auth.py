@@ -84,8 +84,8 @@ def read_frame(range_id: int, seq: int = 0) -> bytes:
     return repl_frame(READ, struct.pack(">QIQIQ", range_id, seq, 0, 4 << 20, 0))
 
 
-def fence_frame(range_id: int, seq: int = 0) -> bytes:
-    return repl_frame(FENCE, struct.pack(">QI", range_id, seq))
+def fence_frame(range_id: int, seq: int = 0, epoch: int = 0) -> bytes:
+    return repl_frame(FENCE, struct.pack(">QIi", range_id, seq, epoch))
 
 
 def read_snapshot_frame(range_id: int, seq: int = 0) -> bytes:
@@ -306,7 +306,7 @@ def test_upgrade_only_on_the_inter_broker_listener(two_listeners):
     # A stream's Hello must name a registered broker: from broker 1 an
     # append for a segment it is no primary of is refused in-stream; from
     # "broker 99" the stream is closed before any append is looked at.
-    append = repl_frame(APPEND, struct.pack(">QIQ", 1 << 40, 0, 0) + b"x")
+    append = repl_frame(APPEND, struct.pack(">QIiQ", 1 << 40, 0, 0, 0) + b"x")
     got, closed = attempt((b.host, b.port), hello_frame(1) + append, ("admin", "admin-secret"),
                           quiet=5.0)
     assert [kind for kind, _ in replication_replies(got)] == [REFUSED], got[:200]

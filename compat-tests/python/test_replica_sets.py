@@ -160,10 +160,11 @@ def test_a_dead_follower_leaves_the_active_set_for_the_free_broker(cluster):
     check_read_back(acks.acked, read_back(boot, topic, 2, acks.acked), 2)
 
 
-def fence_frame(range_id: int, seq: int) -> bytes:
-    """The replication upgrade request, then a Fence of segment (range, seq)."""
+def fence_frame(range_id: int, seq: int, epoch: int) -> bytes:
+    """The replication upgrade request, then a Fence of segment (range, seq)
+    at its leader epoch."""
     upgrade = struct.pack(">Ihhih", 10, 0x7E01, 0, 0, -1)
-    body = struct.pack(">BQI", 6, range_id, seq)
+    body = struct.pack(">BQIi", 6, range_id, seq, epoch)
     return upgrade + struct.pack(">I", len(body)) + body
 
 
@@ -185,7 +186,7 @@ def test_a_primary_fenced_by_a_seal_that_never_got_recorded_serves_again(cluster
     # What a sealer does first, and then nothing: it died.
     host, port = cluster["bootstrap"][leader - 1].split(":")
     with socket.create_connection((host, int(port)), timeout=10) as s:
-        s.sendall(fence_frame(seg["range"], seg["seq"]))
+        s.sendall(fence_frame(seg["range"], seg["seq"], seg["leader_epoch"]))
         (length,) = struct.unpack(">I", s.recv(4))
         reply = b""
         while len(reply) < length:

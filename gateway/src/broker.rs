@@ -13,6 +13,7 @@ mod configs;
 mod follower_fetch;
 mod internal_topics;
 mod liveness;
+mod lost_log;
 pub mod ranges;
 mod reconcile;
 mod replicas;

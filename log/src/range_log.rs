@@ -540,6 +540,11 @@ impl RangeLog {
     pub fn dir(&self) -> &Path {
         &self.options.dir
     }
+    /// The leader epoch this log was opened at: every segment it writes
+    /// (its own rolls included) belongs to that epoch.
+    pub fn leader_epoch(&self) -> i32 {
+        self.options.leader_epoch
+    }
 
     fn index_of(&self, partition: u32) -> Result<usize, LogError> {
         if partition < self.options.lo || partition >= self.options.hi {

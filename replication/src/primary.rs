@@ -409,6 +409,7 @@ async fn pump(
                     range: r.range,
                     seq,
                 },
+                epoch: r.log.leader_epoch(),
                 position: pos,
                 frames: bytes::Bytes::new(),
             };
@@ -467,6 +468,7 @@ async fn pump(
                     range: r.range,
                     seq,
                 },
+                epoch: r.log.leader_epoch(),
                 position: pos,
                 frames: chunk.bytes,
             };

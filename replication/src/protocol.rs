@@ -35,9 +35,14 @@ pub struct SegmentKey {
 pub enum Message {
     /// First frame of a stream: who is calling.
     Hello { from: i32 },
-    /// Primary → follower: stored frames starting at `position` of the segment.
+    /// Primary → follower: stored frames starting at `position` of the
+    /// segment, written by the primary's log of leader epoch `epoch` (a
+    /// follower takes them only for the segment its image records with
+    /// that epoch: a zombie primary's own roll of the same sequence number
+    /// is another segment).
     Append {
         segment: SegmentKey,
+        epoch: i32,
         position: u64,
         frames: Bytes,
     },
@@ -52,8 +57,11 @@ pub enum Message {
         retry: bool,
         reason: String,
     },
-    /// Controller → replica: fence the segment and report the durable end.
-    Fence { segment: SegmentKey },
+    /// Controller → replica: fence the segment, as the fencer's image
+    /// records it with leader epoch `epoch`, and report the durable end. A
+    /// replica whose copy or log of that sequence number belongs to another
+    /// epoch refuses and changes nothing.
+    Fence { segment: SegmentKey, epoch: i32 },
     /// The replica's durable end, and per partition the offsets its copy
     /// holds up to there `(partition, start, end exclusive)`.
     Fenced {
@@ -131,19 +139,22 @@ impl Message {
             }
             Message::Append {
                 segment,
+                epoch,
                 position,
                 frames,
+            } => {
+                b.put_u8(APPEND);
+                put_segment(&mut b, segment);
+                b.put_i32(*epoch);
+                b.put_u64(*position);
+                b.extend_from_slice(frames);
             }
-            | Message::Data {
+            Message::Data {
                 segment,
                 position,
                 frames,
             } => {
-                b.put_u8(if matches!(self, Message::Append { .. }) {
-                    APPEND
-                } else {
-                    DATA
-                });
+                b.put_u8(DATA);
                 put_segment(&mut b, segment);
                 b.put_u64(*position);
                 b.extend_from_slice(frames);
@@ -168,9 +179,10 @@ impl Message {
                 b.put_u8(*retry as u8);
                 b.extend_from_slice(reason.as_bytes());
             }
-            Message::Fence { segment } => {
+            Message::Fence { segment, epoch } => {
                 b.put_u8(FENCE);
                 put_segment(&mut b, segment);
+                b.put_i32(*epoch);
             }
             Message::Fenced {
                 segment,
@@ -245,23 +257,26 @@ impl Message {
                     from: body.get_i32(),
                 }
             }
-            APPEND | DATA => {
+            APPEND => {
+                let segment = segment(&mut body)?;
+                need(&body, 12)?;
+                let epoch = body.get_i32();
+                let position = body.get_u64();
+                Message::Append {
+                    segment,
+                    epoch,
+                    position,
+                    frames: body.split_to(body.len()),
+                }
+            }
+            DATA => {
                 let segment = segment(&mut body)?;
                 need(&body, 8)?;
                 let position = body.get_u64();
-                let frames = body.split_to(body.len());
-                if kind == APPEND {
-                    Message::Append {
-                        segment,
-                        position,
-                        frames,
-                    }
-                } else {
-                    Message::Data {
-                        segment,
-                        position,
-                        frames,
-                    }
+                Message::Data {
+                    segment,
+                    position,
+                    frames: body.split_to(body.len()),
                 }
             }
             FENCED => {
@@ -308,9 +323,14 @@ impl Message {
                     reason,
                 }
             }
-            FENCE => Message::Fence {
-                segment: segment(&mut body)?,
-            },
+            FENCE => {
+                let segment = segment(&mut body)?;
+                need(&body, 4)?;
+                Message::Fence {
+                    segment,
+                    epoch: body.get_i32(),
+                }
+            }
             READ_SNAPSHOT => Message::ReadSnapshot {
                 segment: segment(&mut body)?,
             },
@@ -417,6 +437,7 @@ mod tests {
             Message::Hello { from: 2 },
             Message::Append {
                 segment: s,
+                epoch: 4,
                 position: 99,
                 frames: Bytes::from_static(b"abc"),
             },
@@ -430,7 +451,10 @@ mod tests {
                 retry: true,
                 reason: "behind".into(),
             },
-            Message::Fence { segment: s },
+            Message::Fence {
+                segment: s,
+                epoch: 2,
+            },
             Message::Fenced {
                 segment: s,
                 end: 11,
@@ -476,6 +500,9 @@ mod tests {
             b"\x0a\0\0\0\0\0\0\0\x01\0\0\0",
             b"\x0a\0\0\0\0\0\0\0\x01\0\0\0\x01\0",
             b"\x0b\0\0",
+            // A Fence without its epoch, an Append without its position.
+            b"\x06\0\0\0\0\0\0\0\x01\0\0\0\x01",
+            b"\x02\0\0\0\0\0\0\0\x01\0\0\0\x01\0\0\0\x02",
             b"\x0b\0\0\0\0\0\0\0\x01\0\0\0\x01\0\0\0\x05ab",
         ] {
             assert!(Message::decode(Bytes::copy_from_slice(body)).is_err());

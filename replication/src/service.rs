@@ -32,21 +32,29 @@ pub struct Refusal {
 /// What the follower side needs to know from the broker's metadata image.
 pub trait Directory: Send + Sync + 'static {
     /// Where this broker keeps its copy of `key` if the image names it a
-    /// follower of that active segment with `primary` as its primary.
-    fn follower_dir(&self, key: SegmentKey, primary: i32) -> Result<PathBuf, Refusal>;
+    /// follower of that active segment with `primary` as its primary and
+    /// `epoch` as its leader epoch.
+    fn follower_dir(&self, key: SegmentKey, primary: i32, epoch: i32) -> Result<PathBuf, Refusal>;
     /// The directory of `key`'s range, if the image knows the range.
     fn range_dir(&self, key: SegmentKey) -> Option<PathBuf>;
     /// This broker's range log of `range` (it is, or was, its primary).
     fn primary_log(&self, range: u64) -> Option<Arc<RangeLog>>;
     /// Where this broker's copy of `segment` is and its sealed size, when
     /// the image records the segment sealed with this broker among its
-    /// replicas and `primary` as its primary (its stream may complete a
-    /// short copy). `None` otherwise.
-    fn sealed_copy(&self, _segment: SegmentKey, _primary: i32) -> Option<(PathBuf, u64)> {
+    /// replicas, `primary` as its primary and `epoch` as its leader epoch
+    /// (its stream may complete a short copy). `None` otherwise.
+    fn sealed_copy(
+        &self,
+        _segment: SegmentKey,
+        _primary: i32,
+        _epoch: i32,
+    ) -> Option<(PathBuf, u64)> {
         None
     }
     /// Whether the image records `segment` sealed (`None`: not known).
     fn segment_sealed(&self, segment: SegmentKey) -> Option<bool>;
+    /// The leader epoch the image records for `segment` (`None`: not known).
+    fn segment_epoch(&self, segment: SegmentKey) -> Option<i32>;
     /// The cleaning pass this broker's copy of `segment` is at, when known
     /// (its range's passes applied here); `None` while it may be behind.
     fn copy_clean_pass(&self, segment: SegmentKey) -> Option<u64>;
@@ -88,8 +96,8 @@ pub async fn serve<R, W>(
                 "replication stream refused: Hello names no registered broker"
             );
         }
-        Message::Fence { segment } => {
-            let _ = tx.send(fence(segment, &store, &*dir));
+        Message::Fence { segment, epoch } => {
+            let _ = tx.send(fence(segment, epoch, &store, &*dir));
         }
         Message::Read {
             segment,
@@ -160,6 +168,7 @@ async fn stream<R: AsyncRead + Unpin>(
         };
         let Message::Append {
             segment,
+            epoch,
             position,
             frames,
         } = msg
@@ -167,12 +176,12 @@ async fn stream<R: AsyncRead + Unpin>(
             tracing::info!(primary, "unexpected message in a replication stream");
             break;
         };
-        let reply = match dir.follower_dir(segment, primary) {
+        let reply = match dir.follower_dir(segment, primary, epoch) {
             // Sealed while this copy was still receiving it (a quorum
             // without this broker committed it first): the rest of the
             // stream completes the copy, as a repair would.
-            Err(_) if dir.sealed_copy(segment, primary).is_some() => {
-                let (path, size) = dir.sealed_copy(segment, primary).expect("just seen");
+            Err(_) if dir.sealed_copy(segment, primary, epoch).is_some() => {
+                let (path, size) = dir.sealed_copy(segment, primary, epoch).expect("just seen");
                 complete_sealed_copy(
                     &store, segment, &path, size, position, &frames, &dirty, &wake,
                 )
@@ -351,11 +360,44 @@ async fn flush(
     }
 }
 
-/// Fences this broker's replica of `segment`: its own range log if it is
-/// the primary, else its follower copy (created empty if it has none, so
-/// nothing is accepted for it later).
-pub fn fence(segment: SegmentKey, store: &ReplicaStore, dir: &dyn Directory) -> Message {
+/// Fences this broker's replica of `segment` at leader epoch `epoch`: its
+/// own range log if it is the primary, else its follower copy (created
+/// empty if it has none, so nothing is accepted for it later).
+///
+/// A fence meant for another epoch changes nothing: one older than the
+/// image's (a fencer whose image was behind) is refused for good; one for
+/// a segment number this broker's own log wrote at another epoch (a
+/// zombie primary's roll nobody recorded, while a failover opened the
+/// same number elsewhere) is refused until the log is closed and its
+/// unrecorded segments discarded: its bytes are not the fenced segment's.
+pub fn fence(
+    segment: SegmentKey,
+    epoch: i32,
+    store: &ReplicaStore,
+    dir: &dyn Directory,
+) -> Message {
+    if let Some(known) = dir.segment_epoch(segment) {
+        if known > epoch {
+            return Message::Refused {
+                segment,
+                retry: false,
+                reason: format!("stale fence: the segment's leader epoch is {known}, not {epoch}"),
+            };
+        }
+    }
     if let Some(log) = dir.primary_log(segment.range) {
+        if log.leader_epoch() != epoch && log.holds_segment(segment.seq) {
+            return Message::Refused {
+                segment,
+                retry: true,
+                reason: format!(
+                    "this broker's log of epoch {} holds another segment {}/{}",
+                    log.leader_epoch(),
+                    segment.range,
+                    segment.seq
+                ),
+            };
+        }
         let (sealed, active) = log.local_segments();
         if let Some(s) = sealed.iter().find(|s| s.seq == segment.seq) {
             // Sealed here already by a roll. If the image has not recorded

@@ -28,14 +28,19 @@ pub struct LocalHistory {
     pub holds_previous: bool,
     /// `<seq>.snapshot` is in the range directory already.
     pub holds_snapshot: bool,
+    /// The range is a split or merge child and this broker does not hold
+    /// its parents' logs: the history before its segment 0 is elsewhere.
+    pub ancestors_elsewhere: bool,
 }
 
 /// Whether a follower of segment `seq` must fetch the snapshot where it
-/// starts. Segment 0 has no history in its range (a split or merge child
-/// takes its producers from its parents).
+/// starts. Segment 0 has no history in its range: a split or merge child
+/// takes its producers from its parents, which only a broker that holds
+/// their logs can read (any other one fetches `<0>.snapshot`, which the
+/// child's first primary wrote from them).
 #[must_use]
 pub fn needs_snapshot(seq: u32, local: LocalHistory) -> bool {
-    seq > 0 && !local.holds_previous && !local.holds_snapshot
+    (seq > 0 || local.ancestors_elsewhere) && !local.holds_previous && !local.holds_snapshot
 }
 
 /// Which producer snapshot a broker about to open a replicated range as its
@@ -54,6 +59,7 @@ pub fn needs_snapshot(seq: u32, local: LocalHistory) -> bool {
 pub fn snapshot_needed_to_lead(
     first: u32,
     local: &[u32],
+    ancestors_elsewhere: bool,
     has_snapshot: impl Fn(u32) -> bool,
 ) -> Option<u32> {
     let newest = *local.last()?;
@@ -67,8 +73,9 @@ pub fn snapshot_needed_to_lead(
     let local = LocalHistory {
         // Nothing of the range lies before its first segment (retention
         // deleted it, or it is segment 0).
-        holds_previous: start <= first,
+        holds_previous: start <= first && !(start == 0 && ancestors_elsewhere),
         holds_snapshot: (start..=newest).any(has_snapshot),
+        ancestors_elsewhere: start == 0 && ancestors_elsewhere,
     };
     needs_snapshot(start, local).then_some(start)
 }
@@ -158,6 +165,7 @@ mod tests {
     #[test]
     fn only_a_follower_without_the_previous_segment_or_the_snapshot_fetches() {
         let local = |holds_previous, holds_snapshot| LocalHistory {
+            ancestors_elsewhere: false,
             holds_previous,
             holds_snapshot,
         };
@@ -165,31 +173,65 @@ mod tests {
         assert!(!needs_snapshot(3, local(true, false)));
         assert!(!needs_snapshot(3, local(false, true)));
         assert!(!needs_snapshot(0, local(false, false)));
+        // Segment 0 of a child whose parents' logs are not here.
+        let child = |holds_snapshot| LocalHistory {
+            ancestors_elsewhere: true,
+            holds_previous: false,
+            holds_snapshot,
+        };
+        assert!(needs_snapshot(0, child(false)));
+        assert!(!needs_snapshot(0, child(true)));
+    }
+
+    #[test]
+    fn a_child_led_without_its_parents_needs_a_snapshot_of_its_own_history() {
+        // A follower of a merge child since its segment 0, failed over to:
+        // its copies are the child's whole history, not the parents'.
+        assert_eq!(
+            snapshot_needed_to_lead(0, &[0, 1, 2], true, |_| false),
+            Some(0)
+        );
+        assert_eq!(
+            snapshot_needed_to_lead(0, &[0, 1, 2], true, |s| s == 0),
+            None
+        );
+        assert_eq!(
+            snapshot_needed_to_lead(0, &[0, 1, 2], true, |s| s == 2),
+            None
+        );
+        // A run after a gap needs its own snapshot anyway.
+        assert_eq!(
+            snapshot_needed_to_lead(0, &[0, 2, 3], true, |s| s == 0),
+            Some(2)
+        );
     }
 
     #[test]
     fn a_primary_needs_the_snapshot_where_its_last_unbroken_run_starts() {
         let none = |_| false;
         // The whole history is local.
-        assert_eq!(snapshot_needed_to_lead(0, &[0, 1, 2], none), None);
+        assert_eq!(snapshot_needed_to_lead(0, &[0, 1, 2], false, none), None);
         // A spare that followed segment 1 leads segment 2.
-        assert_eq!(snapshot_needed_to_lead(0, &[1, 2], none), Some(1));
-        assert_eq!(snapshot_needed_to_lead(0, &[1, 2], |s| s == 1), None);
+        assert_eq!(snapshot_needed_to_lead(0, &[1, 2], false, none), Some(1));
+        assert_eq!(snapshot_needed_to_lead(0, &[1, 2], false, |s| s == 1), None);
         // A snapshot where a later segment of the run starts does as well.
-        assert_eq!(snapshot_needed_to_lead(0, &[1, 2, 3], |s| s == 2), None);
+        assert_eq!(
+            snapshot_needed_to_lead(0, &[1, 2, 3], false, |s| s == 2),
+            None
+        );
         // Away for segment 2: the run after the gap counts, an older
         // snapshot does not.
         assert_eq!(
-            snapshot_needed_to_lead(0, &[0, 1, 3, 4], |s| s == 1),
+            snapshot_needed_to_lead(0, &[0, 1, 3, 4], false, |s| s == 1),
             Some(3)
         );
         // Retention deleted what came before the local run.
-        assert_eq!(snapshot_needed_to_lead(5, &[5, 6], none), None);
-        assert_eq!(snapshot_needed_to_lead(5, &[2, 5, 6], none), None);
+        assert_eq!(snapshot_needed_to_lead(5, &[5, 6], false, none), None);
+        assert_eq!(snapshot_needed_to_lead(5, &[2, 5, 6], false, none), None);
         // Only the new active segment is local.
-        assert_eq!(snapshot_needed_to_lead(0, &[4], none), Some(4));
-        assert_eq!(snapshot_needed_to_lead(0, &[0], none), None);
-        assert_eq!(snapshot_needed_to_lead(0, &[], none), None);
+        assert_eq!(snapshot_needed_to_lead(0, &[4], false, none), Some(4));
+        assert_eq!(snapshot_needed_to_lead(0, &[0], false, none), None);
+        assert_eq!(snapshot_needed_to_lead(0, &[], false, none), None);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use tokio::io::AsyncReadExt;
 struct FollowerDir(PathBuf);
 
 impl Directory for FollowerDir {
-    fn follower_dir(&self, _: SegmentKey, primary: i32) -> Result<PathBuf, Refusal> {
+    fn follower_dir(&self, _: SegmentKey, primary: i32, _: i32) -> Result<PathBuf, Refusal> {
         if primary == 1 {
             Ok(self.0.clone())
         } else {
@@ -39,6 +39,9 @@ impl Directory for FollowerDir {
         Some(0)
     }
     fn segment_sealed(&self, _: SegmentKey) -> Option<bool> {
+        None
+    }
+    fn segment_epoch(&self, _: SegmentKey) -> Option<i32> {
         None
     }
     fn is_registered_broker(&self, broker: i32) -> bool {
@@ -155,7 +158,10 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
     match service::call(
         &Plaintext,
         &addr,
-        &Message::Fence { segment: key },
+        &Message::Fence {
+            segment: key,
+            epoch: 0,
+        },
         Duration::from_secs(5),
     )
     .await
@@ -661,9 +667,11 @@ struct PrimaryDir {
     dir: PathBuf,
     log: Arc<RangeLog>,
     sealed: bool,
+    /// The leader epoch the image records per segment number.
+    epochs: BTreeMap<u32, i32>,
 }
 impl Directory for PrimaryDir {
-    fn follower_dir(&self, _: SegmentKey, _: i32) -> Result<PathBuf, Refusal> {
+    fn follower_dir(&self, _: SegmentKey, _: i32, _: i32) -> Result<PathBuf, Refusal> {
         Ok(self.dir.clone())
     }
     fn range_dir(&self, _: SegmentKey) -> Option<PathBuf> {
@@ -677,6 +685,9 @@ impl Directory for PrimaryDir {
     }
     fn segment_sealed(&self, key: SegmentKey) -> Option<bool> {
         (key.seq == 0).then_some(self.sealed)
+    }
+    fn segment_epoch(&self, key: SegmentKey) -> Option<i32> {
+        self.epochs.get(&key.seq).copied()
     }
     fn is_registered_broker(&self, _: i32) -> bool {
         true
@@ -697,8 +708,9 @@ async fn a_late_fence_of_a_recorded_segment_does_not_seal_the_next_one() {
         dir: a.path().to_path_buf(),
         log: log.clone(),
         sealed: true,
+        epochs: BTreeMap::new(),
     };
-    match service::fence(key, &store, &recorded) {
+    match service::fence(key, 0, &store, &recorded) {
         Message::Fenced { end, .. } => assert!(end > 0),
         other => panic!("{other:?}"),
     }
@@ -715,6 +727,54 @@ async fn a_late_fence_of_a_recorded_segment_does_not_seal_the_next_one() {
         sealed: false,
         ..recorded
     };
-    service::fence(key, &store, &unrecorded);
+    service::fence(key, 0, &store, &unrecorded);
     assert!(log.is_sealed());
+}
+
+/// A zombie primary: its log (epoch 0) rolled to segment 1 on its own
+/// while a failover sealed segment 0 elsewhere and opened segment 1 at
+/// epoch 1 on another broker, with this broker among the followers. A
+/// fence of that segment 1 must not seal the zombie's log nor report the
+/// zombie's bytes as this broker's copy of it (a seal at the largest end
+/// would take them into the range's history); a fence of an epoch the
+/// image has moved past changes nothing either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_of_another_epoch_neither_seals_nor_reports_the_zombies_own_segment() {
+    let a = tempfile::tempdir().unwrap();
+    let log = primary_log(a.path());
+    let mut batch = make_batch(2, 1000);
+    log.append(0, &mut batch, None).unwrap();
+    log.roll().unwrap().expect("rolled");
+    let mut batch = make_batch(3, 1000);
+    log.append(0, &mut batch, None).unwrap();
+    let store = ReplicaStore::default();
+    let zombie = PrimaryDir {
+        dir: a.path().to_path_buf(),
+        log: log.clone(),
+        sealed: false,
+        epochs: BTreeMap::from([(0, 0)]),
+    };
+    let next = SegmentKey { range: 7, seq: 1 };
+    match service::fence(next, 1, &store, &zombie) {
+        Message::Refused { retry: true, .. } => {}
+        other => panic!("the zombie's own segment 1 answered as the fenced one: {other:?}"),
+    }
+    assert!(!log.is_sealed(), "a fence of another epoch sealed the log");
+    assert!(
+        store.get(next).is_none(),
+        "the zombie's file opened as a copy"
+    );
+    // Once the image knows segment 1 at epoch 1, a fence of it at epoch 0
+    // (a fencer that was behind) is stale.
+    let caught_up = PrimaryDir {
+        epochs: BTreeMap::from([(0, 0), (1, 1)]),
+        ..zombie
+    };
+    match service::fence(next, 0, &store, &caught_up) {
+        Message::Refused { retry: false, .. } => {}
+        other => panic!("a stale fence was taken: {other:?}"),
+    }
+    assert!(!log.is_sealed());
+    log.append(0, &mut make_batch(1, 3000), None)
+        .expect("nothing was fenced");
 }

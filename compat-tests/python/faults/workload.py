@@ -312,10 +312,27 @@ def read_back(bootstrap: str, topic: str, partitions: int, committed: bool,
 
 def group_offsets(bootstrap: str, group: str, topic: str, partitions: int,
                   logger: logging.Logger) -> dict[int, int]:
+    """The group's committed offsets. A coordinator that is moving (the
+    internal range led elsewhere after healing, or repairing its copies
+    before it leads) answers NOT_COORDINATOR or a timeout for a while: that
+    is retried for a minute, as for the end offsets in `read_back`."""
     c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "logger": logger,
                   "enable.auto.commit": False})
+    deadline = time.monotonic() + 60
     try:
-        got = c.committed([TopicPartition(topic, p) for p in range(partitions)], timeout=30)
-        return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
+        while True:
+            try:
+                got = c.committed([TopicPartition(topic, p) for p in range(partitions)],
+                                  timeout=30)
+                return {tp.partition: tp.offset for tp in got if tp.offset >= 0}
+            except KafkaException as e:
+                moving = e.args[0].code() in (
+                    KafkaError.NOT_COORDINATOR, KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+                    KafkaError.COORDINATOR_NOT_AVAILABLE, KafkaError._TIMED_OUT,
+                    KafkaError._TRANSPORT)
+                if not (moving or e.args[0].retriable()) or time.monotonic() > deadline:
+                    raise
+                logger.info("final read: committed offsets of %s not yet: %s", group, e)
+                time.sleep(1)
     finally:
         c.close()

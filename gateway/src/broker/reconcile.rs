@@ -186,7 +186,13 @@ impl Broker {
                 if !range.active && !log.is_sealed() {
                     log.seal()?;
                 }
-                let lost = range.active && (!primary_here || log.is_sealed());
+                // A log opened at another leader epoch than the image's
+                // active segment is a zombie's: leadership moved away (and
+                // maybe back) while this broker was not looking.
+                let lost = range.active
+                    && (!primary_here
+                        || log.is_sealed()
+                        || log.leader_epoch() != last.leader_epoch);
                 if !lost {
                     if range.active {
                         // segment.bytes / segment.ms (or their broker
@@ -205,8 +211,16 @@ impl Broker {
                 // and its segment sealed by a quorum): stop serving the old log.
                 self.stop_shipping(range.id);
                 log.close();
+                if last.replicas.len() > 1 || topic.replication_factor > 1 {
+                    // Before the log leaves `logs`: until then no stream
+                    // takes this directory's files as copies.
+                    self.discard_leftovers(image, range.id, &log)?;
+                }
                 self.logs.write().remove(&range.id);
-                tracing::info!(range = range.id, primary = ?last.primary(), "no longer primary of the range");
+                tracing::info!(range = range.id, primary = ?last.primary(), epoch = last.leader_epoch, "no longer primary of the range");
+                // The copies the log held are checked against their seals
+                // now, before anything reads them as this broker's copies.
+                self.apply_seals(image, range.id)?;
                 // (Only when the log's own newest segment is the image's
                 // active one: once the image shows the next segment, the
                 // seal is recorded and the range opens again at once.)
@@ -289,6 +303,23 @@ impl Broker {
                 if !self.history_complete_to_lead(image, range.id, &dir)? {
                     continue;
                 }
+            }
+            // What a split or merge child inherits, before any file of its
+            // active segment exists (a pass that fails after creating it
+            // would read it as a segment to resume, and seal it again).
+            let ancestors_elsewhere = self.ancestors_elsewhere(image, range);
+            let seed = if range.parents.is_empty() {
+                None
+            } else if ancestors_elsewhere {
+                // Led here without the parents' logs (a failover to a
+                // follower of the child): their ends come from the image,
+                // the producer state from the child's own snapshot, which
+                // `producer_state_to_lead` made sure is here.
+                Some(seed_from_image(image, range))
+            } else {
+                Some(self.seed_from_parents(image, range)?)
+            };
+            if range.active && replicated_layout {
                 // The follower copies of this range's sealed segments become
                 // the log's history; the active segment starts empty.
                 self.replicas.store.close_range(range.id);
@@ -300,17 +331,12 @@ impl Broker {
                 &topic.configs,
                 &crate::dynamic_config::BrokerView::new(&self.config, image),
             );
-            let seed = if range.parents.is_empty() {
-                None
-            } else {
-                Some(self.seed_from_parents(image, range)?)
-            };
             // Segments of the range this broker never held (it joined the
             // replica set later, or was away) are read from the replicas
             // that hold them; its producer state comes from the snapshot
             // fetched where its next local segment starts.
             let local = tessera_log::range_log::local_segment_seqs(&dir)?;
-            let remote_history = remote_history(image, range, &local);
+            let remote_history = remote_history(image, range, &local, ancestors_elsewhere);
             let log = RangeLog::open(
                 RangeLogOptions {
                     dir,
@@ -371,6 +397,18 @@ impl Broker {
             }
         }
         Ok(())
+    }
+
+    /// Whether `range` is a split or merge child some of whose parents'
+    /// logs this broker does not hold open (it follows the child, not
+    /// them): it cannot read its inheritance from them.
+    pub(super) fn ancestors_elsewhere(&self, image: &MetadataImage, range: &RangeImage) -> bool {
+        let logs = self.logs.read();
+        range.parents.iter().any(|parent_id| {
+            image.ranges.get(parent_id).is_some_and(|parent| {
+                parent.lo.max(range.lo) < parent.hi.min(range.hi) && !logs.contains_key(parent_id)
+            })
+        })
     }
 
     /// What a split or merge child inherits: for each of its partitions, the
@@ -504,11 +542,13 @@ fn remote_history(
     image: &MetadataImage,
     range: &RangeImage,
     local: &[u32],
+    ancestors_elsewhere: bool,
 ) -> Option<BTreeMap<u32, Vec<i64>>> {
     let segments = image.segments_of(range.id);
     let first = segments.first()?.id.seq;
     let held: Vec<u32> = local.iter().copied().filter(|&s| s >= first).collect();
-    if held.iter().copied().eq(first..first + held.len() as u32) {
+    let from_first = held.iter().copied().eq(first..first + held.len() as u32);
+    if from_first && !(first == 0 && ancestors_elsewhere) {
         return None;
     }
     let mut ends = sealed_ends(image, range, Some(0));
@@ -525,6 +565,18 @@ fn remote_history(
         }
     }
     Some(starts)
+}
+
+/// A child's inheritance as the image knows it: its partitions' next
+/// offsets where the parents ended, and no producer state (that comes from
+/// the child's own producer snapshot).
+fn seed_from_image(image: &MetadataImage, range: &RangeImage) -> RangeSeed {
+    let width = (range.hi - range.lo) as usize;
+    RangeSeed {
+        next_offsets: sealed_ends(image, range, Some(0)),
+        producers: vec![Default::default(); width],
+        txns: vec![Default::default(); width],
+    }
 }
 
 /// Per partition of `range`, the end of its data in the sealed segments the
@@ -789,15 +841,26 @@ mod tests {
         let range = image.ranges.values().next().unwrap();
         assert_eq!(image.segments_of(range.id).len(), 4);
         // The whole history is local.
-        assert_eq!(remote_history(&image, range, &[0, 1, 2, 3]), None);
+        assert_eq!(remote_history(&image, range, &[0, 1, 2, 3], false), None);
+        // ... unless the range's parents are not here: then every local
+        // segment's start is given, segment 0's at the parents' ends.
+        assert_eq!(
+            remote_history(&image, range, &[0, 1, 2, 3], true),
+            Some(BTreeMap::from([
+                (0, vec![0, 0]),
+                (1, vec![3, 0]),
+                (2, vec![7, 2]),
+                (3, vec![9, 2])
+            ]))
+        );
         // Joined at segment 2.
         assert_eq!(
-            remote_history(&image, range, &[2, 3]),
+            remote_history(&image, range, &[2, 3], false),
             Some(BTreeMap::from([(2, vec![7, 2]), (3, vec![9, 2])]))
         );
         // Away for segment 1.
         assert_eq!(
-            remote_history(&image, range, &[0, 2, 3]),
+            remote_history(&image, range, &[0, 2, 3], false),
             Some(BTreeMap::from([
                 (0, vec![0, 0]),
                 (2, vec![7, 2]),

@@ -106,7 +106,12 @@ impl Directory for View {
         broker.copy_clean_pass(&broker.image(), SegmentId::new(segment.range, segment.seq))
     }
 
-    fn follower_dir(&self, segment: SegmentKey, primary: i32) -> Result<PathBuf, Refusal> {
+    fn follower_dir(
+        &self,
+        segment: SegmentKey,
+        primary: i32,
+        epoch: i32,
+    ) -> Result<PathBuf, Refusal> {
         let broker = self.0.upgrade().ok_or_else(|| Refusal {
             retry: false,
             reason: "broker shutting down".into(),
@@ -130,6 +135,22 @@ impl Directory for View {
         if seg.primary() != Some(primary) || !seg.replicas[1..].contains(&broker.config.node_id) {
             return Err(behind("not a follower of this segment for that primary"));
         }
+        if seg.leader_epoch != epoch {
+            // An older epoch is a zombie primary's segment of the same
+            // number; a newer one, this broker's image behind.
+            return Err(Refusal {
+                retry: seg.leader_epoch < epoch,
+                reason: format!(
+                    "segment {id} is at leader epoch {}, not {epoch}",
+                    seg.leader_epoch
+                ),
+            });
+        }
+        if own_log_holds(&broker, segment) {
+            return Err(behind(
+                "this broker's own log still holds a segment of that number",
+            ));
+        }
         broker
             .range_dir_of(&image, segment.range)
             .ok_or_else(|| behind("range not known yet"))
@@ -140,7 +161,7 @@ impl Directory for View {
         broker.range_dir_of(&broker.image(), segment.range)
     }
 
-    fn sealed_copy(&self, segment: SegmentKey, primary: i32) -> Option<(PathBuf, u64)> {
+    fn sealed_copy(&self, segment: SegmentKey, primary: i32, epoch: i32) -> Option<(PathBuf, u64)> {
         let broker = self.0.upgrade()?;
         let image = broker.image();
         let seg = image
@@ -152,8 +173,10 @@ impl Directory for View {
         let as_written =
             seg.clean_pass() == 0 && !broker.replicas.cleaning.lock().contains(&segment.range);
         if seg.primary() != Some(primary)
+            || seg.leader_epoch != epoch
             || !seg.replicas[1..].contains(&broker.config.node_id)
             || !as_written
+            || own_log_holds(&broker, segment)
         {
             return None;
         }
@@ -170,6 +193,15 @@ impl Directory for View {
             .map(|s| s.is_sealed())
     }
 
+    fn segment_epoch(&self, segment: SegmentKey) -> Option<i32> {
+        let broker = self.0.upgrade()?;
+        let image = broker.image();
+        image
+            .segments
+            .get(&SegmentId::new(segment.range, segment.seq))
+            .map(|s| s.leader_epoch)
+    }
+
     fn primary_log(&self, range: u64) -> Option<Arc<RangeLog>> {
         self.0.upgrade()?.log_of(range)
     }
@@ -179,6 +211,16 @@ impl Directory for View {
             .upgrade()
             .is_some_and(|b| b.image().brokers.contains_key(&broker))
     }
+}
+
+/// Whether this broker's open range log (as a primary, maybe a zombie one
+/// that has not reconciled yet) holds a segment of `segment`'s number: its
+/// file is that log's, not a copy of the image's segment, until the log
+/// closes and discards what nobody recorded.
+fn own_log_holds(broker: &Broker, segment: SegmentKey) -> bool {
+    broker
+        .log_of(segment.range)
+        .is_some_and(|log| log.holds_segment(segment.seq))
 }
 
 impl PeerAddresses for View {
@@ -490,6 +532,11 @@ impl Broker {
                         .log_of(segment.id.range)
                         .is_some_and(|l| l.holds_segment(seq - 1))),
             holds_snapshot: snapshot_path(&dir, seq).exists(),
+            ancestors_elsewhere: seq == 0
+                && image
+                    .ranges
+                    .get(&segment.id.range)
+                    .is_some_and(|r| self.ancestors_elsewhere(image, r)),
         };
         if !snapshot_transfer::needs_snapshot(seq, local) {
             return;
@@ -524,9 +571,14 @@ impl Broker {
             .segments_of(range)
             .first()
             .map_or(active.id.seq, |s| s.id.seq);
-        let needed = snapshot_transfer::snapshot_needed_to_lead(first, &local, |seq| {
-            snapshot_path(dir, seq).exists()
-        });
+        let ancestors_elsewhere = image
+            .ranges
+            .get(&range)
+            .is_some_and(|r| self.ancestors_elsewhere(image, r));
+        let needed =
+            snapshot_transfer::snapshot_needed_to_lead(first, &local, ancestors_elsewhere, |seq| {
+                snapshot_path(dir, seq).exists()
+            });
         let Some(seq) = needed else {
             self.replicas.snapshots.lock().awaiting.remove(&range);
             return Ok(true);
@@ -958,6 +1010,7 @@ impl Broker {
         };
         let me = self.config.node_id;
         let k = key(seg.id);
+        let seg_epoch = seg.leader_epoch;
         let view = View(self.weak());
         let mut calls = tokio::task::JoinSet::new();
         let (first_fenced, first_fenced_rx) = tokio::sync::watch::channel(fence_first.is_none());
@@ -979,13 +1032,16 @@ impl Broker {
                     tokio::time::sleep(LEADER_MOVE_CATCH_UP).await;
                 }
                 let reply = if r == me {
-                    Ok(service::fence(k, &store, &view))
+                    Ok(service::fence(k, seg_epoch, &store, &view))
                 } else {
                     match addr {
                         Some(a) => service::call(
                             &*connector,
                             &a,
-                            &Message::Fence { segment: k },
+                            &Message::Fence {
+                                segment: k,
+                                epoch: seg_epoch,
+                            },
                             CALL_TIMEOUT,
                         )
                         .await

@@ -1,0 +1,243 @@
+//! What a primary's range log leaves behind in its directory when it
+//! closes because leadership moved (a failover, a leader move, a
+//! re-placement, or a pause that made this broker a zombie primary).
+//!
+//! While a log is open its directory holds its own writes: segments it
+//! rolled that the metadata log never recorded, and a sealed segment
+//! longer than the seal a quorum committed (the primary's tail that no
+//! follower acknowledged). Once the log is closed the files of that
+//! directory are read as the follower copies of the image's segments, so
+//! a leftover with the number of one of them would stand for it: a
+//! zombie's own segment N+1 taken as this broker's copy of the failover's
+//! segment N+1 (acknowledged as held, reported at a fence, led later),
+//! or the producer snapshot a zombie's longer segment ended with loaded
+//! as the state where the real next segment starts (a retry answered as a
+//! duplicate of a batch that is not in the log). [`leftovers`] decides
+//! which files go (pure); [`Broker::discard_leftovers`] removes them.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use tessera_log::RangeLog;
+use tessera_metadata::{MetadataImage, RangeId, SegmentId};
+
+use super::Broker;
+
+/// One local segment of a closed log, as the log held it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct LocalSegment {
+    pub seq: u32,
+    pub size: u64,
+    pub sealed: bool,
+}
+
+/// The files a lost log must not leave behind.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Leftovers {
+    /// Segments whose every file goes (the log's own rolls the image does
+    /// not record as this log's): `<seq>.log`, its index, fence marker,
+    /// and the producer snapshot and aborted list it starts with.
+    pub segments: BTreeSet<u32>,
+    /// Segments whose starting producer snapshot and aborted list go: the
+    /// one before them ended here at another size than its seal.
+    pub snapshots: BTreeSet<u32>,
+}
+
+/// Decides what goes, for a log of `range` whose newest recorded segment
+/// was `recorded_active`.
+pub(crate) fn leftovers(
+    image: &MetadataImage,
+    range: RangeId,
+    recorded_active: u32,
+    local: &[LocalSegment],
+) -> Leftovers {
+    let mut out = Leftovers::default();
+    for s in local {
+        let recorded = image.segments.get(&SegmentId::new(range, s.seq));
+        // Past the newest segment this log knows the image records as its
+        // own, a segment is the log's own roll, even where the image has a
+        // segment of that number opened for this broker at the same epoch
+        // (a re-placement keeping this broker primary opens the next
+        // segment at the log's epoch, and is not this file). In the rare
+        // case that the roll was recorded and the log lost before it heard
+        // so, the copy goes too: a quorum holds what was committed of it,
+        // and the seal repairs this copy from them.
+        if s.seq > recorded_active {
+            out.segments.insert(s.seq);
+            out.snapshots.insert(s.seq);
+            continue;
+        }
+        let Some(seal) = recorded.and_then(|r| r.sealed.as_ref().map(|i| (r, i))) else {
+            continue;
+        };
+        let (segment, info) = seal;
+        // A cleaning pass changes sizes on purpose; only a segment as
+        // its primary wrote it is compared with its seal.
+        if s.sealed && segment.clean_pass() == 0 && s.size != info.size_bytes {
+            out.snapshots.insert(s.seq + 1);
+        }
+    }
+    out
+}
+
+impl Broker {
+    /// Removes what [`leftovers`] names for `log`, just closed, and has
+    /// this broker's copies of the range's sealed segments checked against
+    /// their seals again (the log held them; a longer one is cut).
+    pub(super) fn discard_leftovers(
+        &self,
+        image: &MetadataImage,
+        range: RangeId,
+        log: &RangeLog,
+    ) -> anyhow::Result<()> {
+        let (sealed, active) = log.local_segments();
+        let mut local: Vec<LocalSegment> = sealed
+            .iter()
+            .map(|s| LocalSegment {
+                seq: s.seq,
+                size: s.size_bytes,
+                sealed: true,
+            })
+            .collect();
+        let (_, active_size) = log.local_durable_end();
+        local.push(LocalSegment {
+            seq: active,
+            size: active_size,
+            sealed: false,
+        });
+        let found = leftovers(image, range, log.recorded_active(), &local);
+        let dir = log.dir();
+        for &seq in &found.segments {
+            tracing::warn!(range, seq, epoch = log.leader_epoch(), "discarding a segment this broker wrote as primary that the metadata log never recorded as its own");
+            self.replicas.store.discard(
+                tessera_replication::protocol::SegmentKey { range, seq },
+                dir,
+            )?;
+        }
+        for &seq in found.snapshots.iter() {
+            remove_start_files(dir, seq)?;
+        }
+        if !found.segments.is_empty() || !found.snapshots.is_empty() {
+            tessera_fs::sync_dir(dir)?;
+        }
+        self.replicas
+            .sealed_copies
+            .lock()
+            .retain(|id| id.range != range);
+        Ok(())
+    }
+}
+
+/// Removes the producer snapshot and the aborted-transaction list that
+/// segment `seq` starts with.
+fn remove_start_files(dir: &Path, seq: u32) -> std::io::Result<()> {
+    for path in [
+        tessera_log::producer_snapshot_file::snapshot_path(dir, seq),
+        tessera_log::aborted_index_file::aborted_path(dir, seq),
+    ] {
+        match std::fs::remove_file(&path) {
+            Ok(()) => {
+                tracing::info!(file = %path.display(), "removed a producer-state file a lost log left")
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_metadata::{SealInfo, SegmentImage};
+
+    const RANGE: RangeId = 1;
+
+    /// Segments of range 1 as `(seq, primary, epoch, sealed size)`.
+    fn image(segments: &[(u32, i32, i32, Option<u64>)]) -> MetadataImage {
+        let mut image = MetadataImage::empty();
+        for &(seq, primary, epoch, sealed) in segments {
+            let id = SegmentId::new(RANGE, seq);
+            let sealed = sealed.map(|size_bytes| SealInfo {
+                size_bytes,
+                spans: Vec::new(),
+                cleaned: None,
+            });
+            image.segments.insert(
+                id,
+                std::sync::Arc::new(SegmentImage {
+                    id,
+                    replicas: vec![primary, 7, 8],
+                    leader_epoch: epoch,
+                    sealed,
+                }),
+            );
+        }
+        image
+    }
+
+    fn local(segments: &[(u32, u64, bool)]) -> Vec<LocalSegment> {
+        segments
+            .iter()
+            .map(|&(seq, size, sealed)| LocalSegment { seq, size, sealed })
+            .collect()
+    }
+
+    #[test]
+    fn a_zombies_own_roll_goes_even_where_the_image_has_a_segment_of_that_number() {
+        // Broker 2 led segment 4 at epoch 3 and rolled to 5 on its own;
+        // a failover sealed 4 at 900 and opened 5 at epoch 4 on broker 3.
+        let image = image(&[(4, 2, 3, Some(900)), (5, 3, 4, None)]);
+        let found = leftovers(
+            &image,
+            RANGE,
+            4,
+            &local(&[(4, 1000, true), (5, 300, false)]),
+        );
+        assert_eq!(found.segments, BTreeSet::from([5]));
+        // Segment 4 ended here 100 bytes past its seal: the snapshot its
+        // roll wrote for 5 is not the state where the image's 5 starts.
+        assert_eq!(found.snapshots, BTreeSet::from([5]));
+    }
+
+    #[test]
+    fn a_recorded_roll_and_a_matching_seal_stay() {
+        // The roll to 5 was recorded (the image's 5 is this log's), then
+        // a leader move sealed 5 and opened 6 elsewhere.
+        let image = image(&[(4, 2, 3, Some(1000)), (5, 2, 3, Some(300)), (6, 3, 4, None)]);
+        let found = leftovers(
+            &image,
+            RANGE,
+            5,
+            &local(&[(4, 1000, true), (5, 300, false)]),
+        );
+        assert_eq!(found, Leftovers::default());
+    }
+
+    #[test]
+    fn a_re_placement_keeping_the_primary_does_not_make_an_unrecorded_roll_its_segment() {
+        // The log rolled to 5 on its own; a re-placement sealed 4 at 900
+        // and opened 5 for this same broker at the same epoch.
+        let image = image(&[(4, 2, 3, Some(900)), (5, 2, 3, None)]);
+        let found = leftovers(
+            &image,
+            RANGE,
+            4,
+            &local(&[(4, 1000, true), (5, 300, false)]),
+        );
+        assert_eq!(found.segments, BTreeSet::from([5]));
+    }
+
+    #[test]
+    fn an_unrecorded_roll_nobody_else_numbered_goes() {
+        let image = image(&[(4, 2, 3, Some(1000)), (5, 3, 4, None)]);
+        let found = leftovers(
+            &image,
+            RANGE,
+            4,
+            &local(&[(4, 1000, true), (5, 10, true), (6, 0, false)]),
+        );
+        assert_eq!(found.segments, BTreeSet::from([5, 6]));
+        assert_eq!(found.snapshots, BTreeSet::from([5, 6]));
+    }
+}
