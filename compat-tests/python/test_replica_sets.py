@@ -11,6 +11,12 @@
   recorded (its sealer died right after the fence, as a leader move or a
   re-placement on a controller that crashed would leave it) serves again:
   it notices from its state, not from a metadata event that never comes.
+* A merged range whose primary dies fails over to a follower of the merge
+  child, which holds none of its parents' logs: it leads from the child's
+  own producer snapshot and the image's offsets. Before, its reconcile
+  pass failed ("parent range .. is not open") and sealed the child's
+  empty active segment again on every retry, hundreds of segments, while
+  the partitions stayed unwritable.
 * Under-replicated partitions (Kafka's UnderReplicatedPartitions) are
   counted by the leader while a follower is out of sync, and drop back to
   0 once the set is healthy again.
@@ -25,6 +31,7 @@ import time
 
 import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka.admin import AdminClient
 
 from test_cluster import cluster, eventually, http  # noqa: F401 - fixture
 from test_replication import Deliveries, create_replicated, kill_node, leader_of, metric, restart_node
@@ -229,3 +236,51 @@ def test_under_replicated_partitions_while_a_follower_is_down(cluster):
     restart_node(cluster["workdir"], follower, cmd)
     eventually("in sync again", lambda: metric(url, "tessera_under_replicated_partitions") == 0,
                timeout=90)
+
+
+@pytest.mark.cluster_overrides({"log.segment.bytes": "1048576"})
+def test_a_merged_range_fails_over_to_a_follower_without_its_parents(cluster):
+    boot = ",".join(cluster["bootstrap"])
+    topic = "merge-failover"
+    admin = create_replicated(boot, topic, 2, 3, {"min.insync.replicas": "2"})
+    leader = leader_of(admin, topic)
+    url = cluster["admin"][leader - 1]
+    load = Load(boot, topic, 2, rate=500)
+
+    def ranges():
+        return [r for r in http(url + "/ranges") if r["topic"] == topic and r["active"]]
+
+    eventually("records flowing", lambda: len(load.acks.acked) > 200)
+    root = ranges()[0]
+    http(url + f"/ranges/split?range={root['id']}", "POST")
+    eventually("split", lambda: len(ranges()) == 2)
+    left, right = sorted(ranges(), key=lambda r: r["lo"])
+    eventually("both children led", lambda: all(
+        p.leader > 0 for p in admin.list_topics(topic, timeout=10).topics[topic].partitions.values()))
+    merge_url = cluster["admin"][leader_of(admin, topic) - 1]
+    http(merge_url + f"/ranges/merge?left={left['id']}&right={right['id']}", "POST")
+    eventually("merged", lambda: len(ranges()) == 1 and ranges()[0]["parents"])
+    child = ranges()[0]
+    primary = leader_of(admin, topic)
+    eventually("the merge child taking records", lambda: len(load.acks.acked) > 1200)
+    kill_node(cluster["workdir"], primary)
+    survivors = [i for i in range(1, len(cluster["bootstrap"]) + 1) if i != primary]
+    boot_alive = ",".join(cluster["bootstrap"][i - 1] for i in survivors)
+    alive = AdminClient({"bootstrap.servers": boot_alive})
+
+    def failed_over():
+        parts = alive.list_topics(topic, timeout=10).topics[topic].partitions.values()
+        return all(p.leader in survivors for p in parts)
+
+    eventually("a follower of the merge child leading it", failed_over, timeout=60)
+    before = len(load.acks.acked)
+    eventually("records acknowledged after the failover",
+               lambda: len(load.acks.acked) > before + 500, timeout=60)
+    acks = load.stop()
+    assert not acks.errors, acks.errors[:5]
+    # The failover sealed the dead primary's segment once, not the new
+    # primary's empty one on every reconcile retry.
+    empty = [s["seq"] for s in http(cluster["admin"][survivors[0] - 1] + "/segments")
+             if s["range"] == child["id"] and s["sealed_bytes"] == 0]
+    assert len(empty) <= 2, f"the merge child's empty segments sealed again and again: {empty}"
+    check_read_back(acks.acked, read_back(boot_alive, topic, 2, acks.acked), 2)
