@@ -800,6 +800,32 @@ fn resolve(key: &str, host: &str, port: u16) -> Result<SocketAddr, ConfigError> 
 }
 
 impl BrokerConfig {
+    /// What the group coordinator follows of this config.
+    pub fn group_config(&self) -> tessera_group_coordinator::GroupConfig {
+        tessera_group_coordinator::GroupConfig {
+            initial_rebalance_delay_ms: self.group_initial_rebalance_delay_ms,
+            min_session_timeout_ms: self.group_min_session_timeout_ms,
+            max_session_timeout_ms: self.group_max_session_timeout_ms,
+            max_size: self.group_max_size,
+            consumer_session_timeout_ms: self.group_consumer_session_timeout_ms,
+            consumer_heartbeat_interval_ms: self.group_consumer_heartbeat_interval_ms,
+            consumer_max_size: self.group_consumer_max_size,
+            consumer_assignors: self.group_consumer_assignors.clone(),
+            offset_metadata_max_bytes: self.offset_metadata_max_bytes,
+            offsets_retention_minutes: self.offsets_retention_minutes,
+            offsets_retention_check_interval_ms: self.offsets_retention_check_interval_ms,
+        }
+    }
+
+    /// What the transaction coordinator follows of this config.
+    pub fn txn_config(&self) -> tessera_txn_coordinator::TxnConfig {
+        tessera_txn_coordinator::TxnConfig {
+            max_timeout_ms: self.transaction_max_timeout_ms,
+            abort_timed_out_interval_ms: self.transaction_abort_timed_out_interval_ms,
+            transactional_id_expiration_ms: self.transactional_id_expiration_ms,
+        }
+    }
+
     /// Builds the typed config; unknown keys are refused so a typo is not silently ignored.
     pub fn from_map(map: &BTreeMap<String, String>) -> Result<BrokerConfig, ConfigError> {
         for key in map.keys() {

@@ -9,12 +9,9 @@ pub mod authz;
 pub mod broker;
 pub mod config;
 pub mod connection_limits;
-pub mod coordinator;
 pub mod dynamic_config;
 pub mod error;
-pub mod groups;
 pub mod inter_broker;
-pub mod internal_topics;
 pub mod leader_epochs;
 pub mod listeners;
 pub mod metrics;
@@ -28,9 +25,14 @@ pub mod sasl;
 pub mod server;
 pub mod tls;
 pub mod topic_config;
-pub mod txn;
 pub mod users;
 pub mod wire;
+
+// The crates the gateway is built on, under the module names the gateway
+// has always used for them.
+pub use tessera_group_coordinator as groups;
+pub use tessera_server_common::{coordinator, internal_topics};
+pub use tessera_txn_coordinator as txn;
 
 use std::sync::Arc;
 

@@ -8,6 +8,8 @@ use bytes::{BufMut, Bytes, BytesMut};
 use kafka_protocol::messages::{ApiKey, ResponseHeader};
 use kafka_protocol::protocol::Encodable;
 
+pub use tessera_server_common::ids::kafka_style_uuid;
+
 /// Encodes a response frame: size, header (in the API's header version), body.
 pub fn encode_response<R: Encodable>(
     api: ApiKey,
@@ -38,37 +40,4 @@ pub fn try_encode_response<R: Encodable>(
     let len = (buf.len() - 4) as i32;
     buf[0..4].copy_from_slice(&len.to_be_bytes());
     Ok(buf.freeze())
-}
-
-/// Kafka prints ids as 22 characters of URL-safe base64 without padding.
-pub fn kafka_style_uuid(id: uuid::Uuid) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
-    let bytes = id.as_bytes();
-    let mut out = String::with_capacity(22);
-    let mut acc: u32 = 0;
-    let mut bits = 0;
-    for &b in bytes {
-        acc = (acc << 8) | b as u32;
-        bits += 8;
-        while bits >= 6 {
-            bits -= 6;
-            out.push(ALPHABET[((acc >> bits) & 63) as usize] as char);
-        }
-    }
-    if bits > 0 {
-        out.push(ALPHABET[((acc << (6 - bits)) & 63) as usize] as char);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn kafka_uuid_is_22_chars() {
-        let s = kafka_style_uuid(uuid::Uuid::nil());
-        assert_eq!(s, "AAAAAAAAAAAAAAAAAAAAAA");
-        assert_eq!(kafka_style_uuid(uuid::Uuid::new_v4()).len(), 22);
-    }
 }

@@ -163,8 +163,7 @@ const UNSTABLE_OFFSET_COMMIT: i16 = 88;
 fn unstable(broker: &Broker, group: &str, topic: &str, partition: i32) -> bool {
     broker
         .groups
-        .txn_pending
-        .is_pending(group, topic, partition)
+        .has_pending_txn_offset(group, topic, partition)
 }
 
 fn group_response(

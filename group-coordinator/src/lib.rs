@@ -31,6 +31,34 @@ pub mod offsets;
 pub mod records;
 pub mod txn_offsets;
 
+/// The broker settings the group coordinator follows (Kafka's
+/// `GroupCoordinatorConfig`), from the broker's config keys.
+#[derive(Clone, Debug)]
+pub struct GroupConfig {
+    /// `group.initial.rebalance.delay.ms`
+    pub initial_rebalance_delay_ms: i64,
+    /// `group.min.session.timeout.ms` / `group.max.session.timeout.ms`
+    pub min_session_timeout_ms: i32,
+    pub max_session_timeout_ms: i32,
+    /// `group.max.size`
+    pub max_size: usize,
+    /// `group.consumer.session.timeout.ms` (KIP-848 groups)
+    pub consumer_session_timeout_ms: i32,
+    /// `group.consumer.heartbeat.interval.ms`
+    pub consumer_heartbeat_interval_ms: i32,
+    /// `group.consumer.max.size`
+    pub consumer_max_size: usize,
+    /// `group.consumer.assignors`: server-side assignor names, the first the
+    /// default.
+    pub consumer_assignors: Vec<String>,
+    /// `offset.metadata.max.bytes`
+    pub offset_metadata_max_bytes: usize,
+    /// `offsets.retention.minutes`
+    pub offsets_retention_minutes: i64,
+    /// `offsets.retention.check.interval.ms`
+    pub offsets_retention_check_interval_ms: u64,
+}
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
@@ -40,10 +68,11 @@ use bytes::Bytes;
 use tessera_metadata::TopicImage;
 use tokio::sync::{oneshot, Notify, OwnedMutexGuard};
 
-use crate::config::BrokerConfig;
-use crate::coordinator::{store_error, PartitionWriter};
-use crate::error::ApiError;
-use crate::internal_topics::{partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS};
+use tessera_server_common::coordinator::{self, store_error, PartitionWriter};
+use tessera_server_common::error::ApiError;
+use tessera_server_common::internal_topics::{
+    partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS,
+};
 
 use classic::{
     ClassicConfig, ClassicGroup, DescribedMember, JoinRequest, JoinResult, Reply, SyncRequest,
@@ -297,7 +326,7 @@ pub struct GroupCoordinator {
     pub(crate) txn_pending: txn_offsets::TxnPending,
     /// The `__consumer_offsets` partitions whose groups are loaded here
     /// (they load and unload with this broker's leadership of them).
-    loaded: crate::coordinator::LoadedPartitions,
+    loaded: coordinator::LoadedPartitions,
     /// `offsets.retention.minutes`, `offsets.retention.check.interval.ms`.
     offsets_retention_minutes: i64,
     offsets_retention_check_interval_ms: u64,
@@ -313,14 +342,14 @@ pub trait GroupHost: PartitionWriter + 'static {
 }
 
 impl GroupCoordinator {
-    pub fn new(config: &BrokerConfig) -> Self {
+    pub fn new(config: &GroupConfig) -> Self {
         GroupCoordinator {
             classic: ClassicConfig {
-                initial_rebalance_delay_ms: config.group_initial_rebalance_delay_ms,
+                initial_rebalance_delay_ms: config.initial_rebalance_delay_ms,
                 new_member_join_timeout_ms: 300_000,
-                max_size: config.group_max_size,
-                min_session_timeout_ms: config.group_min_session_timeout_ms,
-                max_session_timeout_ms: config.group_max_session_timeout_ms,
+                max_size: config.max_size,
+                min_session_timeout_ms: config.min_session_timeout_ms,
+                max_session_timeout_ms: config.max_session_timeout_ms,
             },
             consumer: consumer_groups::consumer_config(config),
             offset_metadata_max_bytes: config.offset_metadata_max_bytes,
@@ -334,6 +363,12 @@ impl GroupCoordinator {
             txn_pending: Default::default(),
             loaded: Default::default(),
         }
+    }
+
+    /// Whether an open transaction holds a pending offset commit of
+    /// `group` for this partition (OffsetFetch's UNSTABLE_OFFSET_COMMIT).
+    pub fn has_pending_txn_offset(&self, group: &str, topic: &str, partition: i32) -> bool {
+        self.txn_pending.is_pending(group, topic, partition)
     }
 
     /// Milliseconds: wall-clock at start plus a monotonic clock since.
@@ -991,5 +1026,26 @@ async fn tick_group<H: GroupHost>(host: &H, slot: &Arc<GroupSlot>) {
         // State unchanged: try again in a second.
         slot.next_deadline
             .store(coordinator.now() + 1000, Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    /// Kafka's defaults for the group keys (the broker's config table is
+    /// where production values come from).
+    pub(crate) fn config() -> super::GroupConfig {
+        super::GroupConfig {
+            initial_rebalance_delay_ms: 3000,
+            min_session_timeout_ms: 6000,
+            max_session_timeout_ms: 1_800_000,
+            max_size: i32::MAX as usize,
+            consumer_session_timeout_ms: 45_000,
+            consumer_heartbeat_interval_ms: 5000,
+            consumer_max_size: i32::MAX as usize,
+            consumer_assignors: vec!["uniform".into(), "range".into()],
+            offset_metadata_max_bytes: 4096,
+            offsets_retention_minutes: 10_080,
+            offsets_retention_check_interval_ms: 600_000,
+        }
     }
 }

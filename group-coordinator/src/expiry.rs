@@ -14,8 +14,8 @@ use std::time::Duration;
 use super::classic::ClassicState;
 use super::records::CoordinatorRecord;
 use super::{Group, GroupCoordinator, GroupOffsets};
-use crate::coordinator::PartitionWriter;
-use crate::groups::GroupHost;
+use crate::GroupHost;
+use tessera_server_common::coordinator::PartitionWriter;
 
 /// The offsets of `group` that expire at `now` (pure): `(topic, partition)`.
 pub fn expired_offsets(

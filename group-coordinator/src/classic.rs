@@ -20,8 +20,8 @@ use std::collections::{BTreeSet, HashMap, HashSet};
 use bytes::Bytes;
 use indexmap::IndexMap;
 
-use crate::error::ApiError;
-use crate::groups::records::{GroupMetadataValue, MemberMetadataValue};
+use crate::records::{GroupMetadataValue, MemberMetadataValue};
+use tessera_server_common::error::ApiError;
 
 /// Identifies a parked request; the caller maps it to its response channel.
 pub type WaiterId = u64;

@@ -1,7 +1,7 @@
 use super::*;
-use crate::groups::classic::{ClassicConfig, ClassicGroup};
-use crate::groups::records::GroupMetadataValue;
-use crate::groups::CommittedOffset;
+use crate::classic::{ClassicConfig, ClassicGroup};
+use crate::records::GroupMetadataValue;
+use crate::CommittedOffset;
 
 const DAY: i64 = 86_400_000;
 

@@ -1,16 +1,21 @@
 //! Internal topics (`__consumer_offsets`, `__transaction_state`): their
 //! names, and how a key (group id, transactional id) picks a partition, as
 //! Kafka hashes it. Creating, writing and reading them is the broker's
-//! (`broker/internal_topics.rs`), through the same range logs as any topic.
+//! (the gateway's `broker/internal_topics.rs`), through the same range logs
+//! as any topic.
 
 /// Kafka's group offsets topic and its defaults.
 pub const CONSUMER_OFFSETS: &str = "__consumer_offsets";
 /// `offsets.topic.num.partitions`
 pub const OFFSETS_TOPIC_PARTITIONS: u32 = 50;
+/// Kafka's transaction log topic and its defaults.
+pub const TRANSACTION_STATE: &str = "__transaction_state";
+/// `transaction.state.log.num.partitions`
+pub const TXN_TOPIC_PARTITIONS: u32 = 50;
 
 /// Kafka's internal topics (Metadata's `is_internal`).
 pub fn is_internal(name: &str) -> bool {
-    name == CONSUMER_OFFSETS || name == crate::txn::TRANSACTION_STATE
+    name == CONSUMER_OFFSETS || name == TRANSACTION_STATE
 }
 
 /// Java's `String.hashCode` over UTF-16 code units, as Kafka hashes group ids.

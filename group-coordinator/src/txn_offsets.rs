@@ -11,11 +11,11 @@ use std::collections::HashMap;
 
 use bytes::Bytes;
 
-use crate::coordinator::{store_error, PartitionWriter};
-use crate::error::ApiError;
-use crate::groups::offsets::{CommittedOffset, PartitionCommit, PartitionResults};
-use crate::groups::records::CoordinatorRecord;
-use crate::groups::{Create, GroupCoordinator, GroupState};
+use crate::offsets::{CommittedOffset, PartitionCommit, PartitionResults};
+use crate::records::CoordinatorRecord;
+use crate::{Create, GroupCoordinator, GroupState};
+use tessera_server_common::coordinator::{store_error, PartitionWriter};
+use tessera_server_common::error::ApiError;
 
 /// One offset waiting for its transaction to end.
 #[derive(Clone, Debug)]

@@ -33,17 +33,28 @@ use std::time::{Duration, Instant};
 
 use tessera_metadata::TopicImage;
 
-use crate::config::BrokerConfig;
-use crate::coordinator::{store_error, Markers, PartitionWriter, TxnHost};
-use crate::error::ApiError;
-use crate::internal_topics::{partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS};
+use tessera_server_common::coordinator::{self, store_error, Markers, PartitionWriter, TxnHost};
+use tessera_server_common::error::ApiError;
+use tessera_server_common::internal_topics::{
+    partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS,
+};
 
 use state::{EndDecision, InitDecision, TxnError, TxnMetadata, TxnState};
 
-/// Kafka's transaction state topic and its partition count
-/// (`transaction.state.log.num.partitions`).
-pub const TRANSACTION_STATE: &str = "__transaction_state";
-pub const TXN_TOPIC_PARTITIONS: u32 = 50;
+pub use tessera_server_common::internal_topics::{TRANSACTION_STATE, TXN_TOPIC_PARTITIONS};
+
+/// The broker settings the transaction coordinator follows (Kafka's
+/// `TransactionStateManagerConfig` and `TransactionConfig`).
+#[derive(Clone, Debug)]
+pub struct TxnConfig {
+    /// `transaction.max.timeout.ms`: the largest `transaction.timeout.ms` a
+    /// producer may ask for.
+    pub max_timeout_ms: i32,
+    /// `transaction.abort.timed.out.transaction.cleanup.interval.ms`.
+    pub abort_timed_out_interval_ms: u64,
+    /// `transactional.id.expiration.ms`.
+    pub transactional_id_expiration_ms: i64,
+}
 
 impl From<TxnError> for ApiError {
     fn from(e: TxnError) -> Self {
@@ -98,7 +109,7 @@ pub struct TxnCoordinator {
     views: parking_lot::RwLock<HashMap<i64, ProducerView>>,
     /// The `__transaction_state` partitions loaded here (they load and
     /// unload with this broker's leadership of them).
-    loaded: crate::coordinator::LoadedPartitions,
+    loaded: coordinator::LoadedPartitions,
 }
 
 /// The broker as the transaction coordinator's timer sees it: what the
@@ -109,10 +120,10 @@ pub trait TxnTimerHost: TxnHost + 'static {
 }
 
 impl TxnCoordinator {
-    pub fn new(config: &BrokerConfig) -> Self {
+    pub fn new(config: &TxnConfig) -> Self {
         TxnCoordinator {
-            max_timeout_ms: config.transaction_max_timeout_ms,
-            cleanup_interval_ms: config.transaction_abort_timed_out_interval_ms,
+            max_timeout_ms: config.max_timeout_ms,
+            cleanup_interval_ms: config.abort_timed_out_interval_ms,
             expiration_ms: config.transactional_id_expiration_ms,
             txns: parking_lot::Mutex::new(HashMap::new()),
             views: parking_lot::RwLock::new(HashMap::new()),

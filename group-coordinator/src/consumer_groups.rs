@@ -44,18 +44,18 @@ use super::{
     Group, GroupCoordinator, GroupDescription, GroupEntry, GroupKind, GroupSlot, GroupState,
     Outcome,
 };
-use crate::config::BrokerConfig;
-use crate::coordinator::PartitionWriter;
-use crate::error::ApiError;
+use crate::GroupConfig;
+use tessera_server_common::coordinator::PartitionWriter;
+use tessera_server_common::error::ApiError;
 
 /// The consumer group protocol's settings from the broker's.
-pub fn consumer_config(config: &BrokerConfig) -> ConsumerGroupConfig {
+pub fn consumer_config(config: &GroupConfig) -> ConsumerGroupConfig {
     ConsumerGroupConfig {
-        session_timeout_ms: config.group_consumer_session_timeout_ms,
-        heartbeat_interval_ms: config.group_consumer_heartbeat_interval_ms,
-        max_size: config.group_consumer_max_size,
+        session_timeout_ms: config.consumer_session_timeout_ms,
+        heartbeat_interval_ms: config.consumer_heartbeat_interval_ms,
+        max_size: config.consumer_max_size,
         assignors: config
-            .group_consumer_assignors
+            .consumer_assignors
             .iter()
             .filter_map(|n| Assignor::from_name(n))
             .collect(),
@@ -732,7 +732,7 @@ mod tests {
     use std::collections::BTreeMap;
 
     use super::*;
-    use crate::groups::consumer_protocol::{Assignment, TopicId};
+    use crate::consumer_protocol::{Assignment, TopicId};
 
     fn topics() -> BTreeMap<String, (TopicId, u32)> {
         BTreeMap::from([

@@ -9,10 +9,10 @@
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use crate::coordinator::{store_error, PartitionWriter};
-use crate::error::ApiError;
-use crate::groups::records::{CoordinatorRecord, OffsetCommitValue};
-use crate::groups::{Create, GroupCoordinator};
+use crate::records::{CoordinatorRecord, OffsetCommitValue};
+use crate::{Create, GroupCoordinator};
+use tessera_server_common::coordinator::{store_error, PartitionWriter};
+use tessera_server_common::error::ApiError;
 
 /// One committed offset.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -400,12 +400,13 @@ mod tests {
         use kafka_protocol::records::Record;
         use tessera_metadata::{MetadataImage, MetadataRecord, TopicImage, TopicRecord};
 
-        use crate::config::BrokerConfig;
-        use crate::coordinator::PartitionWriter;
-        use crate::error::ApiError;
-        use crate::groups::offsets::{CommitRequest, PartitionCommit};
-        use crate::groups::GroupCoordinator;
-        use crate::internal_topics::{partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS};
+        use crate::offsets::{CommitRequest, PartitionCommit};
+        use crate::GroupCoordinator;
+        use tessera_server_common::coordinator::PartitionWriter;
+        use tessera_server_common::error::ApiError;
+        use tessera_server_common::internal_topics::{
+            partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS,
+        };
 
         struct MemoryWriter {
             image: Arc<MetadataImage>,
@@ -534,7 +535,7 @@ mod tests {
         #[tokio::test]
         async fn a_commit_whose_append_fails_changes_no_state() {
             let writer = MemoryWriter::new();
-            let coordinator = GroupCoordinator::new(&BrokerConfig::default());
+            let coordinator = GroupCoordinator::new(&crate::tests::config());
             let partition = partition_for("g", OFFSETS_TOPIC_PARTITIONS);
             coordinator
                 .load_partitions(&writer, &[partition])
@@ -566,7 +567,7 @@ mod tests {
         #[tokio::test]
         async fn nothing_is_written_before_the_partition_is_loaded() {
             let writer = MemoryWriter::new();
-            let coordinator = GroupCoordinator::new(&BrokerConfig::default());
+            let coordinator = GroupCoordinator::new(&crate::tests::config());
             let r = coordinator.commit_offsets(&writer, commit(5)).await;
             assert!(
                 matches!(only_result(&r), Err(ApiError::CoordinatorLoadInProgress)),

@@ -742,7 +742,7 @@ impl ConsumerGroup {
             )));
         }
         let member_id = if req.member_id.is_empty() {
-            crate::wire::kafka_style_uuid(uuid::Uuid::new_v4())
+            tessera_server_common::ids::kafka_style_uuid(uuid::Uuid::new_v4())
         } else {
             req.member_id.clone()
         };
