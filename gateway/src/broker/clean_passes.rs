@@ -201,6 +201,11 @@ impl Broker {
             return Ok(());
         }
         self.replicas.store.discard(key(seg.id), dir)?;
+        // An empty copy in its place, not no file: without one,
+        // `apply_seals` reads a segment this broker once led as "our own
+        // roll, in a log since deleted" and never fetches it, and a log
+        // opened here would lead with that hole in its history.
+        self.replicas.store.copy(key(seg.id), dir)?;
         self.replicas.sealed_copies.lock().remove(&seg.id);
         self.replicas.read_copies.lock().remove(&seg.id);
         tracing::info!(segment = %seg.id, pass = seg.clean_pass(), "copy is not at the image's cleaning pass: fetching it again");

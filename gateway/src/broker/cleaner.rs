@@ -101,6 +101,12 @@ impl Broker {
             .iter()
             .map(|(id, log)| (*id, log.clone()))
             .collect();
+        // Ranges deleted (their topic) or no longer open here keep no
+        // revisit clock: the map stays as large as the logs open here.
+        self.replicas
+            .oldest_run_cleaned
+            .lock()
+            .retain(|id, _| image.ranges.contains_key(id) && logs.iter().any(|(l, _)| l == id));
         let mut jobs = Vec::new();
         for (range_id, log) in logs {
             let Some(range) = image.ranges.get(&range_id) else {
