@@ -72,25 +72,25 @@ async fn prepare_commit_left_by_a_crash_completes_at_restart() {
     setup(&broker).await;
     let (pid, epoch) = broker
         .txns
-        .init_producer_id(&broker, "tx", 60_000, None)
+        .init_producer_id(&*broker, "tx", 60_000, None)
         .await
         .unwrap();
     assert_eq!(epoch, 0);
     broker
         .txns
-        .add_partitions(&broker, "tx", pid, epoch, &[("t".into(), 0)])
+        .add_partitions(&*broker, "tx", pid, epoch, &[("t".into(), 0)])
         .await
         .unwrap();
     broker
         .txns
-        .add_offsets(&broker, "tx", pid, epoch, "g")
+        .add_offsets(&*broker, "tx", pid, epoch, "g")
         .await
         .unwrap();
     produce_txn(&broker, 0, pid, epoch, 0).await;
     let results = broker
         .groups
         .txn_offset_commit(
-            &broker,
+            &*broker,
             TxnCommitRequest {
                 group_id: "g".into(),
                 producer_id: pid,
@@ -120,7 +120,7 @@ async fn prepare_commit_left_by_a_crash_completes_at_restart() {
     assert_eq!(offsets(&broker, 0).last_stable, 0);
 
     // The coordinator wrote PrepareCommit and crashed before the markers.
-    let d = broker.txns.describe(&broker, "tx").await.unwrap();
+    let d = broker.txns.describe(&*broker, "tx").await.unwrap();
     let mut prepared = TxnMetadata::new("tx", pid, d.timeout_ms, tessera_log::now_ms());
     prepared.producer_epoch = epoch;
     prepared.state = TxnState::PrepareCommit;
@@ -148,7 +148,7 @@ async fn prepare_commit_left_by_a_crash_completes_at_restart() {
     let broker = running.broker.clone();
     let mut done = false;
     for _ in 0..100 {
-        if broker.txns.describe(&broker, "tx").await.unwrap().state == TxnState::CompleteCommit {
+        if broker.txns.describe(&*broker, "tx").await.unwrap().state == TxnState::CompleteCommit {
             done = true;
             break;
         }
@@ -192,12 +192,12 @@ async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
     setup(&broker).await;
     let (pid, epoch) = broker
         .txns
-        .init_producer_id(&broker, "slow", 300, None)
+        .init_producer_id(&*broker, "slow", 300, None)
         .await
         .unwrap();
     broker
         .txns
-        .add_partitions(&broker, "slow", pid, epoch, &[("t".into(), 1)])
+        .add_partitions(&*broker, "slow", pid, epoch, &[("t".into(), 1)])
         .await
         .unwrap();
     // Partition 0 is not in the transaction.
@@ -212,7 +212,7 @@ async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
         o.last_stable == 3 && o.high_watermark == 3
     })
     .await;
-    let d = broker.txns.describe(&broker, "slow").await.unwrap();
+    let d = broker.txns.describe(&*broker, "slow").await.unwrap();
     assert_eq!(d.state, TxnState::CompleteAbort);
     assert_eq!(d.producer_epoch, epoch + 1);
     let image = broker.image();
@@ -225,13 +225,16 @@ async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
         Err(ApiError::InvalidProducerEpoch(_))
     ));
     assert!(matches!(
-        broker.txns.end_txn(&broker, "slow", pid, epoch, true).await,
+        broker
+            .txns
+            .end_txn(&*broker, "slow", pid, epoch, true)
+            .await,
         Err(ApiError::ProducerFenced)
     ));
     assert!(matches!(
         broker
             .txns
-            .add_partitions(&broker, "slow", pid, epoch, &[("t".into(), 1)])
+            .add_partitions(&*broker, "slow", pid, epoch, &[("t".into(), 1)])
             .await,
         Err(ApiError::ProducerFenced)
     ));
@@ -239,13 +242,13 @@ async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
     assert!(matches!(
         broker
             .txns
-            .init_producer_id(&broker, "slow", 300, Some((pid, epoch)))
+            .init_producer_id(&*broker, "slow", 300, Some((pid, epoch)))
             .await,
         Err(ApiError::ProducerFenced)
     ));
     let (pid2, epoch2) = broker
         .txns
-        .init_producer_id(&broker, "slow", 300, None)
+        .init_producer_id(&*broker, "slow", 300, None)
         .await
         .unwrap();
     assert_eq!((pid2, epoch2), (pid, epoch + 2));
@@ -253,7 +256,7 @@ async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
     assert!(matches!(
         broker
             .txns
-            .init_producer_id(&broker, "other", 900_001, None)
+            .init_producer_id(&*broker, "other", 900_001, None)
             .await,
         Err(ApiError::InvalidTransactionTimeout)
     ));

@@ -95,73 +95,10 @@ pub trait TxnMarkerWriter: Send + Sync {
     ) -> impl Future<Output = Result<(), ApiError>> + Send;
 }
 
-impl<S: ProducerIdSource + ?Sized> ProducerIdSource for Arc<S> {
-    fn next_producer_id(&self) -> impl Future<Output = Result<i64, ApiError>> + Send {
-        (**self).next_producer_id()
-    }
-}
-
-impl<M: TxnMarkerWriter + ?Sized> TxnMarkerWriter for Arc<M> {
-    fn write_markers(
-        &self,
-        markers: &Markers,
-        partitions: &[(String, i32)],
-    ) -> impl Future<Output = Result<(), ApiError>> + Send {
-        (**self).write_markers(markers, partitions)
-    }
-}
-
 /// All the transaction coordinator needs of the broker.
 pub trait TxnHost: PartitionWriter + ProducerIdSource + TxnMarkerWriter {}
 
 impl<T: PartitionWriter + ProducerIdSource + TxnMarkerWriter + ?Sized> TxnHost for T {}
-
-impl<W: PartitionWriter + ?Sized> PartitionWriter for Arc<W> {
-    fn image(&self) -> Arc<MetadataImage> {
-        (**self).image()
-    }
-
-    fn check_leader(
-        &self,
-        image: &MetadataImage,
-        topic: &TopicImage,
-        partition: i32,
-    ) -> Result<i32, ApiError> {
-        (**self).check_leader(image, topic, partition)
-    }
-
-    fn ensure_internal_topic(
-        &self,
-        name: &str,
-        partitions: u32,
-    ) -> impl Future<Output = Result<Arc<TopicImage>, ApiError>> + Send {
-        (**self).ensure_internal_topic(name, partitions)
-    }
-
-    fn append_records(
-        &self,
-        topic: &TopicImage,
-        partition: i32,
-        records: &[(Option<Bytes>, Option<Bytes>)],
-    ) -> impl Future<Output = Result<i64, ApiError>> + Send {
-        (**self).append_records(topic, partition, records)
-    }
-
-    fn append_transactional(
-        &self,
-        topic: &TopicImage,
-        partition: i32,
-        producer_id: i64,
-        producer_epoch: i16,
-        records: &[(Option<Bytes>, Option<Bytes>)],
-    ) -> impl Future<Output = Result<i64, ApiError>> + Send {
-        (**self).append_transactional(topic, partition, producer_id, producer_epoch, records)
-    }
-
-    fn read_records(&self, topic: &TopicImage, partition: i32) -> Result<Vec<Record>, ApiError> {
-        (**self).read_records(topic, partition)
-    }
-}
 
 /// The internal partitions whose coordinator state is loaded.
 #[derive(Default)]

@@ -57,7 +57,7 @@ pub async fn handle(
         broker
             .txns
             .add_partitions(
-                broker,
+                &**broker,
                 request.v3_and_below_transactional_id.0.as_str(),
                 request.v3_and_below_producer_id.0,
                 request.v3_and_below_producer_epoch,

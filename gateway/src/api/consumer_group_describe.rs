@@ -82,7 +82,7 @@ pub async fn handle(
         };
         let described = match broker
             .groups
-            .consumer_group_describe(broker, &group_id)
+            .consumer_group_describe(&**broker, &group_id)
             .await
         {
             Ok(d) => DescribedGroup::default()

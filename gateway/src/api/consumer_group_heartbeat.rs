@@ -59,7 +59,11 @@ pub async fn handle(
             .unwrap_or_default(),
         client_host,
     };
-    match broker.groups.consumer_group_heartbeat(broker, input).await {
+    match broker
+        .groups
+        .consumer_group_heartbeat(&**broker, input)
+        .await
+    {
         Ok(out) => ConsumerGroupHeartbeatResponse::default()
             .with_member_id(Some(StrBytes::from_string(out.member_id)))
             .with_member_epoch(out.member_epoch)

@@ -21,7 +21,7 @@ pub async fn handle(
     let result = broker
         .txns
         .end_txn(
-            broker,
+            &**broker,
             request.transactional_id.0.as_str(),
             request.producer_id.0,
             request.producer_epoch,

@@ -20,7 +20,7 @@ pub async fn handle(
     let result = broker
         .groups
         .heartbeat(
-            broker,
+            &**broker,
             &request.group_id,
             &request.member_id,
             request.group_instance_id.as_deref(),

@@ -45,7 +45,7 @@ pub async fn handle(
                 Ok(expected) => broker
                     .txns
                     .init_producer_id(
-                        broker,
+                        &**broker,
                         id.0.as_str(),
                         request.transaction_timeout_ms,
                         expected,

@@ -57,7 +57,7 @@ pub async fn handle(
     };
     let result = broker
         .groups
-        .join_group(broker, &request.group_id, req)
+        .join_group(&**broker, &request.group_id, req)
         .await;
     response(version, result)
 }

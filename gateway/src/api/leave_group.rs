@@ -36,7 +36,7 @@ pub async fn handle(
     };
     let result = broker
         .groups
-        .leave_group(broker, &request.group_id, members.clone())
+        .leave_group(&**broker, &request.group_id, members.clone())
         .await;
     match result {
         Err(e) => LeaveGroupResponse::default().with_error_code(e.code()),

@@ -59,7 +59,7 @@ pub async fn handle(
         .collect();
     match broker
         .groups
-        .delete_offsets(broker, &request.group_id, topics)
+        .delete_offsets(&**broker, &request.group_id, topics)
         .await
     {
         Err(e) => OffsetDeleteResponse::default().with_error_code(e.code()),

@@ -50,7 +50,7 @@ pub async fn handle(
             let member = g.member_id.as_ref().map(|m| (m.as_str(), g.member_epoch));
             let fetched = broker
                 .groups
-                .fetch_offsets(broker, &g.group_id, member, topics)
+                .fetch_offsets(&**broker, &g.group_id, member, topics)
                 .await;
             let mut group = group_response(broker, g.group_id, fetched, request.require_stable);
             group.topics.retain_mut(|t| {
@@ -79,7 +79,7 @@ pub async fn handle(
         Ok(()) => {
             broker
                 .groups
-                .fetch_offsets(broker, &request.group_id, None, topics.clone())
+                .fetch_offsets(&**broker, &request.group_id, None, topics.clone())
                 .await
         }
     };

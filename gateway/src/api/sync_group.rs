@@ -34,7 +34,7 @@ pub async fn handle(
     };
     let result = broker
         .groups
-        .sync_group(broker, &request.group_id, req)
+        .sync_group(&**broker, &request.group_id, req)
         .await;
     response(version, result)
 }
