@@ -36,13 +36,22 @@ pub fn write_atomic(path: &Path, bytes: &[u8]) -> io::Result<()> {
     sync_dir(parent_of(path))
 }
 
-/// Removes `path` if it exists and fsyncs its directory.
-pub fn remove_durably(path: &Path) -> io::Result<()> {
+/// Removes `path` if it exists; true when there was a file. The caller
+/// fsyncs the directory (once for several removals).
+pub fn remove_if_exists(path: &Path) -> io::Result<bool> {
     match std::fs::remove_file(path) {
-        Ok(()) => sync_dir(parent_of(path)),
-        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
         Err(e) => Err(e),
     }
+}
+
+/// Removes `path` if it exists and fsyncs its directory.
+pub fn remove_durably(path: &Path) -> io::Result<()> {
+    if remove_if_exists(path)? {
+        sync_dir(parent_of(path))?;
+    }
+    Ok(())
 }
 
 /// `<name>.tmp` beside `path`.

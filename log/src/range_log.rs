@@ -378,10 +378,8 @@ fn write_history_state(
 }
 
 fn remove_if_exists(path: &Path) -> Result<(), LogError> {
-    match std::fs::remove_file(path) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
-        _ => Ok(()),
-    }
+    tessera_fs::remove_if_exists(path)?;
+    Ok(())
 }
 
 fn sync_dir(dir: &Path) -> Result<(), LogError> {

@@ -192,11 +192,7 @@ impl ReplicaStore {
             segment::index_path(dir, key.seq),
             fenced_path(dir, key.seq),
         ] {
-            match std::fs::remove_file(&path) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(e.into()),
-            }
+            tessera_fs::remove_if_exists(&path)?;
         }
         if existed {
             tessera_fs::sync_dir(dir)?;

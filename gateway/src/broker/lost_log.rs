@@ -135,12 +135,8 @@ fn remove_start_files(dir: &Path, seq: u32) -> std::io::Result<()> {
         tessera_log::producer_snapshot_file::snapshot_path(dir, seq),
         tessera_log::aborted_index_file::aborted_path(dir, seq),
     ] {
-        match std::fs::remove_file(&path) {
-            Ok(()) => {
-                tracing::info!(file = %path.display(), "removed a producer-state file a lost log left")
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(e),
+        if tessera_fs::remove_if_exists(&path)? {
+            tracing::info!(file = %path.display(), "removed a producer-state file a lost log left");
         }
     }
     Ok(())

@@ -411,6 +411,14 @@ impl Broker {
         })
     }
 
+    /// [`Broker::ancestors_elsewhere`] for the image's range `range`.
+    pub(super) fn ancestors_elsewhere_of(&self, image: &MetadataImage, range: RangeId) -> bool {
+        image
+            .ranges
+            .get(&range)
+            .is_some_and(|r| self.ancestors_elsewhere(image, r))
+    }
+
     /// What a split or merge child inherits: for each of its partitions, the
     /// next offset and producer state of the parent that held it.
     fn seed_from_parents(

@@ -532,11 +532,7 @@ impl Broker {
                         .log_of(segment.id.range)
                         .is_some_and(|l| l.holds_segment(seq - 1))),
             holds_snapshot: snapshot_path(&dir, seq).exists(),
-            ancestors_elsewhere: seq == 0
-                && image
-                    .ranges
-                    .get(&segment.id.range)
-                    .is_some_and(|r| self.ancestors_elsewhere(image, r)),
+            ancestors_elsewhere: seq == 0 && self.ancestors_elsewhere_of(image, segment.id.range),
         };
         if !snapshot_transfer::needs_snapshot(seq, local) {
             return;
@@ -571,10 +567,7 @@ impl Broker {
             .segments_of(range)
             .first()
             .map_or(active.id.seq, |s| s.id.seq);
-        let ancestors_elsewhere = image
-            .ranges
-            .get(&range)
-            .is_some_and(|r| self.ancestors_elsewhere(image, r));
+        let ancestors_elsewhere = self.ancestors_elsewhere_of(image, range);
         let needed =
             snapshot_transfer::snapshot_needed_to_lead(first, &local, ancestors_elsewhere, |seq| {
                 snapshot_path(dir, seq).exists()
