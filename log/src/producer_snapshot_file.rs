@@ -675,8 +675,16 @@ pub(crate) fn reload_range(
         producers.push(reload.producers);
         txns.push(t);
     }
-    for ((seq, _), kept) in files.iter().zip(file_kept) {
-        if !kept {
+    // A file without sections says "no producer state where this segment
+    // starts": no partition keeps it, yet a replica whose local history
+    // starts there (or one that joins the range there and fetches it) has
+    // nothing else to lead from. Kept while its segment is local, or is
+    // the next one (the snapshot a clean close writes at the log end).
+    let local_span = segments.first().zip(segments.last());
+    for ((seq, sections), kept) in files.iter().zip(file_kept) {
+        let empty_here = sections.as_ref().is_some_and(Vec::is_empty)
+            && local_span.is_some_and(|(first, last)| (first.seq..=last.seq + 1).contains(seq));
+        if !kept && !empty_here {
             let path = snapshot_path(dir, *seq);
             tracing::debug!(path = %path.display(), "deleting unused producer snapshot");
             if let Err(e) = std::fs::remove_file(&path) {

@@ -1634,6 +1634,45 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_reopened_replicated_log_keeps_the_empty_producer_snapshots_of_its_segments() {
+        // No idempotent producer writes here (a group coordinator's
+        // offsets, a plain producer): every snapshot has no section, and
+        // its file is what tells a replica that joins at that segment
+        // "no producer state there". A reopen (restart, leadership back)
+        // must not delete them: a broker whose history starts at one of
+        // these segments could never lead the range again.
+        let dir = tempfile::tempdir().unwrap();
+        let replicated = |dir: &Path| RangeLogOptions {
+            replicated: true,
+            segment_bytes: 1,
+            ..options(dir)
+        };
+        let log = RangeLog::open(replicated(dir.path()), watch::channel(0).0).unwrap();
+        for _ in 0..3 {
+            log.append(0, &mut make_batch(1, 1), None).unwrap();
+        }
+        let segments: Vec<u32> = (0..log.segment_count() as u32).collect();
+        assert!(segments.len() >= 3, "{segments:?}");
+        let snapshots = |dir: &Path| -> Vec<u32> {
+            segments
+                .iter()
+                .copied()
+                .filter(|&seq| producer_snapshot_file::snapshot_path(dir, seq).exists())
+                .collect()
+        };
+        assert_eq!(
+            snapshots(dir.path()),
+            segments,
+            "written at open and at each roll"
+        );
+        log.close();
+        drop(log);
+        let log = RangeLog::open(replicated(dir.path()), watch::channel(0).0).unwrap();
+        assert_eq!(snapshots(dir.path()), segments, "kept by the reload");
+        drop(log);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_replicated_log_rolls_at_most_a_few_segments_ahead_of_the_image() {
         let dir = tempfile::tempdir().unwrap();
         let log = RangeLog::open(

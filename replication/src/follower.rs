@@ -99,6 +99,13 @@ impl FollowerSegment {
         }
     }
 
+    /// The seal is applied and the copy is exactly the sealed segment,
+    /// durably: it may serve as the history of a range this broker leads.
+    pub fn is_complete(&self) -> bool {
+        self.sealed_size
+            .is_some_and(|size| self.written == size && self.durable == size)
+    }
+
     /// A repair wrote `[written, position)` (a sealed copy accepts only repairs).
     pub fn repaired(&mut self, position: u64) {
         let cap = self.sealed_size.unwrap_or(position);
@@ -137,8 +144,10 @@ mod tests {
         assert_eq!(long.written, 12);
         let mut short = FollowerSegment::recovered(5, true, None);
         assert_eq!(short.seal(12), SealAction::Repair { from: 5, size: 12 });
+        assert!(!short.is_complete());
         short.repaired(12);
         assert_eq!(short.written, 12);
+        assert!(short.is_complete());
         let mut exact = FollowerSegment::recovered(12, false, None);
         assert_eq!(exact.seal(12), SealAction::Complete);
         assert_eq!(exact.offer(12, 1), Offer::Refused);

@@ -22,13 +22,23 @@
 //! `committed_end` / `seal_point` / `place_replicas` for the primary's
 //! commit and the controller's seal and placement.
 //!
+//! Clients also read: any node that believes it is a primary (a zombie
+//! too) serves offsets below its high watermark as the broker's range log
+//! does, from its own copies in segment order (a short copy's missing tail
+//! is not there, so the next segment's record comes back) and from another
+//! replica for segments it keeps none of. A node opens a segment it is to
+//! lead only once `short_copies` (the broker's own rule) finds none of its
+//! copies of older sealed segments short; until then it waits for repairs.
+//!
 //! Checker (after every run): no acknowledged record lost; no offset holds
 //! two different records on any two copies; every replica that finished
-//! its seal holds exactly the sealed size, durably; and, after the faults
-//! stop, the system settles (every seal completes, new records are
-//! acknowledged). Mutations (seal at the minimum, ack on the primary's own
-//! durable end, a primary resuming its segment after a restart, a seal
-//! reported done before it is fsynced) show the checker fails when the
+//! its seal holds exactly the sealed size, durably; a read returns the
+//! record at the offset asked for, the one acknowledged there and the one
+//! the final log has there; and, after the faults stop, the system settles
+//! (every seal completes, new records are acknowledged). Mutations (seal
+//! at the minimum, ack on the primary's own durable end, a primary resuming
+//! its segment after a restart, a seal reported done before it is fsynced,
+//! a primary leading with a short copy) show the checker fails when the
 //! protocol is wrong.
 //!
 //! The default sweep is 600 seeds x 2500 steps (a few seconds in a debug
@@ -41,8 +51,8 @@
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet};
 
 use tessera_replication::{
-    committed_end, place_replicas, quorum_size, seal_point, BrokerCandidate, FenceReport,
-    FollowerSegment, Offer, SealAction,
+    committed_end, place_replicas, quorum_size, seal_point, short_copies, BrokerCandidate,
+    FenceReport, FollowerSegment, Offer, SealAction,
 };
 
 const NODES: usize = 5;
@@ -111,6 +121,9 @@ enum Bug {
     ResumeAfterRestart,
     /// A replica reports its seal done without fsyncing the sealed copy.
     SealWithoutSync,
+    /// A node opens the segment it is to lead while copies of older sealed
+    /// segments it keeps are still short (the read then skips their tail).
+    LeadWithShortCopy,
 }
 
 impl Bug {
@@ -121,6 +134,7 @@ impl Bug {
             "ack-own-durable" => Bug::AckOwnDurable,
             "resume-after-restart" => Bug::ResumeAfterRestart,
             "seal-without-sync" => Bug::SealWithoutSync,
+            "lead-with-short-copy" => Bug::LeadWithShortCopy,
             other => panic!("unknown bug {other:?}"),
         }
     }
@@ -417,6 +431,11 @@ struct Stats {
     truncations: u64,
     /// Repair transfers applied (a `Data` message landing on a short copy).
     repairs: u64,
+    /// Opens a node put off until its copies of older segments were complete.
+    lead_waits: u64,
+    /// Client reads served by a primary, and those of older segments.
+    reads: u64,
+    history_reads: u64,
     segments: u64,
     appended: u64,
     acked: u64,
@@ -440,6 +459,9 @@ impl Stats {
         self.seals += o.seals;
         self.truncations += o.truncations;
         self.repairs += o.repairs;
+        self.lead_waits += o.lead_waits;
+        self.reads += o.reads;
+        self.history_reads += o.history_reads;
         self.segments += o.segments;
         self.appended += o.appended;
         self.acked += o.acked;
@@ -466,6 +488,8 @@ struct Sim {
     appended: Vec<u64>,
     /// offset → record id, for every record acknowledged to a client.
     acked: BTreeMap<u64, u64>,
+    /// offset → record id, for every record a client read.
+    read: BTreeMap<u64, u64>,
     stats: Stats,
     violations: Vec<String>,
     trace: bool,
@@ -516,6 +540,7 @@ impl Sim {
             next_id: 1,
             appended: Vec::new(),
             acked: BTreeMap::new(),
+            read: BTreeMap::new(),
             stats: Stats {
                 runs: 1,
                 ..Stats::default()
@@ -866,10 +891,40 @@ impl Sim {
     fn on_open(&mut self, n: usize, seg: usize, base: u64, replicas: Vec<usize>) {
         let node = &mut self.nodes[n];
         if node.primary.as_ref().is_none_or(|p| p.seg != seg) {
-            let r = node.copy(seg);
-            if r.seg.fenced || r.seg.sealed_size.is_some() {
+            if node
+                .copies
+                .get(&seg)
+                .is_some_and(|r| r.seg.fenced || r.seg.sealed_size.is_some())
+            {
                 return;
             }
+            // The history it keeps must be complete first (the controller
+            // resends the Open; the seals' resends drive the repairs).
+            let sealed = |s: u32| match &self.ctrl.segs[s as usize].state {
+                SegState::Sealed { size, .. } => Some(*size),
+                _ => None,
+            };
+            let short = short_copies(
+                node.copies
+                    .keys()
+                    .map(|&s| s as u32)
+                    .filter(|&s| (s as usize) < seg),
+                |s| sealed(s).is_some() && self.ctrl.segs[s as usize].replicas.contains(&n),
+                |s| {
+                    let r = &node.copies[&(s as usize)].seg;
+                    r.is_complete() && r.sealed_size == sealed(s)
+                },
+            );
+            if !short.is_empty() && self.bug != Bug::LeadWithShortCopy {
+                self.stats.lead_waits += 1;
+                trace!(
+                    self,
+                    "node {n} waits to open segment {seg}: copies {short:?} are short"
+                );
+                return;
+            }
+            let node = &mut self.nodes[n];
+            node.copy(seg);
             let k = replicas.len();
             node.primary = Some(Primary {
                 seg,
@@ -1040,6 +1095,91 @@ impl Sim {
             }
             self.advance_commit(n);
         }
+    }
+
+    /// A client reads one offset below the high watermark of a node that
+    /// believes it is a primary (a zombie too). The node serves it as the
+    /// broker's range log does: from its own copies, in segment order, the
+    /// first record at or after the offset (a short copy's missing tail is
+    /// not there, so the next segment's record comes back), and from
+    /// another replica's complete copy for segments it keeps none of.
+    fn client_reads(&mut self) {
+        for n in 0..NODES {
+            if !self.nodes[n].alive || !self.rng.chance(0.3) {
+                continue;
+            }
+            let Some(p) = self.nodes[n].primary.as_ref() else {
+                continue;
+            };
+            let hw = p.base + p.acked;
+            if hw == 0 {
+                continue;
+            }
+            let offset = self.rng.below(hw);
+            self.stats.reads += 1;
+            if offset < p.base {
+                self.stats.history_reads += 1;
+            }
+            let Some((at, id)) = self.serve_read(n, offset) else {
+                continue;
+            };
+            if at != offset {
+                self.violation(format!(
+                    "a read of offset {offset} on primary {n} returned record {id} at offset {at}: committed records skipped"
+                ));
+            }
+            if let Some(&acked) = self.acked.get(&at) {
+                if acked != id {
+                    self.violation(format!(
+                        "a read of offset {at} on node {n} returned record {id}, acknowledged there: {acked}"
+                    ));
+                }
+            }
+            if let Some(prev) = self.read.insert(at, id) {
+                if prev != id {
+                    self.violation(format!(
+                        "offset {at} read as record {prev} and, on node {n}, as record {id}"
+                    ));
+                }
+            }
+        }
+    }
+
+    /// What node `n`, primary of a segment, returns for a read at `offset`
+    /// below its high watermark: `(offset of the record, record)`.
+    fn serve_read(&self, n: usize, offset: u64) -> Option<(u64, u64)> {
+        let node = &self.nodes[n];
+        let p = node.primary.as_ref()?;
+        let hw = p.base + p.acked;
+        for (seg, meta) in self.ctrl.segs.iter().enumerate().take(p.seg + 1) {
+            let end = if seg == p.seg {
+                hw
+            } else {
+                match &meta.state {
+                    SegState::Sealed { size, .. } => meta.base + size,
+                    _ => continue,
+                }
+            };
+            if end <= offset {
+                continue;
+            }
+            let from = offset.max(meta.base) - meta.base;
+            let local = node.copies.get(&seg);
+            let copy = local.or_else(|| {
+                self.nodes
+                    .iter()
+                    .filter(|o| o.alive)
+                    .filter_map(|o| o.copies.get(&seg))
+                    .find(|r| r.seg.is_complete())
+            })?;
+            let held = (copy.data.len() as u64).min(end - meta.base);
+            if from < held {
+                return Some((meta.base + from, copy.data[from as usize]));
+            }
+            // Remote: the complete copy had nothing at or after it.
+            local?;
+        }
+        None
     }
 
     /// Nodes fsync at random; followers then ack their primaries.
@@ -1337,6 +1477,7 @@ impl Sim {
         self.flush();
         self.client_appends();
         self.flush();
+        self.client_reads();
         self.syncs();
         self.flush();
         self.retransmits();
@@ -1507,6 +1648,20 @@ impl Sim {
         if lost > 5 {
             v.push(format!("... {lost} acknowledged records lost in all"));
         }
+        // 4. A read never returns a record that is later gone or at
+        //    another offset.
+        let mut unread = 0;
+        for (&off, &id) in &self.read {
+            let found = chain.get(off as usize).copied();
+            if found != Some(id) {
+                unread += 1;
+                if unread <= 5 {
+                    v.push(format!(
+                        "record {id} read at offset {off}: the final log has {found:?} there"
+                    ));
+                }
+            }
+        }
         v
     }
 
@@ -1565,6 +1720,7 @@ impl Outcome {
             Bug::AckOwnDurable => "ack-own-durable",
             Bug::ResumeAfterRestart => "resume-after-restart",
             Bug::SealWithoutSync => "seal-without-sync",
+            Bug::LeadWithShortCopy => "lead-with-short-copy",
         };
         format!(
             "seed {} (rf {}, bug {bug:?}):\n  safety: {:#?}\n  liveness: {:#?}\n  replay: TESSERA_SIM_SEED={} TESSERA_SIM_BUG={name} TESSERA_SIM_FAULTY={} cargo test -p tessera-replication --test simulation replay -- --ignored --nocapture",
@@ -1725,6 +1881,7 @@ fn chaos_sweep_loses_no_acknowledged_record() {
         "{t:?}"
     );
     assert!(t.truncations > 0 && t.repairs > 0, "{t:?}");
+    assert!(t.lead_waits > 0 && t.history_reads > 0, "{t:?}");
     assert!(
         t.crashes > 0 && t.partitions > 0 && t.drops > 0 && t.dups > 0,
         "{t:?}"
@@ -1775,6 +1932,11 @@ fn checker_catches_a_seal_reported_done_before_it_is_durable() {
     caught(Bug::SealWithoutSync, 0..400, "finished sealing");
 }
 
+#[test]
+fn checker_catches_a_primary_leading_with_a_short_copy() {
+    caught(Bug::LeadWithShortCopy, 0..600, "committed records skipped");
+}
+
 /// A larger sweep: `TESSERA_SIM_SEEDS` seeds (default 20000) x `TESSERA_SIM_STEPS` steps.
 #[test]
 #[ignore]
@@ -1792,7 +1954,8 @@ fn chaos_sweep_large() {
 }
 
 /// Replays one seed with a trace: `TESSERA_SIM_SEED`, `TESSERA_SIM_BUG`
-/// (none, seal-at-min, ack-own-durable, resume-after-restart),
+/// (none, seal-at-min, ack-own-durable, resume-after-restart,
+/// seal-without-sync, lead-with-short-copy),
 /// `TESSERA_SIM_FAULTY` (1 by default), `TESSERA_SIM_STEPS` (2500).
 #[test]
 #[ignore]

@@ -643,17 +643,16 @@ impl Broker {
     ) -> anyhow::Result<bool> {
         let me = self.config.node_id;
         let complete = self.replicas.sealed_copies.lock();
-        let short: Vec<u32> = tessera_log::range_log::local_segment_seqs(dir)?
-            .into_iter()
-            .filter(|&seq| {
+        let short = tessera_replication::short_copies(
+            tessera_log::range_log::local_segment_seqs(dir)?,
+            |seq| {
                 image
                     .segments
                     .get(&SegmentId::new(range, seq))
-                    .is_some_and(|s| {
-                        s.is_sealed() && s.replicas.contains(&me) && !complete.contains(&s.id)
-                    })
-            })
-            .collect();
+                    .is_some_and(|s| s.is_sealed() && s.replicas.contains(&me))
+            },
+            |seq| complete.contains(&SegmentId::new(range, seq)),
+        );
         drop(complete);
         if short.is_empty() {
             self.replicas.awaiting_history.lock().remove(&range);
