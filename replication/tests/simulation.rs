@@ -30,16 +30,30 @@
 //! lead only once `short_copies` (the broker's own rule) finds none of its
 //! copies of older sealed segments short; until then it waits for repairs.
 //!
+//! Producers retry: a client sometimes resends a record not acknowledged
+//! yet, and a primary stores it only if its producer state does not know
+//! it. That state is rebuilt at open as the broker's range log does: from
+//! the newest producer snapshot in its local run of segments, then its
+//! copies. A primary writes the snapshot where its segment starts at open,
+//! and the one where the next starts as its log closes at a fence (kept only
+//! if the seal is at its end); a follower without the segment before its
+//! own fetches the snapshot (`needs_snapshot`), and a node opens only when
+//! `snapshot_needed_to_lead` is satisfied, asking the replicas
+//! `snapshot_sources` names. A segment sealed empty counts as held by every
+//! node. A node that finds no replica with the snapshot resigns: the
+//! controller seals its unopened segment preferring any other replica (and
+//! with RF 1 places the next one elsewhere).
+//!
 //! Checker (after every run): no acknowledged record lost; no offset holds
 //! two different records on any two copies; every replica that finished
 //! its seal holds exactly the sealed size, durably; a read returns the
 //! record at the offset asked for, the one acknowledged there and the one
-//! the final log has there; and, after the faults stop, the system settles
+//! the final log has there; no record is stored twice; and, after the faults stop, the system settles
 //! (every seal completes, new records are acknowledged). Mutations (seal
 //! at the minimum, ack on the primary's own durable end, a primary resuming
 //! its segment after a restart, a seal reported done before it is fsynced,
-//! a primary leading with a short copy) show the checker fails when the
-//! protocol is wrong.
+//! a primary leading with a short copy, a primary leading without its
+//! producer snapshot) show the checker fails when the protocol is wrong.
 //!
 //! The default sweep is 600 seeds x 2500 steps (a few seconds in a debug
 //! build); `chaos_sweep_large` (ignored) runs 20000 x 5000.
@@ -50,6 +64,9 @@
 
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashSet};
 
+use tessera_replication::snapshot_transfer::{
+    needs_snapshot, snapshot_needed_to_lead, snapshot_sources, LocalHistory,
+};
 use tessera_replication::{
     committed_end, place_replicas, quorum_size, seal_point, short_copies, BrokerCandidate,
     FenceReport, FollowerSegment, Offer, SealAction,
@@ -124,6 +141,9 @@ enum Bug {
     /// A node opens the segment it is to lead while copies of older sealed
     /// segments it keeps are still short (the read then skips their tail).
     LeadWithShortCopy,
+    /// A node leads without the producer snapshot where its local history
+    /// starts (it knows only the producers of the segments it holds).
+    LeadWithoutSnapshot,
 }
 
 impl Bug {
@@ -135,6 +155,7 @@ impl Bug {
             "resume-after-restart" => Bug::ResumeAfterRestart,
             "seal-without-sync" => Bug::SealWithoutSync,
             "lead-with-short-copy" => Bug::LeadWithShortCopy,
+            "lead-without-snapshot" => Bug::LeadWithoutSnapshot,
             other => panic!("unknown bug {other:?}"),
         }
     }
@@ -196,6 +217,11 @@ impl Faults {
     }
 }
 
+/// Whether the controller sealed segment `seg` with no record in it.
+fn sealed_empty(segs: &[SegMeta], seg: usize) -> bool {
+    matches!(segs[seg].state, SegState::Sealed { size: 0, .. })
+}
+
 fn rf_of(seed: u64) -> usize {
     match seed % 4 {
         0 => 1,
@@ -250,6 +276,10 @@ enum Msg {
     SealDone {
         seg: usize,
     },
+    /// Primary → controller: it cannot open `seg`; seal it, avoiding it.
+    Resign {
+        seg: usize,
+    },
     /// Repair: replica → the seal's source, and the bytes back.
     Read {
         seg: usize,
@@ -260,6 +290,14 @@ enum Msg {
         seg: usize,
         pos: u64,
         recs: Vec<u64>,
+    },
+    /// Producer snapshot transfer: the ids stored before segment `seg`.
+    ReadSnapshot {
+        seg: usize,
+    },
+    SnapshotData {
+        seg: usize,
+        ids: Vec<u64>,
     },
 }
 
@@ -345,6 +383,10 @@ struct Primary {
     last_progress: Vec<u64>,
     /// Records acknowledged to clients (a position in the segment).
     acked: u64,
+    /// The idempotent producer state: every record id stored in the log
+    /// before and in this segment, as this primary knows it (a retry of
+    /// one is not stored again).
+    known: HashSet<u64>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -358,6 +400,14 @@ struct Node {
     dirty: BTreeSet<usize>,
     /// Copies neither fenced nor sealed (they ack their primary after fsyncs).
     open_copies: BTreeSet<usize>,
+    /// Producer snapshots (durable): per segment, the ids stored before it.
+    snapshots: BTreeMap<usize, Vec<u64>>,
+    /// Per segment it is to lead, how many Opens it put off for a snapshot.
+    snapshot_waits: BTreeMap<usize, u32>,
+    /// The producer snapshot a primary wrote as its log closed at a fence
+    /// (segment, its end, the ids up to there): the one where the next
+    /// segment starts, kept only if the seal is at that end.
+    closed: Option<(usize, u64, Vec<u64>)>,
 }
 
 impl Node {
@@ -376,6 +426,8 @@ enum SegState {
     Active,
     Fencing {
         reports: Vec<FenceReport>,
+        /// A replica that is not to lead the next segment (it resigned).
+        avoid: Option<usize>,
     },
     Sealed {
         size: u64,
@@ -401,6 +453,8 @@ struct Controller {
     seen_inc: [u64; NODES],
     /// Sealed segments with replicas not yet done.
     pending_seals: BTreeSet<usize>,
+    /// A node that resigned from the last segment: not the next primary.
+    avoid_next: Option<usize>,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -408,6 +462,9 @@ enum Reason {
     Unreachable,
     Restarted,
     Voluntary,
+    /// The primary cannot lead (no replica serves the producer snapshot it
+    /// needs) and asks for a seal that hands the next segment to another.
+    Resigned,
 }
 
 // ---------------------------------------------------------------- the simulation
@@ -436,6 +493,14 @@ struct Stats {
     /// Client reads served by a primary, and those of older segments.
     reads: u64,
     history_reads: u64,
+    /// Retries of unacknowledged records, and those a primary knew.
+    retries: u64,
+    duplicates_refused: u64,
+    /// Opens put off for a producer snapshot, and snapshots transferred.
+    snapshot_waits: u64,
+    /// Primaries that handed their unopened segment on for want of one.
+    resignations: u64,
+    snapshot_transfers: u64,
     segments: u64,
     appended: u64,
     acked: u64,
@@ -462,6 +527,11 @@ impl Stats {
         self.lead_waits += o.lead_waits;
         self.reads += o.reads;
         self.history_reads += o.history_reads;
+        self.retries += o.retries;
+        self.duplicates_refused += o.duplicates_refused;
+        self.snapshot_waits += o.snapshot_waits;
+        self.resignations += o.resignations;
+        self.snapshot_transfers += o.snapshot_transfers;
         self.segments += o.segments;
         self.appended += o.appended;
         self.acked += o.acked;
@@ -490,6 +560,8 @@ struct Sim {
     acked: BTreeMap<u64, u64>,
     /// offset → record id, for every record a client read.
     read: BTreeMap<u64, u64>,
+    /// The ids of `acked`.
+    acked_ids: HashSet<u64>,
     stats: Stats,
     violations: Vec<String>,
     trace: bool,
@@ -530,6 +602,7 @@ impl Sim {
                 last_heard: [0; NODES],
                 seen_inc: [0; NODES],
                 pending_seals: BTreeSet::new(),
+                avoid_next: None,
             },
             net: BinaryHeap::new(),
             sent: 0,
@@ -541,6 +614,7 @@ impl Sim {
             appended: Vec::new(),
             acked: BTreeMap::new(),
             read: BTreeMap::new(),
+            acked_ids: HashSet::new(),
             stats: Stats {
                 runs: 1,
                 ..Stats::default()
@@ -726,6 +800,18 @@ impl Sim {
             Msg::Seal { seg, size, source } => self.on_seal(n, seg, size, source),
             Msg::Read { seg, from, to } => self.on_read(n, src, seg, from, to),
             Msg::Data { seg, pos, recs } => self.on_data(n, seg, pos, recs),
+            Msg::ReadSnapshot { seg } => {
+                if let Some(ids) = self.nodes[n].snapshots.get(&seg) {
+                    let ids = ids.clone();
+                    self.outbox
+                        .push(out(n, src, Msg::SnapshotData { seg, ids }));
+                }
+            }
+            Msg::SnapshotData { seg, ids } => {
+                if self.nodes[n].snapshots.insert(seg, ids).is_none() {
+                    self.stats.snapshot_transfers += 1;
+                }
+            }
             other => self.violation(format!("node {n} got a controller message {other:?}")),
         }
     }
@@ -879,6 +965,7 @@ impl Sim {
             }
         }
         self.stats.acked += 1;
+        self.acked_ids.insert(id);
         if let Some(prev) = self.acked.insert(offset, id) {
             if prev != id {
                 self.violation(format!(
@@ -923,7 +1010,70 @@ impl Sim {
                 );
                 return;
             }
+            // The producer state of the history it does not hold: the
+            // snapshot where its local run starts (the broker's rule).
+            // A segment sealed empty holds no history: every node holds it.
+            let mut local: Vec<u32> = node
+                .copies
+                .keys()
+                .map(|&s| s as u32)
+                .filter(|&s| (s as usize) <= seg)
+                .chain((0..seg as u32).filter(|&s| sealed_empty(&self.ctrl.segs, s as usize)))
+                .collect();
+            local.sort_unstable();
+            local.dedup();
+            if !local.contains(&(seg as u32)) {
+                local.push(seg as u32);
+            }
+            let needed = snapshot_needed_to_lead(0, &local, false, |s| {
+                node.snapshots.contains_key(&(s as usize))
+            });
+            if let Some(k) = needed.filter(|_| self.bug != Bug::LeadWithoutSnapshot) {
+                let k = k as usize;
+                let replicas_of = |s: usize| -> Vec<i32> {
+                    self.ctrl.segs[s]
+                        .replicas
+                        .iter()
+                        .map(|&r| r as i32)
+                        .collect()
+                };
+                let previous = k.checked_sub(1).map(replicas_of).unwrap_or_default();
+                for peer in snapshot_sources(n as i32, &replicas_of(k), &previous) {
+                    self.outbox
+                        .push(out(n, peer as usize, Msg::ReadSnapshot { seg: k }));
+                }
+                self.stats.snapshot_waits += 1;
+                trace!(
+                    self,
+                    "node {n} waits to open segment {seg}: no snapshot at {k}"
+                );
+                // Nobody may have it (the segment's primary never opened
+                // it): after a few tries, hand the range to a replica that
+                // can lead (the broker's rule, `RESIGN_AFTER_ATTEMPTS`).
+                let waits = self.nodes[n].snapshot_waits.entry(seg).or_default();
+                *waits += 1;
+                if waits.is_multiple_of(3) {
+                    self.outbox.push(out(n, CTRL, Msg::Resign { seg }));
+                }
+                return;
+            }
+            // Kafka's reload: the newest snapshot in the local run, then the
+            // local segments from there (or all of them, from the start).
+            let from = local
+                .iter()
+                .rev()
+                .map(|&s| s as usize)
+                .find(|s| node.snapshots.contains_key(s));
+            let mut known: HashSet<u64> = from
+                .map(|s| node.snapshots[&s].iter().copied().collect())
+                .unwrap_or_default();
+            for r in node.copies.range(from.unwrap_or(0)..seg).map(|(_, r)| r) {
+                known.extend(r.data.iter().copied());
+            }
             let node = &mut self.nodes[n];
+            let mut ids: Vec<u64> = known.iter().copied().collect();
+            ids.sort_unstable();
+            node.snapshots.insert(seg, ids);
             node.copy(seg);
             let k = replicas.len();
             node.primary = Some(Primary {
@@ -935,6 +1085,7 @@ impl Sim {
                 last_reset: vec![None; k],
                 last_progress: vec![self.now; k],
                 acked: 0,
+                known,
             });
             trace!(self, "node {n} opens segment {seg} at offset {base}");
         }
@@ -948,8 +1099,10 @@ impl Sim {
         let end = r.seg.fence();
         node.dirty.remove(&seg);
         node.open_copies.remove(&seg);
-        if node.primary.as_ref().is_some_and(|p| p.seg == seg) {
-            node.primary = None;
+        if let Some(p) = node.primary.take_if(|p| p.seg == seg) {
+            let mut ids: Vec<u64> = p.known.into_iter().collect();
+            ids.sort_unstable();
+            node.closed = Some((seg, end, ids));
         }
         self.outbox.push(out(n, CTRL, Msg::Fenced { seg, end }));
     }
@@ -957,6 +1110,12 @@ impl Sim {
     fn on_seal(&mut self, n: usize, seg: usize, size: u64, source: usize) {
         let bug = self.bug;
         let node = &mut self.nodes[n];
+        if let Some((_, end, ids)) = node.closed.take_if(|c| c.0 == seg) {
+            // A longer end than the seal: the tail it describes is cut.
+            if end == size {
+                node.snapshots.entry(seg + 1).or_insert(ids);
+            }
+        }
         let r = node.copy(seg);
         let action = r.seg.seal(size);
         let mut done = false;
@@ -1063,17 +1222,42 @@ impl Sim {
             if !self.nodes[n].alive || self.nodes[n].primary.is_none() || !self.rng.chance(0.5) {
                 continue;
             }
-            let k = self.rng.range(1, 3);
+            // New records, or (sometimes) a retry of one not acknowledged
+            // yet: an idempotent producer resending after a timeout.
+            let retry = self
+                .appended
+                .len()
+                .checked_sub(1 + self.rng.below(64) as usize)
+                .map(|i| self.appended[i])
+                .filter(|id| self.rng.chance(0.2) && !self.acked_ids.contains(id));
             let node = &mut self.nodes[n];
-            let p = node.primary.as_ref().expect("checked");
+            let p = node.primary.as_mut().expect("checked");
+            let ids: Vec<u64> = match retry {
+                Some(id) => {
+                    self.stats.retries += 1;
+                    if p.known.contains(&id) {
+                        self.stats.duplicates_refused += 1;
+                        continue;
+                    }
+                    vec![id]
+                }
+                None => {
+                    let k = self.rng.range(1, 3);
+                    (0..k).map(|i| self.next_id + i).collect()
+                }
+            };
+            let k = ids.len() as u64;
             let (seg, followers) = (p.seg, p.replicas.len());
             let r = node.copies.get_mut(&seg).expect("a primary has its copy");
             match r.seg.offer(r.seg.written, k) {
                 Offer::Accept => {
-                    for _ in 0..k {
-                        r.data.push(self.next_id);
-                        self.appended.push(self.next_id);
-                        self.next_id += 1;
+                    for &id in &ids {
+                        r.data.push(id);
+                        p.known.insert(id);
+                        if retry.is_none() {
+                            self.appended.push(id);
+                            self.next_id += 1;
+                        }
                     }
                     r.seg.wrote(k);
                     node.dirty.insert(seg);
@@ -1198,6 +1382,19 @@ impl Sim {
                 if let Some(p) = r.primary.filter(|&p| p != n) {
                     let durable = r.seg.durable;
                     self.outbox.push(out(n, p, Msg::Ack { seg, durable }));
+                    // A follower without the segment before this one keeps
+                    // the producer snapshot where it starts (the broker's rule).
+                    // The nearest segment before it that is not sealed empty.
+                    let previous = (0..seg).rev().find(|&s| !sealed_empty(&self.ctrl.segs, s));
+                    let local = LocalHistory {
+                        holds_previous: seg > 0
+                            && previous.is_none_or(|s| node.copies.contains_key(&s)),
+                        holds_snapshot: node.snapshots.contains_key(&seg),
+                        ancestors_elsewhere: false,
+                    };
+                    if needs_snapshot(seg as u32, local) {
+                        self.outbox.push(out(n, p, Msg::ReadSnapshot { seg }));
+                    }
                 }
             }
             if node.primary.is_some() {
@@ -1265,7 +1462,7 @@ impl Sim {
                     None
                 };
                 if let Some(reason) = reason {
-                    self.start_fence(last, reason);
+                    self.start_fence(last, reason, None);
                 } else if !meta.opened && resend {
                     self.outbox.push(Out {
                         src: CTRL,
@@ -1279,7 +1476,7 @@ impl Sim {
                     });
                 }
             }
-            SegState::Fencing { reports } => {
+            SegState::Fencing { reports, .. } => {
                 if resend {
                     for &r in &meta.replicas {
                         if !reports.iter().any(|x| x.replica == r as i32) {
@@ -1312,8 +1509,9 @@ impl Sim {
         }
     }
 
-    fn start_fence(&mut self, seg: usize, reason: Reason) {
+    fn start_fence(&mut self, seg: usize, reason: Reason, avoid: Option<usize>) {
         match reason {
+            Reason::Resigned => self.stats.resignations += 1,
             Reason::Unreachable => self.stats.failovers_unreachable += 1,
             Reason::Restarted => self.stats.failovers_restarted += 1,
             Reason::Voluntary => self.stats.failovers_voluntary += 1,
@@ -1322,6 +1520,7 @@ impl Sim {
         let meta = &mut self.ctrl.segs[seg];
         meta.state = SegState::Fencing {
             reports: Vec::new(),
+            avoid,
         };
         for &r in &meta.replicas {
             self.outbox.push(out(CTRL, r, Msg::Fence { seg }));
@@ -1332,6 +1531,13 @@ impl Sim {
         match msg {
             Msg::OpenAck { seg } => self.ctrl.segs[seg].opened = true,
             Msg::Fenced { seg, end } => self.on_fenced(src, seg, end),
+            Msg::Resign { seg } => {
+                let meta = &self.ctrl.segs[seg];
+                let last = seg + 1 == self.ctrl.segs.len();
+                if last && matches!(meta.state, SegState::Active) && meta.replicas[0] == src {
+                    self.start_fence(seg, Reason::Resigned, Some(src));
+                }
+            }
             Msg::SealDone { seg } => {
                 let meta = &mut self.ctrl.segs[seg];
                 if let SegState::Sealed { done, .. } = &mut meta.state {
@@ -1350,9 +1556,10 @@ impl Sim {
     fn on_fenced(&mut self, src: usize, seg: usize, end: u64) {
         let rf = self.rf;
         let meta = &mut self.ctrl.segs[seg];
-        let SegState::Fencing { reports } = &mut meta.state else {
+        let SegState::Fencing { reports, avoid } = &mut meta.state else {
             return;
         };
+        let avoid = *avoid;
         if reports.iter().any(|r| r.replica == src as i32) {
             return;
         }
@@ -1360,14 +1567,19 @@ impl Sim {
             replica: src as i32,
             end,
         });
-        // The old primary first, so a tie goes to it.
+        // The old primary first, so a tie goes to it; one that resigned last.
         let primary = meta.replicas[0] as i32;
-        let ordered: Vec<FenceReport> = reports
-            .iter()
-            .filter(|r| r.replica == primary)
-            .chain(reports.iter().filter(|r| r.replica != primary))
-            .copied()
-            .collect();
+        let rank = |r: &FenceReport| {
+            if Some(r.replica as usize) == avoid {
+                2
+            } else if r.replica == primary {
+                0
+            } else {
+                1
+            }
+        };
+        let mut ordered: Vec<FenceReport> = reports.clone();
+        ordered.sort_by_key(rank);
         let chosen = match self.bug {
             Bug::SealAtMin => (ordered.len() >= quorum_size(rf))
                 .then(|| *ordered.iter().min_by_key(|r| r.end).expect("nonempty")),
@@ -1377,6 +1589,7 @@ impl Sim {
             return;
         };
         let (size, source) = (chosen.end, chosen.replica as usize);
+        self.ctrl.avoid_next = avoid;
         let base = meta.base;
         meta.state = SegState::Sealed {
             size,
@@ -1414,7 +1627,13 @@ impl Sim {
     }
 
     fn open_segment(&mut self, prefer: Option<usize>, base: u64) {
-        let live: Vec<usize> = (0..NODES).filter(|&n| self.ctrl_live(n)).collect();
+        let mut live: Vec<usize> = (0..NODES).filter(|&n| self.ctrl_live(n)).collect();
+        if let Some(avoid) = self.ctrl.avoid_next {
+            if live.len() > self.rf && self.rf == 1 {
+                live.retain(|&n| n != avoid);
+            }
+        }
+        let prefer = prefer.filter(|&p| Some(p) != self.ctrl.avoid_next || self.rf > 1);
         if live.len() < self.rf {
             return;
         }
@@ -1648,6 +1867,23 @@ impl Sim {
         if lost > 5 {
             v.push(format!("... {lost} acknowledged records lost in all"));
         }
+        // 5. No record is stored twice (a retry of a stored record is
+        //    refused by the producer state, across failovers too).
+        let mut at: BTreeMap<u64, usize> = BTreeMap::new();
+        let mut twice = 0;
+        for (off, &id) in chain.iter().enumerate() {
+            if id == 0 {
+                continue;
+            }
+            if let Some(first) = at.insert(id, off) {
+                twice += 1;
+                if twice <= 5 {
+                    v.push(format!(
+                        "record {id} stored twice: at offsets {first} and {off}"
+                    ));
+                }
+            }
+        }
         // 4. A read never returns a record that is later gone or at
         //    another offset.
         let mut unread = 0;
@@ -1721,6 +1957,7 @@ impl Outcome {
             Bug::ResumeAfterRestart => "resume-after-restart",
             Bug::SealWithoutSync => "seal-without-sync",
             Bug::LeadWithShortCopy => "lead-with-short-copy",
+            Bug::LeadWithoutSnapshot => "lead-without-snapshot",
         };
         format!(
             "seed {} (rf {}, bug {bug:?}):\n  safety: {:#?}\n  liveness: {:#?}\n  replay: TESSERA_SIM_SEED={} TESSERA_SIM_BUG={name} TESSERA_SIM_FAULTY={} cargo test -p tessera-replication --test simulation replay -- --ignored --nocapture",
@@ -1883,6 +2120,10 @@ fn chaos_sweep_loses_no_acknowledged_record() {
     assert!(t.truncations > 0 && t.repairs > 0, "{t:?}");
     assert!(t.lead_waits > 0 && t.history_reads > 0, "{t:?}");
     assert!(
+        t.duplicates_refused > 0 && t.snapshot_waits > 0 && t.snapshot_transfers > 0,
+        "{t:?}"
+    );
+    assert!(
         t.crashes > 0 && t.partitions > 0 && t.drops > 0 && t.dups > 0,
         "{t:?}"
     );
@@ -1929,7 +2170,12 @@ fn checker_catches_a_primary_resuming_after_restart() {
 
 #[test]
 fn checker_catches_a_seal_reported_done_before_it_is_durable() {
-    caught(Bug::SealWithoutSync, 0..400, "finished sealing");
+    caught(Bug::SealWithoutSync, 0..2000, "finished sealing");
+}
+
+#[test]
+fn checker_catches_a_primary_leading_without_its_producer_snapshot() {
+    caught(Bug::LeadWithoutSnapshot, 0..600, "stored twice");
 }
 
 #[test]
