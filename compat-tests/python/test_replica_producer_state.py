@@ -380,3 +380,47 @@ def test_a_leader_waits_for_the_producer_state_of_the_history_it_lacks(cluster):
     h.hand_leadership_to_spare(while_down=retries_are_refused)
     h.check_the_spare_knows_the_producers()
     assert snapshot_held(h.workdir, h.spare, h.topic, 1)
+
+
+@pytest.mark.cluster_nodes(5)
+@pytest.mark.cluster_overrides({"replica.placement.rebalance.enable": "false",
+                                "replica.producer.snapshot.prefetch.enable": "false"})
+def test_a_leader_no_replica_can_give_the_producer_state_hands_the_range_on(cluster):
+    """As above, but the snapshot never comes back: `holder`'s copy of
+    `<1>.snapshot` stays moved aside, so no broker can serve it, while
+    `holder` and `other`, back up, hold the whole history and could lead.
+    After about half a minute of asking (`RESIGN_AFTER_ATTEMPTS`), the
+    spare hands the range on: its unopened segment is sealed by quorum
+    avoiding it, a broker with the history leads the next one, and it
+    answers the retry and the stale epoch as the broker that took the
+    batches would. Before, the spare waited for good and the partition
+    stayed unwritable (found by the replication simulation)."""
+    h = History(cluster, "resign")
+    time.sleep(3)
+    assert not snapshot_held(h.workdir, h.spare, h.topic, 1), "the test-only key did not stop the fetch"
+    files = [f for suffix in ("snapshot", "aborted")
+             for f in (h.workdir / "cluster" / f"node-{h.holder}").glob(
+                 f"**/{h.topic}-*/*/{1:010}.{suffix}")]
+    assert len(files) == 2, files
+    aside = h.workdir / "moved-aside"
+    aside.mkdir()
+    for f in files:
+        f.rename(aside / f.name)
+
+    h.hand_leadership_to_spare()
+    eventually("the range handed on", lambda: leader_of(h.admin, h.topic) not in (h.spare, -1),
+               timeout=120)
+    resigned = metric(cluster["admin"][h.spare - 1], "tessera_producer_snapshot_resignations_total")
+    assert resigned >= 1, resigned
+    leader = leader_of(h.admin, h.topic)
+    assert leader in (h.holder, h.other), leader
+    addr = cluster["bootstrap"][leader - 1]
+    retry = produce_until_answered(addr, h.topic, h.batches[2], acks=1)
+    assert retry == (NONE, 5) or retry[0] == DUPLICATE_SEQUENCE_NUMBER, retry
+    stale = produce_until_answered(addr, h.topic, idempotent_batch(h.pid, 0, 5, [b"stale"]), acks=1)
+    assert stale[0] in (INVALID_PRODUCER_EPOCH, PRODUCER_FENCED), stale
+    assert produce_until_answered(addr, h.topic, idempotent_batch(h.pid, 1, 2, [b"d0"]),
+                                  acks=-1) == (NONE, 10)
+    kept = [b"a0", b"a1", b"a2", b"b0", b"b1", b"c0", b"c1"]
+    assert read_values(h.boot, h.topic, 10, "read_uncommitted") == kept + [b"x0", b"x1", b"d0"]
+    assert read_values(h.boot, h.topic, 8, "read_committed") == kept + [b"d0"]

@@ -27,6 +27,9 @@ pub struct Metrics {
     /// Times a range this broker is to lead waited for the producer
     /// snapshot of the history it does not hold.
     pub producer_snapshot_waits: AtomicU64,
+    /// Ranges this broker handed to another replica because no replica
+    /// served the producer snapshot it needed to lead them.
+    pub producer_snapshot_resignations: AtomicU64,
     /// Times a range this broker is to lead waited for copies of its
     /// sealed segments to be repaired here first.
     pub history_repair_waits: AtomicU64,
@@ -90,6 +93,7 @@ impl Default for Metrics {
             range_merges: AtomicU64::new(0),
             segments_replaced: AtomicU64::new(0),
             producer_snapshot_waits: AtomicU64::new(0),
+            producer_snapshot_resignations: AtomicU64::new(0),
             history_repair_waits: AtomicU64::new(0),
             follower_replacements: AtomicU64::new(0),
             replacements_planned: AtomicU64::new(0),
@@ -292,6 +296,11 @@ impl Metrics {
                 "tessera_producer_snapshot_waits_total",
                 "Times a range this node is primary of was not served (NOT_LEADER_OR_FOLLOWER) because the producer snapshot of the history it does not hold was not here yet and no replica served it at once.",
                 &self.producer_snapshot_waits,
+            ),
+            (
+                "tessera_producer_snapshot_resignations_total",
+                "Ranges this node was to lead and handed to another replica (a seal by quorum avoiding it) because no replica served the producer snapshot it needed.",
+                &self.producer_snapshot_resignations,
             ),
             (
                 "tessera_history_repair_waits_total",

@@ -97,6 +97,14 @@ impl SegmentImage {
         self.sealed.is_some()
     }
 
+    /// Sealed with nothing in it (and never cleaned): it holds no history,
+    /// so every broker holds it as far as producer state goes.
+    pub fn is_sealed_empty(&self) -> bool {
+        self.sealed
+            .as_ref()
+            .is_some_and(|s| s.size_bytes == 0 && s.cleaned.is_none())
+    }
+
     /// The cleaning pass this sealed segment's copies are at (0: none).
     pub fn clean_pass(&self) -> u64 {
         self.sealed

@@ -86,6 +86,10 @@ struct SnapshotFetches {
 /// How long a reconcile pass waits for one replica's answer when it
 /// fetches the snapshot a range it is to lead needs, for all of them, and
 /// for those of every range of the pass (the rest go to background tasks).
+/// Rounds of asking for a producer snapshot needed to lead (about
+/// `RETRY` apart, so half a minute or more) before the range is handed to
+/// another replica: long enough for a replica that restarts to serve it.
+const RESIGN_AFTER_ATTEMPTS: u32 = 60;
 const LEAD_SNAPSHOT_CALL_TIMEOUT: Duration = Duration::from_secs(1);
 const LEAD_SNAPSHOT_BUDGET: Duration = Duration::from_secs(2);
 pub(super) const LEAD_SNAPSHOT_PASS_BUDGET: Duration = Duration::from_secs(5);
@@ -525,12 +529,22 @@ impl Broker {
             return;
         };
         let seq = segment.id.seq;
+        // The nearest segment before this one that is not sealed empty (an
+        // empty one holds no history to miss).
+        let previous = (0..seq).rev().find(|&s| {
+            image
+                .segments
+                .get(&SegmentId::new(segment.id.range, s))
+                .is_none_or(|s| !s.is_sealed_empty())
+        });
         let local = LocalHistory {
             holds_previous: seq > 0
-                && (tessera_log::segment::log_path(&dir, seq - 1).exists()
-                    || self
-                        .log_of(segment.id.range)
-                        .is_some_and(|l| l.holds_segment(seq - 1))),
+                && previous.is_none_or(|p| {
+                    tessera_log::segment::log_path(&dir, p).exists()
+                        || self
+                            .log_of(segment.id.range)
+                            .is_some_and(|l| l.holds_segment(p))
+                }),
             holds_snapshot: snapshot_path(&dir, seq).exists(),
             ancestors_elsewhere: seq == 0 && self.ancestors_elsewhere_of(image, segment.id.range),
         };
@@ -559,10 +573,18 @@ impl Broker {
     ) -> anyhow::Result<bool> {
         let range = active.id.range;
         let mut local = tessera_log::range_log::local_segment_seqs(dir)?;
-        if !local.contains(&active.id.seq) {
-            local.push(active.id.seq);
-            local.sort_unstable();
-        }
+        // Segments sealed empty hold no history: held, as far as the
+        // producer state goes, wherever their files are.
+        local.extend(
+            image
+                .segments_of(range)
+                .iter()
+                .filter(|s| s.is_sealed_empty())
+                .map(|s| s.id.seq),
+        );
+        local.push(active.id.seq);
+        local.sort_unstable();
+        local.dedup();
         let first = image
             .segments_of(range)
             .first()
@@ -663,6 +685,43 @@ impl Broker {
             tracing::warn!(range, segments = ?short, "not leading the range yet: copies of its sealed segments here are incomplete (repairing them first; produce answers NOT_LEADER_OR_FOLLOWER meanwhile)");
         }
         Ok(false)
+    }
+
+    /// Hands `range` on when this broker is the primary of its active
+    /// segment, has not opened it, and no replica serves the producer
+    /// snapshot it needs: perhaps none has it (the segment where its local
+    /// history starts was never opened by its primary), while another
+    /// replica holds the history and can lead. The active segment, empty
+    /// (nothing was appended: the log never opened), is sealed by quorum
+    /// avoiding this broker as the next primary. Found by the simulation
+    /// (`replication/tests/simulation.rs`, resignations).
+    fn resign_unopened_range(&self, image: &MetadataImage, range: RangeId) {
+        let me = self.config.node_id;
+        let Some(active) = image.active_segment(range) else {
+            return;
+        };
+        let others_live = active.replicas[1..]
+            .iter()
+            .any(|r| image.brokers.get(r).is_some_and(|b| !b.fenced));
+        if active.primary() == Some(me) && self.log_of(range).is_none() && others_live {
+            tracing::warn!(segment = %active.id, "handing the range to another replica: this broker cannot rebuild its producer state");
+            crate::metrics::Metrics::add(&self.metrics.producer_snapshot_resignations, 1);
+            // One attempt: while the others are away it cannot complete,
+            // and the next resignation (or a snapshot served meanwhile)
+            // decides again from the image of then.
+            if self.replicas.sealing.lock().insert(active.id) {
+                let broker = self.weak();
+                let segment = active.clone();
+                tokio::spawn(async move {
+                    let Some(b) = broker.upgrade() else { return };
+                    let purpose = SealFor::Failover { avoid: Some(me) };
+                    if let Err(e) = b.try_seal(&b.image(), &segment, &purpose).await {
+                        tracing::info!(segment = %segment.id, error = %e, "handing the range on did not complete");
+                    }
+                    b.replicas.sealing.lock().remove(&segment.id);
+                });
+            }
+        }
     }
 
     /// A range starts waiting for the producer snapshot at `id`.
@@ -892,6 +951,9 @@ async fn fetch_snapshot(broker: Weak<Broker>, id: SegmentId) {
             }
             None if attempts.is_multiple_of(20) => {
                 tracing::warn!(segment = %id, attempts, "no replica served the producer snapshot yet");
+                if attempts.is_multiple_of(RESIGN_AFTER_ATTEMPTS) {
+                    b.resign_unopened_range(&image, id.range);
+                }
             }
             None => {}
         }
