@@ -65,6 +65,14 @@ pub struct RangeLogOptions {
     /// acks=-1 waits for) moves only by [`RangeLog::commit`], when a quorum
     /// of replicas is durable, not by the local fsync alone.
     pub replicated: bool,
+    /// Nothing past the newest segment the metadata log records (see
+    /// [`RangeLog::set_recorded_active`]) is committed: a replicated
+    /// topic's layout, whose restart discards the segments the image never
+    /// recorded. With followers they refuse such a segment anyway; without
+    /// (the active set shrank to the primary) the local fsync would
+    /// otherwise acknowledge records a crash before the roll's record
+    /// deletes.
+    pub commit_recorded_only: bool,
 }
 
 impl RangeLogOptions {
@@ -85,6 +93,7 @@ impl RangeLogOptions {
             remote_history: None,
             sealed: false,
             replicated: false,
+            commit_recorded_only: false,
         }
     }
 }
@@ -194,9 +203,24 @@ struct Inner {
     /// positions keep counting them, so [`RangeLog::position_of`] starts here.
     removed_bytes: u64,
     pending: VecDeque<Pending>,
+    /// The furthest position a commit was asked for (the cap of
+    /// `commit_recorded_only` may hold part of it back).
+    wanted_commit: u64,
 }
 
 impl Inner {
+    /// The range-wide position where local segment `seq` starts.
+    fn position_of(&self, seq: u32) -> Option<u64> {
+        let mut base = self.removed_bytes;
+        for seg in &self.segments {
+            if seg.seq == seq {
+                return Some(base);
+            }
+            base += seg.size;
+        }
+        None
+    }
+
     fn offsets(&self, pi: usize) -> PartitionOffsets {
         let state = self.partitions[pi];
         let last_stable = self.txns[pi]
@@ -499,6 +523,7 @@ impl RangeLog {
             active_base_position,
             removed_bytes: 0,
             pending: VecDeque::new(),
+            wanted_commit: 0,
         };
         let written = inner.written_position();
         let log = Arc::new(RangeLog {
@@ -740,7 +765,13 @@ impl RangeLog {
     /// The metadata image records segment `seq` of this log as the range's
     /// active segment (its roll was recorded): a replicated log may roll it.
     pub fn set_recorded_active(&self, seq: u32) {
-        self.recorded_active.fetch_max(seq, Ordering::AcqRel);
+        let before = self.recorded_active.fetch_max(seq, Ordering::AcqRel);
+        if seq > before && self.options.commit_recorded_only {
+            // What the cap held back may be committed now.
+            let mut inner = self.inner.lock();
+            let wanted = inner.wanted_commit;
+            self.commit_locked(&mut inner, wanted);
+        }
     }
 
     fn roll_locked(&self, inner: &mut Inner, now: i64) -> Result<SealedSegment, LogError> {
@@ -815,6 +846,15 @@ impl RangeLog {
     /// Everything up to `position` is committed: move the high watermarks
     /// and wake whoever waits for them.
     fn commit_locked(&self, inner: &mut Inner, position: u64) {
+        inner.wanted_commit = inner.wanted_commit.max(position);
+        let position = if self.options.commit_recorded_only {
+            let unrecorded = self.recorded_active.load(Ordering::Acquire) + 1;
+            inner
+                .position_of(unrecorded)
+                .map_or(position, |cap| position.min(cap))
+        } else {
+            position
+        };
         if inner.advance_durable(position) {
             self.hw_listener.send_modify(|v| *v += 1);
         }
@@ -864,14 +904,9 @@ impl RangeLog {
     /// Range-wide position of byte `position` of local segment `seq`.
     pub fn position_of(&self, seq: u32, position: u64) -> Option<u64> {
         let inner = self.inner.lock();
-        let mut base = inner.removed_bytes;
-        for seg in &inner.segments {
-            if seg.seq == seq {
-                return Some(base + position.min(seg.size));
-            }
-            base += seg.size;
-        }
-        None
+        let base = inner.position_of(seq)?;
+        let size = inner.segments.iter().find(|s| s.seq == seq)?.size;
+        Some(base + position.min(size))
     }
 
     /// The local durable end as `(active seq, bytes of it fsynced)`.
@@ -1631,6 +1666,60 @@ mod tests {
         let syncs = log.hooks.flusher_syncs.load(Ordering::Relaxed);
         assert!(syncs <= 2, "{syncs} fsyncs of an unchanged segment");
         assert_eq!(log.offsets(0).unwrap().high_watermark, 0, "not committed");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn nothing_in_an_unrecorded_roll_is_committed_in_a_replicated_layout() {
+        // A replicated topic's range whose active set shrank to its primary:
+        // the local fsync commits, but a restart discards segments the
+        // metadata never recorded, so records there wait for the record.
+        let dir = tempfile::tempdir().unwrap();
+        let log = RangeLog::open(
+            RangeLogOptions {
+                commit_recorded_only: true,
+                segment_bytes: 1,
+                ..options(dir.path())
+            },
+            watch::channel(0).0,
+        )
+        .unwrap();
+        let first = log.append(0, &mut make_batch(1, 1), None).unwrap();
+        log.wait_durable(first.end_position).await.unwrap();
+        // The next append rolls to segment 1 first (segment 0 is full).
+        let second = log.append(0, &mut make_batch(1, 1), None).unwrap();
+        assert!(second.rolled.is_some(), "{second:?}");
+        log.wait_local_durable(second.end_position).await.unwrap();
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        assert_eq!(log.offsets(0).unwrap().high_watermark, 1, "held back");
+        log.set_recorded_active(1);
+        log.wait_durable(second.end_position).await.unwrap();
+        assert_eq!(log.offsets(0).unwrap().high_watermark, 2);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_segment_file_tells_the_leader_epoch_that_wrote_it() {
+        use crate::segment::first_batch_leader_epoch;
+        let dir = tempfile::tempdir().unwrap();
+        let log = RangeLog::open(
+            RangeLogOptions {
+                leader_epoch: 7,
+                ..options(dir.path())
+            },
+            watch::channel(0).0,
+        )
+        .unwrap();
+        assert_eq!(
+            first_batch_leader_epoch(dir.path(), 0).unwrap(),
+            None,
+            "empty"
+        );
+        log.append(0, &mut make_batch(2, 1), None).unwrap();
+        assert_eq!(first_batch_leader_epoch(dir.path(), 0).unwrap(), Some(7));
+        assert_eq!(
+            first_batch_leader_epoch(dir.path(), 1).unwrap(),
+            None,
+            "no file"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -99,6 +99,27 @@ pub fn index_path(dir: &Path, seq: u32) -> PathBuf {
     dir.join(format!("{seq:010}.idx"))
 }
 
+/// The partitionLeaderEpoch of the first batch in `<seq>.log` in `dir`.
+/// A range log writes its leader epoch into every batch it stores, so this
+/// tells which incarnation of a segment number wrote the file (a zombie
+/// primary's own unrecorded roll, or the image's segment of that number).
+/// `None` for a missing file or one too short to hold a batch header.
+pub fn first_batch_leader_epoch(dir: &Path, seq: u32) -> std::io::Result<Option<i32>> {
+    let file = match File::open(log_path(dir, seq)) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    // Frame header, then the batch's baseOffset and batchLength.
+    const AT: u64 = FRAME_HEADER_LEN + 8 + 4;
+    let mut epoch = [0u8; 4];
+    match file.read_exact_at(&mut epoch, AT) {
+        Ok(()) => Ok(Some(i32::from_be_bytes(epoch))),
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
 /// One segment: its file, its size and its index.
 pub struct Segment {
     pub seq: u32,

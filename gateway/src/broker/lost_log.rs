@@ -14,6 +14,16 @@
 //! as the state where the real next segment starts (a retry answered as a
 //! duplicate of a batch that is not in the log). [`leftovers`] decides
 //! which files go (pure); [`Broker::discard_leftovers`] removes them.
+//!
+//! A log that never closed (kill -9, a crash) leaves its own rolls too: at
+//! restart, files past the image's newest segment go
+//! (`reconcile::discard_unrecorded_segments`), but a roll whose number a
+//! failover reused is not past it. Every batch a range log stores carries
+//! its leader epoch, so a file whose batches were written at another epoch
+//! than the image records for its segment is not that segment:
+//! [`other_epoch_files`] finds them (pure) and
+//! [`Broker::discard_other_epoch_files`] replaces them by empty copies to
+//! repair, or removes them, before any stream or seal takes them as copies.
 
 use std::collections::BTreeSet;
 use std::path::Path;
@@ -128,6 +138,84 @@ impl Broker {
     }
 }
 
+/// The segments among `local` (`(seq, leader epoch of its first batch)`,
+/// `None` for an empty file) whose file was written at another leader epoch
+/// than `image_epoch` says the image's segment of that number has (`None`:
+/// not in the image; those are left to the other rules).
+pub(crate) fn other_epoch_files(
+    local: &[(u32, Option<i32>)],
+    image_epoch: impl Fn(u32) -> Option<i32>,
+) -> Vec<u32> {
+    local
+        .iter()
+        .filter(|(seq, epoch)| {
+            epoch
+                .zip(image_epoch(*seq))
+                .is_some_and(|(file, image)| file != image)
+        })
+        .map(|(seq, _)| *seq)
+        .collect()
+}
+
+impl Broker {
+    /// Drops this broker's files of `range`'s segments (in `dir`) that were
+    /// written at another leader epoch than the image's segment of that
+    /// number: a crashed primary's own unrecorded roll whose number a
+    /// failover reused. Each file is read once per segment incarnation; a
+    /// range whose log is open here is left alone (its files are its own).
+    /// A sealed segment this broker is a replica of gets an empty copy in
+    /// place (repaired from its replicas), an active one is shipped again.
+    pub(super) fn discard_other_epoch_files(
+        &self,
+        image: &MetadataImage,
+        range: RangeId,
+        dir: &Path,
+    ) -> anyhow::Result<()> {
+        if self.log_of(range).is_some() || !dir.exists() {
+            return Ok(());
+        }
+        let mut local = Vec::new();
+        for seq in tessera_log::range_log::local_segment_seqs(dir)? {
+            let id = SegmentId::new(range, seq);
+            let Some(seg) = image.segments.get(&id) else {
+                continue;
+            };
+            if self
+                .replicas
+                .epoch_checked
+                .lock()
+                .insert((id, seg.leader_epoch))
+            {
+                local.push((
+                    seq,
+                    tessera_log::segment::first_batch_leader_epoch(dir, seq)?,
+                ));
+            }
+        }
+        let stale = other_epoch_files(&local, |seq| {
+            image
+                .segments
+                .get(&SegmentId::new(range, seq))
+                .map(|s| s.leader_epoch)
+        });
+        let me = self.config.node_id;
+        for seq in stale {
+            let id = SegmentId::new(range, seq);
+            let seg = &image.segments[&id];
+            tracing::warn!(segment = %id, epoch = seg.leader_epoch, "discarding a file of this segment number written at another leader epoch (this broker's own roll, never recorded, from before a restart)");
+            let key = super::replicas::key(id);
+            self.replicas.store.discard(key, dir)?;
+            remove_start_files(dir, seq)?;
+            if seg.is_sealed() && seg.replicas.contains(&me) {
+                self.replicas.store.copy(key, dir)?;
+            }
+            self.replicas.sealed_copies.lock().remove(&id);
+            self.replicas.read_copies.lock().remove(&id);
+        }
+        Ok(())
+    }
+}
+
 /// Removes the producer snapshot and the aborted-transaction list that
 /// segment `seq` starts with.
 fn remove_start_files(dir: &Path, seq: u32) -> std::io::Result<()> {
@@ -145,6 +233,19 @@ fn remove_start_files(dir: &Path, seq: u32) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_written_at_another_epoch_than_the_images_segment_are_found() {
+        // 3 at epoch 2 (the image's), 4 at epoch 2 while the image's 4 is
+        // at epoch 3 (a failover reused the number), 5 empty, 6 unknown.
+        let image_epoch = |seq: u32| match seq {
+            3 => Some(2),
+            4 | 5 => Some(3),
+            _ => None,
+        };
+        let local = [(3, Some(2)), (4, Some(2)), (5, None), (6, Some(1))];
+        assert_eq!(other_epoch_files(&local, image_epoch), vec![4]);
+    }
     use tessera_metadata::{SealInfo, SegmentImage};
 
     const RANGE: RangeId = 1;

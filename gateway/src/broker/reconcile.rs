@@ -175,6 +175,9 @@ impl Broker {
             };
             // Segments retention deleted go first, before any log opens.
             self.drop_deleted_segments(image, range.id, segments[0].id.seq)?;
+            // Files of its own rolls from before a restart whose numbers a
+            // failover reused: not copies of the image's segments.
+            self.discard_other_epoch_files(image, range.id, &self.range_dir(topic, range.id))?;
             // Copies of sealed segments this broker follows: cut or repair
             // them to the committed seal before any log opens on them.
             self.apply_seals(image, range.id)?;
@@ -353,6 +356,7 @@ impl Broker {
                     remote_history,
                     sealed: !range.active,
                     replicated: range.active && replicated,
+                    commit_recorded_only: range.active && replicated_layout,
                 },
                 self.hw_events.clone(),
             )?;

@@ -69,6 +69,9 @@ pub(crate) struct Replicas {
     /// Ranges this broker is to lead that wait for copies of their sealed
     /// segments to be repaired here first.
     awaiting_history: Mutex<HashSet<RangeId>>,
+    /// Segment incarnations (id, leader epoch) whose local file was checked
+    /// for another epoch's batches (see `Broker::discard_other_epoch_files`).
+    pub(super) epoch_checked: Mutex<HashSet<(SegmentId, i32)>>,
     /// Complete sealed copies opened for fetches from followers.
     pub(super) read_copies: Mutex<HashMap<SegmentId, Arc<tessera_log::segment::Segment>>>,
 }
