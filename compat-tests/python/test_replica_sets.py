@@ -284,3 +284,83 @@ def test_a_merged_range_fails_over_to_a_follower_without_its_parents(cluster):
              if s["range"] == child["id"] and s["sealed_bytes"] == 0]
     assert len(empty) <= 2, f"the merge child's empty segments sealed again and again: {empty}"
     check_read_back(acks.acked, read_back(boot_alive, topic, 2, acks.acked), 2)
+
+
+def kafka_partition_for(key: str, partitions: int) -> int:
+    """Kafka's `Utils.abs(key.hashCode()) % partitions` (the coordinator's
+    partition of a group id or transactional id)."""
+    h = 0
+    for ch in key:  # ASCII here: one UTF-16 unit per character
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    if h >= 1 << 31:
+        h -= 1 << 32
+    return (h & 0x7FFFFFFF) % partitions
+
+
+def test_a_group_coordinator_on_a_split_offsets_range_fails_over_with_its_offsets(cluster):
+    """`__consumer_offsets` split while a group commits, then the child
+    holding the group's partition loses its primary: the follower that
+    takes over holds none of the parent range's log, and must load the
+    group's offsets from the parent's sealed segments too (its copies, or
+    the replicas that hold them), as a consumer's Fetch reads them.
+    Before, the load read only the child's log from the partition's log
+    start and failed ("offset out of range"), and that failure failed the
+    broker's whole reconcile pass, every second: the group stayed without
+    a coordinator (the 25-minute fault run that found it lost the whole
+    `queue` topic after healing)."""
+    boot = ",".join(cluster["bootstrap"])
+    topic, group = "split-coordinator", "split-coordinator-g"
+    admin = create_replicated(boot, topic, 1, 3, {})
+    partition = kafka_partition_for(group, 50)
+
+    def commit(offset: int):
+        c = Consumer({"bootstrap.servers": boot, "group.id": group, "enable.auto.commit": False})
+        try:
+            eventually(f"offset {offset} committed", lambda: c.commit(
+                offsets=[TopicPartition(topic, 0, offset)], asynchronous=False) is not None, timeout=60)
+        finally:
+            c.close()
+
+    def committed(bootstrap: str) -> int:
+        c = Consumer({"bootstrap.servers": bootstrap, "group.id": group})
+        try:
+            return c.committed([TopicPartition(topic, 0)], timeout=10)[0].offset
+        finally:
+            c.close()
+
+    def offsets_ranges(url: str):
+        return [r for r in http(url + "/ranges")
+                if r["topic"] == "__consumer_offsets" and r["active"]]
+
+    commit(5)
+    url = cluster["admin"][0]
+    eventually("the offsets topic", lambda: len(offsets_ranges(url)) == 1)
+    (root,) = offsets_ranges(url)
+    segments = http(url + "/segments")
+    primary = next(s["replicas"][0] for s in segments
+                   if s["range"] == root["id"] and s["sealed_bytes"] is None)
+    http(cluster["admin"][primary - 1] + f"/ranges/split?range={root['id']}", "POST")
+    eventually("split", lambda: len(offsets_ranges(url)) == 2)
+    commit(9)  # into the child, after the parent's history
+    child = next(r for r in offsets_ranges(url) if r["lo"] <= partition < r["hi"])
+    child_primary = lambda: next(  # noqa: E731
+        (s["replicas"][0] for s in http(url + "/segments")
+         if s["range"] == child["id"] and s["sealed_bytes"] is None), None)
+    eventually("the child led", lambda: child_primary() is not None)
+    dead = child_primary()
+    # The followers hold the producer snapshot where the child starts (they
+    # lack the parent's log): either can lead it once its primary is gone.
+    followers = [i for i in range(1, len(cluster["bootstrap"]) + 1) if i != dead]
+    eventually("the child's producer snapshot on its followers", lambda: all(
+        any((cluster["workdir"] / "cluster" / f"node-{n}").glob(
+            f"topics/__consumer_offsets-*/{child['id']}/{0:010}.snapshot"))
+        for n in followers), timeout=60)
+    kill_node(cluster["workdir"], dead)
+    survivors = [i for i in range(1, len(cluster["bootstrap"]) + 1) if i != dead]
+    alive_boot = ",".join(cluster["bootstrap"][i - 1] for i in survivors)
+    url = cluster["admin"][survivors[0] - 1]
+    eventually("the child failed over", lambda: child_primary() in survivors, timeout=60)
+    assert eventually("the group's offset from its new coordinator",
+                      lambda: committed(alive_boot) == 9, timeout=90)
+    # The new coordinator's broker reconciles everything else too.
+    assert leader_of(AdminClient({"bootstrap.servers": alive_boot}), topic) in survivors

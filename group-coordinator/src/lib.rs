@@ -824,7 +824,7 @@ impl GroupCoordinator {
         // Transactional offset commits wait for their marker.
         let mut open_txns = txn_offsets::LoadPending::default();
         for &partition in partitions {
-            let stored = match writer.read_records(&topic, partition) {
+            let stored = match writer.read_records(&topic, partition).await {
                 Ok(r) => r,
                 Err(ApiError::NotLeaderOrFollower) => continue,
                 Err(e) => {

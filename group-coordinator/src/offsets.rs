@@ -493,7 +493,7 @@ mod tests {
                 self.append()
             }
 
-            fn read_records(&self, _: &TopicImage, _: i32) -> Result<Vec<Record>, ApiError> {
+            async fn read_records(&self, _: &TopicImage, _: i32) -> Result<Vec<Record>, ApiError> {
                 Ok(Vec::new())
             }
         }

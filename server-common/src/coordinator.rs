@@ -64,8 +64,13 @@ pub trait PartitionWriter: Send + Sync {
     ) -> impl Future<Output = Result<i64, ApiError>> + Send;
 
     /// Every record of a partition this broker leads, in offset order
-    /// (what a coordinator replays when it starts to lead it).
-    fn read_records(&self, topic: &TopicImage, partition: i32) -> Result<Vec<Record>, ApiError>;
+    /// (what a coordinator replays when it starts to lead it), its history
+    /// in ancestor ranges and on other replicas included.
+    fn read_records(
+        &self,
+        topic: &TopicImage,
+        partition: i32,
+    ) -> impl Future<Output = Result<Vec<Record>, ApiError>> + Send;
 }
 
 /// Where the transaction coordinator gets new producer ids (Kafka's

@@ -477,7 +477,7 @@ impl TxnCoordinator {
         let mut loaded: HashMap<String, Option<TxnMetadata>> = HashMap::new();
         let mut skipped = 0usize;
         for &partition in partitions {
-            let stored = match host.read_records(&topic, partition) {
+            let stored = match host.read_records(&topic, partition).await {
                 Ok(r) => r,
                 Err(ApiError::NotLeaderOrFollower) => continue,
                 Err(e) => {

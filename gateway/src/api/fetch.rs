@@ -72,6 +72,52 @@ pub async fn handle(
     }
 }
 
+/// Stored batches of `partition` of `topic` from `offset` (about
+/// `max_bytes`, up to the high watermark), read as a consumer's Fetch is:
+/// through the partition's ancestor ranges and from the replicas of sealed
+/// segments this leader lacks. For the coordinators' replay of their
+/// internal partitions (an internal caller: no ACL applies).
+pub(crate) async fn read_internal(
+    broker: &Arc<Broker>,
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    max_bytes: i32,
+) -> Result<Bytes, ApiError> {
+    const VERSION: i16 = 12; // topic names, isolation level
+    let header = RequestHeader::default().with_request_api_version(VERSION);
+    let request = FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(0)
+        .with_max_bytes(max_bytes)
+        .with_isolation_level(0)
+        .with_session_epoch(FINAL_EPOCH)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(partition)
+                .with_fetch_offset(offset)
+                .with_current_leader_epoch(-1)
+                .with_log_start_offset(-1)
+                .with_partition_max_bytes(max_bytes)])]);
+    let response = handle(broker, &header, request).await;
+    let data = response
+        .responses
+        .into_iter()
+        .flat_map(|t| t.partitions)
+        .find(|d| d.partition_index == partition)
+        .ok_or_else(|| ApiError::Storage("no answer for the partition".into()))?;
+    match ResponseError::try_from_code(data.error_code) {
+        None => Ok(data.records.unwrap_or_default()),
+        Some(ResponseError::NotLeaderOrFollower) => Err(ApiError::NotLeaderOrFollower),
+        Some(code) => Err(ApiError::Coded {
+            code,
+            message: format!("reading {topic}-{partition} at {offset}"),
+        }),
+    }
+}
+
 /// Per requested topic, whether the request may not read it: a consumer
 /// needs READ on the topic, a broker (replica id set) CLUSTER_ACTION on the
 /// cluster, as in Kafka. Decided once, before any long poll.

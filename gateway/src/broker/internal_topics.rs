@@ -97,20 +97,30 @@ impl Broker {
     }
 
     /// Reads every record of one partition from its log start to its high
-    /// watermark, decoded, with their offsets (for coordinator replay).
-    pub fn read_records(
+    /// watermark, decoded, with their offsets (for coordinator replay):
+    /// through the same path as a consumer's Fetch, so history in ancestor
+    /// ranges (splits and merges) and in sealed segments held by other
+    /// replicas is read too.
+    pub async fn read_records(
         &self,
         topic: &TopicImage,
         partition: i32,
     ) -> Result<Vec<Record>, ApiError> {
+        let broker = self.weak().upgrade().ok_or(ApiError::NotLeaderOrFollower)?;
         let image = self.image();
         let route = self.route(&image, topic, partition)?;
         let p = partition as u32;
-        let mut offset = route.log.offsets(p)?.log_start;
+        let mut offset = route
+            .log
+            .offsets(p)?
+            .log_start
+            .max(image.log_start_offset(topic.id, p));
         let mut out = Vec::new();
         loop {
-            let read = route.log.read(p, offset, 1 << 20)?;
-            if read.records.is_empty() {
+            let records =
+                crate::api::fetch::read_internal(&broker, &topic.name, partition, offset, 1 << 20)
+                    .await?;
+            if records.is_empty() {
                 return Ok(out);
             }
             // The next read starts past the last batch's last offset, not its
@@ -118,14 +128,14 @@ impl Broker {
             // while records at its end are gone, and a retained empty batch
             // has none.
             let mut next = offset;
-            for range in tessera_log::batch::split_batches(&read.records)
+            for range in tessera_log::batch::split_batches(&records)
                 .map_err(|e| ApiError::CorruptMessage(format!("stored batch: {e}")))?
             {
-                let header = tessera_log::batch::parse_header(&read.records[range])
+                let header = tessera_log::batch::parse_header(&records[range])
                     .map_err(|e| ApiError::CorruptMessage(format!("stored batch: {e}")))?;
                 next = next.max(header.last_offset() + 1);
             }
-            let mut buf: Bytes = read.records;
+            let mut buf: Bytes = records;
             let sets = RecordBatchDecoder::decode_all(&mut buf).map_err(|e| {
                 ApiError::CorruptMessage(format!("stored batch does not decode: {e}"))
             })?;
@@ -214,8 +224,12 @@ impl PartitionWriter for Broker {
         self.append_durably(&route, partition as u32, batch).await
     }
 
-    fn read_records(&self, topic: &TopicImage, partition: i32) -> Result<Vec<Record>, ApiError> {
-        Broker::read_records(self, topic, partition)
+    async fn read_records(
+        &self,
+        topic: &TopicImage,
+        partition: i32,
+    ) -> Result<Vec<Record>, ApiError> {
+        Broker::read_records(self, topic, partition).await
     }
 }
 

@@ -474,18 +474,29 @@ impl Broker {
         if !lost.is_empty() {
             self.groups.unload_partitions(&lost);
         }
+        let mut groups = groups;
         let gained: Vec<i32> = groups.difference(&groups_before).copied().collect();
         if !gained.is_empty() {
-            self.groups.load_partitions(self, &gained).await?;
+            if let Err(e) = self.groups.load_partitions(self, &gained).await {
+                // Not led as a coordinator yet (NOT_COORDINATOR for their
+                // groups): the next pass (at most `RECONCILE_AT_LEAST_EVERY`
+                // away) loads them again. The rest of the broker goes on.
+                tracing::warn!(partitions = ?gained, error = %format!("{e:#}"), "loading the group coordinator's partitions failed; retrying");
+                groups.retain(|p| !gained.contains(p));
+            }
         }
         self.reconciler.led.lock().groups = groups;
         let lost: Vec<i32> = txns_before.difference(&txns).copied().collect();
         if !lost.is_empty() {
             self.txns.unload_partitions(&lost);
         }
+        let mut txns = txns;
         let gained: Vec<i32> = txns.difference(&txns_before).copied().collect();
         if !gained.is_empty() {
-            self.txns.load_partitions(self, &gained).await?;
+            if let Err(e) = self.txns.load_partitions(self, &gained).await {
+                tracing::warn!(partitions = ?gained, error = %format!("{e:#}"), "loading the transaction coordinator's partitions failed; retrying");
+                txns.retain(|p| !gained.contains(p));
+            }
         }
         self.reconciler.led.lock().txns = txns;
         Ok(())
