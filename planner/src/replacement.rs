@@ -221,7 +221,13 @@ pub fn plan_replacements(image: &MetadataImage, max_ranges: usize) -> Vec<Replac
 /// The entry that carries out a [`Replacement`] once its active segment's
 /// replicas are fenced and a quorum reported (`seal`): `SealSegment` at
 /// the quorum's end and `OpenSegment(seq + 1)` on the planned replicas,
-/// with the same leader epoch (leadership does not move).
+/// one leader epoch up although leadership does not move: the primary's
+/// log may have rolled to `seq + 1` on its own before the fence (its
+/// unrecorded roll, discarded as the log closes), and followers tell that
+/// incarnation of the number from the new one only by the epoch. With the
+/// same epoch, the closing log's stream of its own `seq + 1` was taken by
+/// followers as the new segment's first bytes (a 25-minute fault run:
+/// three copies of one segment with different histories, unrepairable).
 ///
 /// The replicas are fenced already, so the segment must be sealed whatever
 /// happened since the plan: if the image moved on (the set changed, a
@@ -259,7 +265,7 @@ pub fn seal_and_replace(
     Ok(crate::seal_and_open_next(
         seal,
         plan.replicas.clone(),
-        segment.leader_epoch,
+        segment.leader_epoch + 1,
     ))
 }
 

@@ -66,9 +66,10 @@ pub(crate) fn leftovers(
         let recorded = image.segments.get(&SegmentId::new(range, s.seq));
         // Past the newest segment this log knows the image records as its
         // own, a segment is the log's own roll, even where the image has a
-        // segment of that number opened for this broker at the same epoch
-        // (a re-placement keeping this broker primary opens the next
-        // segment at the log's epoch, and is not this file). In the rare
+        // segment of that number opened for this broker (a re-placement
+        // keeping this broker primary opens the next segment, one epoch up
+        // since the planner's `seal_and_replace`, and it is not this
+        // file; images from before that kept the epoch). In the rare
         // case that the roll was recorded and the log lost before it heard
         // so, the copy goes too: a quorum holds what was committed of it,
         // and the seal repairs this copy from them.
