@@ -753,6 +753,15 @@ impl RangeLog {
         {
             return Ok(None);
         }
+        // A file of the next number already here is another incarnation's
+        // copy (this broker follows the segment a failover opened while this
+        // log, a zombie's, still takes appends): rolling would append this
+        // log's batches to it. The log is stale; nothing more goes in.
+        if (self.options.replicated || self.options.commit_recorded_only)
+            && segment::log_path(&self.options.dir, active.seq + 1).exists()
+        {
+            return Err(LogError::Closed);
+        }
         self.roll_locked(inner, now).map(Some)
     }
 
@@ -1666,6 +1675,28 @@ mod tests {
         let syncs = log.hooks.flusher_syncs.load(Ordering::Relaxed);
         assert!(syncs <= 2, "{syncs} fsyncs of an unchanged segment");
         assert_eq!(log.offsets(0).unwrap().high_watermark, 0, "not committed");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replicated_log_never_rolls_into_a_file_that_is_already_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = RangeLog::open(
+            RangeLogOptions {
+                replicated: true,
+                segment_bytes: 1,
+                ..options(dir.path())
+            },
+            watch::channel(0).0,
+        )
+        .unwrap();
+        log.append(0, &mut make_batch(1, 1), None).unwrap();
+        // This broker's copy of another incarnation's segment 1.
+        let copy = crate::segment::log_path(dir.path(), 1);
+        std::fs::write(&copy, b"someone else's segment").unwrap();
+        let refused = log.append(0, &mut make_batch(1, 1), None);
+        assert!(matches!(refused, Err(LogError::Closed)), "{refused:?}");
+        assert_eq!(std::fs::read(&copy).unwrap(), b"someone else's segment");
+        assert_eq!(log.segment_count(), 1);
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,6 +22,17 @@
 //! `committed_end` / `seal_point` / `place_replicas` for the primary's
 //! commit and the controller's seal and placement.
 //!
+//! Primaries also roll on their own (`segment.bytes`, a few dozen
+//! records): the rolled segment keeps being shipped and committed while
+//! appends go to the next one, which followers refuse until the controller
+//! records the roll; the primary asks for that record only once a quorum
+//! holds all of the rolled segment, and the next segment opens on the same
+//! replicas at the same epoch. Every controller-decided open is one epoch
+//! up. A log that closes (fenced, sealed, refused) drops its unrecorded
+//! roll (`lost_log`), keeps it where the image recorded and sealed it at
+//! its epoch, never rolls into a number it holds a copy of, and a restart
+//! drops files the image does not record or records at another epoch.
+//!
 //! Clients also read: any node that believes it is a primary (a zombie
 //! too) serves offsets below its high watermark as the broker's range log
 //! does, from its own copies in segment order (a short copy's missing tail
@@ -48,12 +59,15 @@
 //! two different records on any two copies; every replica that finished
 //! its seal holds exactly the sealed size, durably; a read returns the
 //! record at the offset asked for, the one acknowledged there and the one
-//! the final log has there; no record is stored twice; and, after the faults stop, the system settles
-//! (every seal completes, new records are acknowledged). Mutations (seal
+//! the final log has there; no record is stored twice; and, after the
+//! faults stop, the system settles (every seal completes, new records are
+//! acknowledged). Mutations (seal
 //! at the minimum, ack on the primary's own durable end, a primary resuming
 //! its segment after a restart, a seal reported done before it is fsynced,
 //! a primary leading with a short copy, a primary leading without its
-//! producer snapshot) show the checker fails when the protocol is wrong.
+//! producer snapshot, a roll recorded before its commit, a restart keeping
+//! another epoch's file, acks of an unrecorded roll) show the checker fails
+//! when the protocol is wrong.
 //!
 //! The default sweep is 600 seeds x 2500 steps (a few seconds in a debug
 //! build); `chaos_sweep_large` (ignored) runs 20000 x 5000.
@@ -144,6 +158,15 @@ enum Bug {
     /// A node leads without the producer snapshot where its local history
     /// starts (it knows only the producers of the segments it holds).
     LeadWithoutSnapshot,
+    /// A primary asks the controller to record its local roll at once, not
+    /// once a quorum holds all of the rolled segment.
+    RecordRollBeforeCommit,
+    /// A restart keeps a copy whose number the image records at another
+    /// epoch (a crashed primary's own unrecorded roll a failover reused).
+    KeepOtherEpochAtRestart,
+    /// With RF 1, records of an unrecorded roll are acknowledged on the
+    /// local fsync (a restart deletes unrecorded rolls).
+    AckUnrecordedRoll,
 }
 
 impl Bug {
@@ -156,6 +179,9 @@ impl Bug {
             "seal-without-sync" => Bug::SealWithoutSync,
             "lead-with-short-copy" => Bug::LeadWithShortCopy,
             "lead-without-snapshot" => Bug::LeadWithoutSnapshot,
+            "record-roll-before-commit" => Bug::RecordRollBeforeCommit,
+            "keep-other-epoch-at-restart" => Bug::KeepOtherEpochAtRestart,
+            "ack-unrecorded-roll" => Bug::AckUnrecordedRoll,
             other => panic!("unknown bug {other:?}"),
         }
     }
@@ -237,6 +263,7 @@ enum Msg {
     /// Primary → follower.
     Append {
         seg: usize,
+        epoch: u64,
         pos: u64,
         recs: Vec<u64>,
     },
@@ -279,6 +306,13 @@ enum Msg {
     /// Primary → controller: it cannot open `seg`; seal it, avoiding it.
     Resign {
         seg: usize,
+    },
+    /// Primary → controller: record its local roll of `seg` at `size`
+    /// (the next segment opens on the same replicas at the same epoch).
+    RecordRoll {
+        seg: usize,
+        epoch: u64,
+        size: u64,
     },
     /// Repair: replica → the seal's source, and the bytes back.
     Read {
@@ -355,15 +389,19 @@ fn out(src: usize, dst: usize, msg: Msg) -> Out {
 struct Replica {
     seg: FollowerSegment,
     data: Vec<u64>,
+    /// The leader epoch of the incarnation of the segment number it holds
+    /// (what the broker reads from its batches).
+    epoch: u64,
     /// Where to send acks (volatile, learned from the appends).
     primary: Option<usize>,
 }
 
 impl Replica {
-    fn empty() -> Replica {
+    fn empty(epoch: u64) -> Replica {
         Replica {
             seg: FollowerSegment::default(),
             data: Vec::new(),
+            epoch,
             primary: None,
         }
     }
@@ -373,6 +411,7 @@ impl Replica {
 #[derive(Clone, Debug)]
 struct Primary {
     seg: usize,
+    epoch: u64,
     base: u64,
     replicas: Vec<usize>,
     /// Per replica index (0 = this node, unused): next position to send.
@@ -387,6 +426,20 @@ struct Primary {
     /// before and in this segment, as this primary knows it (a retry of
     /// one is not stored again).
     known: HashSet<u64>,
+}
+
+#[derive(Clone, Debug)]
+struct Unrecorded {
+    seg: usize,
+    epoch: u64,
+    base: u64,
+    /// The rolled segment's size.
+    rolled_at: u64,
+    known: HashSet<u64>,
+    /// Acknowledged on the local fsync (the `AckUnrecordedRoll` bug only).
+    acked: u64,
+    /// When the controller was last asked to record the roll.
+    record_sent: Option<u64>,
 }
 
 #[derive(Clone, Debug, Default)]
@@ -404,6 +457,11 @@ struct Node {
     snapshots: BTreeMap<usize, Vec<u64>>,
     /// Per segment it is to lead, how many Opens it put off for a snapshot.
     snapshot_waits: BTreeMap<usize, u32>,
+    /// A primary's local roll the controller has not recorded yet: the
+    /// segment it appends to now (not shipped: followers refuse a segment
+    /// the image does not have), while `primary` still ships and commits
+    /// the rolled one.
+    next: Option<Unrecorded>,
     /// The producer snapshot a primary wrote as its log closed at a fence
     /// (segment, its end, the ids up to there): the one where the next
     /// segment starts, kept only if the seal is at that end.
@@ -411,11 +469,41 @@ struct Node {
 }
 
 impl Node {
-    fn copy(&mut self, seg: usize) -> &mut Replica {
+    /// Its log closes (fenced, sealed, refused): the roll it made on its own
+    /// and never got recorded goes with it (`lost_log`).
+    fn drop_own_roll(&mut self) -> Option<Unrecorded> {
+        let x = self.next.take()?;
+        self.copies.remove(&x.seg);
+        self.open_copies.remove(&x.seg);
+        self.dirty.remove(&x.seg);
+        Some(x)
+    }
+
+    /// The image fences or seals segment `seg` (at `epoch`) while this
+    /// node's own roll has that number: at the same epoch it is the roll,
+    /// recorded before the Open came (the file is the image's segment now);
+    /// at another, a zombie's roll, which goes with its log.
+    fn adopt_or_drop_roll(&mut self, seg: usize, epoch: u64) {
+        match &self.next {
+            Some(x) if x.seg == seg && x.epoch == epoch => {
+                self.next = None;
+                self.primary = None;
+            }
+            Some(x) if x.seg == seg => {
+                self.primary = None;
+                self.drop_own_roll();
+            }
+            _ => {}
+        }
+    }
+
+    fn copy(&mut self, seg: usize, epoch: u64) -> &mut Replica {
         if !self.copies.contains_key(&seg) {
             self.open_copies.insert(seg);
         }
-        self.copies.entry(seg).or_insert_with(Replica::empty)
+        self.copies
+            .entry(seg)
+            .or_insert_with(|| Replica::empty(epoch))
     }
 }
 
@@ -433,6 +521,9 @@ enum SegState {
         size: u64,
         source: usize,
         done: Vec<bool>,
+        /// Recorded from its primary's local roll (a quorum holds it, not
+        /// necessarily the primary itself: repairs ask every replica).
+        rolled: bool,
     },
 }
 
@@ -440,6 +531,8 @@ enum SegState {
 struct SegMeta {
     replicas: Vec<usize>,
     base: u64,
+    /// Bumped by every open the controller decides; a recorded roll keeps it.
+    epoch: u64,
     /// The primary's incarnation when the segment was opened.
     primary_inc: u64,
     opened: bool,
@@ -500,6 +593,11 @@ struct Stats {
     snapshot_waits: u64,
     /// Primaries that handed their unopened segment on for want of one.
     resignations: u64,
+    /// Local rolls, and those the controller recorded.
+    rolls: u64,
+    rolls_recorded: u64,
+    /// Files a restart dropped (unrecorded rolls, other epochs).
+    stale_files: u64,
     snapshot_transfers: u64,
     segments: u64,
     appended: u64,
@@ -531,6 +629,9 @@ impl Stats {
         self.duplicates_refused += o.duplicates_refused;
         self.snapshot_waits += o.snapshot_waits;
         self.resignations += o.resignations;
+        self.rolls += o.rolls;
+        self.rolls_recorded += o.rolls_recorded;
+        self.stale_files += o.stale_files;
         self.snapshot_transfers += o.snapshot_transfers;
         self.segments += o.segments;
         self.appended += o.appended;
@@ -540,6 +641,8 @@ impl Stats {
 
 struct Sim {
     rf: usize,
+    /// Records per segment before its primary rolls it (`segment.bytes`).
+    roll_at: u64,
     bug: Bug,
     faults: Faults,
     rng: Rng,
@@ -590,8 +693,10 @@ impl Sim {
                 ..Node::default()
             })
             .collect();
+        let roll_at = rng.range(25, 90);
         let mut sim = Sim {
             rf,
+            roll_at,
             bug,
             faults,
             rng,
@@ -755,6 +860,7 @@ impl Sim {
             r.primary = None;
         }
         node.dirty.clear();
+        node.next = None;
         if self.bug == Bug::ResumeAfterRestart {
             if let Some(p) = node.primary.as_mut() {
                 p.sent_to.iter_mut().for_each(|s| *s = 0);
@@ -777,6 +883,35 @@ impl Sim {
     fn restart(&mut self, n: usize) {
         self.stats.restarts += 1;
         self.nodes[n].alive = true;
+        // Files of segments the image never recorded go (its own rolls), and
+        // files of a number the image records at another epoch
+        // (`lost_log::other_epoch_files`; a sealed one is repaired afresh),
+        // and an empty one of such a number it is no replica of.
+        let bug = self.bug;
+        let segs = &self.ctrl.segs;
+        let node = &mut self.nodes[n];
+        let stale: Vec<usize> = node
+            .copies
+            .iter()
+            .filter(|(&seg, r)| {
+                segs.get(seg).is_none_or(|m| {
+                    (m.epoch != r.epoch && bug != Bug::KeepOtherEpochAtRestart && !r.data.is_empty())
+                        // Not a replica of it (the broker's foreign-copy check).
+                        || (!m.replicas.contains(&n) && r.epoch != m.epoch)
+                })
+            })
+            .map(|(&seg, _)| seg)
+            .collect();
+        for seg in stale {
+            node.copies.remove(&seg);
+            node.open_copies.remove(&seg);
+            if let Some(m) = segs.get(seg) {
+                if matches!(m.state, SegState::Sealed { .. }) && m.replicas.contains(&n) {
+                    node.copies.insert(seg, Replica::empty(m.epoch));
+                }
+            }
+            self.stats.stale_files += 1;
+        }
         trace!(
             self,
             "node {n} restarted (incarnation {})",
@@ -788,7 +923,12 @@ impl Sim {
 
     fn node_receive(&mut self, n: usize, src: usize, msg: Msg) {
         match msg {
-            Msg::Append { seg, pos, recs } => self.on_append(n, src, seg, pos, recs),
+            Msg::Append {
+                seg,
+                epoch,
+                pos,
+                recs,
+            } => self.on_append(n, src, seg, epoch, pos, recs),
             Msg::Ack { seg, durable } => self.on_ack(n, src, seg, durable),
             Msg::Mismatch { seg, end } => self.on_mismatch(n, src, seg, end),
             Msg::Open {
@@ -816,12 +956,37 @@ impl Sim {
         }
     }
 
-    fn on_append(&mut self, n: usize, src: usize, seg: usize, pos: u64, recs: Vec<u64>) {
+    fn on_append(
+        &mut self,
+        n: usize,
+        src: usize,
+        seg: usize,
+        epoch: u64,
+        pos: u64,
+        recs: Vec<u64>,
+    ) {
+        // A follower takes appends only for the image's active segment at
+        // that epoch (the broker's `follower_dir`), and none into a segment
+        // its own log holds (`own_log_holds`).
+        let imaged = self.ctrl.segs.get(seg).is_some_and(|m| {
+            m.epoch == epoch
+                && !matches!(m.state, SegState::Sealed { .. })
+                && m.replicas[1..].contains(&n)
+        });
         let node = &mut self.nodes[n];
-        if node.primary.as_ref().is_some_and(|p| p.seg == seg) {
+        if !imaged
+            || node.primary.as_ref().is_some_and(|p| p.seg == seg)
+            || node.next.as_ref().is_some_and(|x| x.seg == seg)
+        {
             return;
         }
-        let r = node.copy(seg);
+        // An existing file is taken as the copy whatever wrote it (the
+        // broker's replica store does; a restart drops another epoch's).
+        let r = node.copy(seg, epoch);
+        if r.data.is_empty() {
+            // The first batch written tells the file's epoch.
+            r.epoch = epoch;
+        }
         r.primary = Some(src);
         match r.seg.offer(pos, recs.len() as u64) {
             Offer::Accept => {
@@ -897,6 +1062,7 @@ impl Sim {
                 p.replicas[i],
                 Msg::Append {
                     seg: p.seg,
+                    epoch: p.epoch,
                     pos: from,
                     recs: r.data[from as usize..to as usize].to_vec(),
                 },
@@ -945,6 +1111,51 @@ impl Sim {
         for (seg, base, pos, id) in acks {
             self.record_ack(seg, base, pos, id);
         }
+        self.maybe_record_roll(n);
+    }
+
+    /// The `AckUnrecordedRoll` bug: records of an unrecorded roll
+    /// acknowledged once durable here (a primary without followers).
+    fn ack_unrecorded(&mut self, n: usize) {
+        let node = &mut self.nodes[n];
+        let Some(x) = node.next.as_mut() else {
+            return;
+        };
+        let r = &node.copies[&x.seg];
+        let mut acks = Vec::new();
+        while x.acked < r.seg.durable {
+            acks.push((x.base + x.acked, r.data[x.acked as usize]));
+            x.acked += 1;
+        }
+        for (offset, id) in acks {
+            self.stats.acked += 1;
+            self.acked_ids.insert(id);
+            self.acked.insert(offset, id);
+        }
+    }
+
+    /// A rolled segment is recorded once a quorum holds all of it (the
+    /// broker's `record_range_rolls` waits for its commit): a sealed size in
+    /// the image is then durable on a quorum, whatever crashes next.
+    fn maybe_record_roll(&mut self, n: usize) {
+        let now = self.now;
+        let bug = self.bug;
+        let node = &mut self.nodes[n];
+        let (Some(p), Some(next)) = (node.primary.as_ref(), node.next.as_mut()) else {
+            return;
+        };
+        if next.record_sent.is_some_and(|t| now - t < RESEND) {
+            return;
+        }
+        if p.acked >= next.rolled_at || bug == Bug::RecordRollBeforeCommit {
+            next.record_sent = Some(now);
+            let msg = Msg::RecordRoll {
+                seg: p.seg,
+                epoch: p.epoch,
+                size: next.rolled_at,
+            };
+            self.outbox.push(out(n, CTRL, msg));
+        }
     }
 
     fn record_ack(&mut self, seg: usize, base: u64, pos: u64, id: u64) {
@@ -976,6 +1187,48 @@ impl Sim {
     }
 
     fn on_open(&mut self, n: usize, seg: usize, base: u64, replicas: Vec<usize>) {
+        let epoch = self.ctrl.segs[seg].epoch;
+        let now = self.now;
+        let node = &mut self.nodes[n];
+        // Its own roll, recorded: it ships and commits it from now on.
+        if let Some(x) = node.next.take_if(|x| x.seg == seg) {
+            if x.epoch == epoch && x.base == base {
+                let k = replicas.len();
+                let held: HashSet<u64> = node.copies[&seg].data.iter().copied().collect();
+                let mut before: Vec<u64> = x
+                    .known
+                    .iter()
+                    .copied()
+                    .filter(|id| !held.contains(id))
+                    .collect();
+                before.sort_unstable();
+                node.snapshots.entry(seg).or_insert(before);
+                node.primary = Some(Primary {
+                    seg,
+                    epoch,
+                    base,
+                    replicas,
+                    sent_to: vec![0; k],
+                    durable: vec![0; k],
+                    last_reset: vec![None; k],
+                    last_progress: vec![now; k],
+                    acked: 0,
+                    known: x.known,
+                });
+                self.stats.rolls_recorded += 1;
+                trace!(self, "node {n}'s roll to segment {seg} is recorded");
+                self.outbox.push(out(n, CTRL, Msg::OpenAck { seg }));
+                for i in 1..k {
+                    self.pump(n, i);
+                }
+                self.advance_commit(n);
+                return;
+            }
+            // Another incarnation of the number: its own roll goes.
+            node.copies.remove(&seg);
+            node.open_copies.remove(&seg);
+            node.dirty.remove(&seg);
+        }
         let node = &mut self.nodes[n];
         if node.primary.as_ref().is_none_or(|p| p.seg != seg) {
             if node
@@ -1074,10 +1327,11 @@ impl Sim {
             let mut ids: Vec<u64> = known.iter().copied().collect();
             ids.sort_unstable();
             node.snapshots.insert(seg, ids);
-            node.copy(seg);
+            node.copy(seg, epoch);
             let k = replicas.len();
             node.primary = Some(Primary {
                 seg,
+                epoch,
                 base,
                 replicas,
                 sent_to: vec![0; k],
@@ -1093,13 +1347,25 @@ impl Sim {
     }
 
     fn on_fence(&mut self, n: usize, seg: usize) {
+        let epoch = self.ctrl.segs[seg].epoch;
         let node = &mut self.nodes[n];
-        let r = node.copy(seg);
+        // A roll past the fenced segment is this log's own, never recorded
+        // (followers refused it): it goes as the log closes (`lost_log`).
+        if node.next.as_ref().is_some_and(|x| x.seg == seg + 1) {
+            node.drop_own_roll();
+        }
+        // Its roll was recorded (the image fences it) and the Open has not
+        // come yet: the file is the image's segment now, and is fenced as
+        // such (the broker's `lost_log` keeps it: a seal may come from it).
+        node.adopt_or_drop_roll(seg, epoch);
+        let r = node.copy(seg, epoch);
         // `fence` persists the flag and fsyncs everything written first.
         let end = r.seg.fence();
         node.dirty.remove(&seg);
         node.open_copies.remove(&seg);
         if let Some(p) = node.primary.take_if(|p| p.seg == seg) {
+            // The snapshot a clean close writes where the next segment
+            // starts (after a roll, `known` stopped at the rolled end).
             let mut ids: Vec<u64> = p.known.into_iter().collect();
             ids.sort_unstable();
             node.closed = Some((seg, end, ids));
@@ -1109,14 +1375,18 @@ impl Sim {
 
     fn on_seal(&mut self, n: usize, seg: usize, size: u64, source: usize) {
         let bug = self.bug;
+        let epoch = self.ctrl.segs[seg].epoch;
         let node = &mut self.nodes[n];
+        // Its own roll, recorded and now sealed before the Open came: the
+        // file is the image's segment (as at a fence).
+        node.adopt_or_drop_roll(seg, epoch);
         if let Some((_, end, ids)) = node.closed.take_if(|c| c.0 == seg) {
             // A longer end than the seal: the tail it describes is cut.
             if end == size {
                 node.snapshots.entry(seg + 1).or_insert(ids);
             }
         }
-        let r = node.copy(seg);
+        let r = node.copy(seg, epoch);
         let action = r.seg.seal(size);
         let mut done = false;
         let mut truncated = false;
@@ -1143,6 +1413,15 @@ impl Sim {
         node.open_copies.remove(&seg);
         if node.primary.as_ref().is_some_and(|p| p.seg == seg) {
             node.primary = None;
+            // Its own roll, recorded at that size: the log goes on in the
+            // next segment (the Open that follows). Any other seal closes it.
+            let recorded = node
+                .next
+                .as_ref()
+                .is_some_and(|x| x.seg == seg + 1 && x.rolled_at == size && source == n);
+            if !recorded {
+                node.drop_own_roll();
+            }
         }
         if written != len {
             self.violation(format!(
@@ -1157,10 +1436,19 @@ impl Sim {
             self.outbox.push(out(n, CTRL, Msg::SealDone { seg }));
         }
         if let Some((from, to)) = read {
-            if n == source {
+            let (replicas, rolled) = match &self.ctrl.segs[seg].state {
+                SegState::Sealed { rolled, .. } => (self.ctrl.segs[seg].replicas.clone(), *rolled),
+                _ => (vec![source], false),
+            };
+            if n == source && !rolled {
                 self.violation(format!(
                     "node {n}, the source of segment {seg}'s seal at {to}, holds only {from}"
                 ));
+            } else if rolled {
+                // A quorum holds it: ask every other replica.
+                for r in replicas.into_iter().filter(|&r| r != n) {
+                    self.outbox.push(out(n, r, Msg::Read { seg, from, to }));
+                }
             } else {
                 self.outbox
                     .push(out(n, source, Msg::Read { seg, from, to }));
@@ -1169,6 +1457,17 @@ impl Sim {
     }
 
     fn on_read(&mut self, n: usize, src: usize, seg: usize, from: u64, to: u64) {
+        let rolled = matches!(
+            self.ctrl.segs[seg].state,
+            SegState::Sealed { rolled: true, .. }
+        );
+        let holds = self.nodes[n]
+            .copies
+            .get(&seg)
+            .is_some_and(|r| r.seg.durable >= to && r.data.len() as u64 >= to);
+        if rolled && !holds {
+            return; // another replica answers
+        }
         let Some(r) = self.nodes[n].copies.get(&seg) else {
             self.violation(format!("repair source {n} has no copy of segment {seg}"));
             return;
@@ -1193,9 +1492,13 @@ impl Sim {
     }
 
     fn on_data(&mut self, n: usize, seg: usize, pos: u64, recs: Vec<u64>) {
+        let epoch = self.ctrl.segs[seg].epoch;
         let Some(r) = self.nodes[n].copies.get_mut(&seg) else {
             return;
         };
+        if r.data.is_empty() {
+            r.epoch = epoch;
+        }
         let Some(size) = r.seg.sealed_size else {
             return;
         };
@@ -1230,12 +1533,18 @@ impl Sim {
                 .checked_sub(1 + self.rng.below(64) as usize)
                 .map(|i| self.appended[i])
                 .filter(|id| self.rng.chance(0.2) && !self.acked_ids.contains(id));
+            let roll_at = self.roll_at;
             let node = &mut self.nodes[n];
             let p = node.primary.as_mut().expect("checked");
+            // Appends go to the unrecorded roll once there is one.
+            let (seg, known) = match node.next.as_mut() {
+                Some(x) => (x.seg, &mut x.known),
+                None => (p.seg, &mut p.known),
+            };
             let ids: Vec<u64> = match retry {
                 Some(id) => {
                     self.stats.retries += 1;
-                    if p.known.contains(&id) {
+                    if known.contains(&id) {
                         self.stats.duplicates_refused += 1;
                         continue;
                     }
@@ -1247,13 +1556,13 @@ impl Sim {
                 }
             };
             let k = ids.len() as u64;
-            let (seg, followers) = (p.seg, p.replicas.len());
+            let followers = p.replicas.len();
             let r = node.copies.get_mut(&seg).expect("a primary has its copy");
             match r.seg.offer(r.seg.written, k) {
                 Offer::Accept => {
                     for &id in &ids {
                         r.data.push(id);
-                        p.known.insert(id);
+                        known.insert(id);
                         if retry.is_none() {
                             self.appended.push(id);
                             self.next_id += 1;
@@ -1265,6 +1574,7 @@ impl Sim {
                 }
                 Offer::Refused => {
                     node.primary = None;
+                    node.drop_own_roll();
                     continue;
                 }
                 Offer::Mismatch { end } => {
@@ -1273,6 +1583,38 @@ impl Sim {
                     ));
                     continue;
                 }
+            }
+            // A local roll: the segment is full (`segment.bytes`). It is
+            // recorded once committed; meanwhile appends go to the next one.
+            let written = node.copies[&seg].seg.written;
+            if node.next.is_none() && written >= roll_at && node.copies.contains_key(&(seg + 1)) {
+                // A copy of the next number is here (this node follows the
+                // segment a failover opened): this log is stale and takes
+                // nothing more (the broker's `maybe_roll`).
+                node.primary = None;
+                continue;
+            }
+            if node.next.is_none() && written >= roll_at {
+                let p = node.primary.as_ref().expect("checked");
+                let next = Unrecorded {
+                    seg: p.seg + 1,
+                    epoch: p.epoch,
+                    base: p.base + written,
+                    rolled_at: written,
+                    known: p.known.clone(),
+                    acked: 0,
+                    record_sent: None,
+                };
+                let epoch = p.epoch;
+                trace!(
+                    self,
+                    "node {n} rolls segment {seg} at {written} to {}",
+                    seg + 1
+                );
+                let node = &mut self.nodes[n];
+                node.copy(seg + 1, epoch);
+                node.next = Some(next);
+                self.stats.rolls += 1;
             }
             for i in 1..followers {
                 self.pump(n, i);
@@ -1400,6 +1742,9 @@ impl Sim {
             if node.primary.is_some() {
                 self.advance_commit(n);
             }
+            if self.bug == Bug::AckUnrecordedRoll && self.rf == 1 {
+                self.ack_unrecorded(n);
+            }
         }
     }
 
@@ -1427,6 +1772,7 @@ impl Sim {
             for i in stalled {
                 self.pump(n, i);
             }
+            self.maybe_record_roll(n);
         }
     }
 
@@ -1490,7 +1836,10 @@ impl Sim {
         if resend {
             for &seg in &self.ctrl.pending_seals {
                 let meta = &self.ctrl.segs[seg];
-                if let SegState::Sealed { size, source, done } = &meta.state {
+                if let SegState::Sealed {
+                    size, source, done, ..
+                } = &meta.state
+                {
                     for (i, &r) in meta.replicas.iter().enumerate() {
                         if !done[i] {
                             self.outbox.push(out(
@@ -1531,6 +1880,7 @@ impl Sim {
         match msg {
             Msg::OpenAck { seg } => self.ctrl.segs[seg].opened = true,
             Msg::Fenced { seg, end } => self.on_fenced(src, seg, end),
+            Msg::RecordRoll { seg, epoch, size } => self.on_record_roll(src, seg, epoch, size),
             Msg::Resign { seg } => {
                 let meta = &self.ctrl.segs[seg];
                 let last = seg + 1 == self.ctrl.segs.len();
@@ -1595,6 +1945,7 @@ impl Sim {
             size,
             source,
             done: vec![false; meta.replicas.len()],
+            rolled: false,
         };
         for &r in &meta.replicas {
             self.outbox
@@ -1614,6 +1965,71 @@ impl Sim {
         }
         self.ctrl.pending_seals.insert(seg);
         self.open_next();
+    }
+
+    /// A primary's local roll: recorded if the segment is still the active
+    /// one at that epoch with that primary (not being fenced). The next
+    /// segment opens on the same replicas at the same epoch.
+    fn on_record_roll(&mut self, src: usize, seg: usize, epoch: u64, size: u64) {
+        let last = self.ctrl.segs.len() - 1;
+        let meta = &mut self.ctrl.segs[seg];
+        if seg != last
+            || meta.epoch != epoch
+            || meta.replicas[0] != src
+            || !matches!(meta.state, SegState::Active)
+        {
+            return;
+        }
+        meta.state = SegState::Sealed {
+            size,
+            source: src,
+            done: vec![false; meta.replicas.len()],
+            rolled: true,
+        };
+        let (replicas, base, primary_inc) =
+            (meta.replicas.clone(), meta.base + size, meta.primary_inc);
+        for &r in &replicas {
+            self.outbox.push(out(
+                CTRL,
+                r,
+                Msg::Seal {
+                    seg,
+                    size,
+                    source: src,
+                },
+            ));
+        }
+        self.ctrl.pending_seals.insert(seg);
+        self.ctrl.avoid_next = None;
+        if let Some((&off, &id)) = self.acked.range(base..).next() {
+            self.violation(format!(
+                "segment {seg} recorded at {size} (offset {base}) cuts acknowledged record {id} at offset {off}"
+            ));
+        }
+        trace!(
+            self,
+            "segment {seg} rolled at {size}; segment {} opens at offset {base}",
+            seg + 1
+        );
+        self.outbox.push(Out {
+            src: CTRL,
+            dst: src,
+            dst_inc: Some(primary_inc),
+            msg: Msg::Open {
+                seg: seg + 1,
+                base,
+                replicas: replicas.clone(),
+            },
+        });
+        self.ctrl.segs.push(SegMeta {
+            replicas,
+            base,
+            epoch,
+            primary_inc,
+            opened: false,
+            state: SegState::Active,
+        });
+        self.stats.segments += 1;
     }
 
     /// Opens the next segment once the last is sealed and enough nodes are live.
@@ -1676,9 +2092,11 @@ impl Sim {
                 replicas: replicas.clone(),
             },
         });
+        let epoch = self.ctrl.segs.last().map_or(0, |m| m.epoch + 1);
         self.ctrl.segs.push(SegMeta {
             replicas,
             base,
+            epoch,
             primary_inc,
             opened: false,
             state: SegState::Active,
@@ -1958,6 +2376,9 @@ impl Outcome {
             Bug::SealWithoutSync => "seal-without-sync",
             Bug::LeadWithShortCopy => "lead-with-short-copy",
             Bug::LeadWithoutSnapshot => "lead-without-snapshot",
+            Bug::RecordRollBeforeCommit => "record-roll-before-commit",
+            Bug::KeepOtherEpochAtRestart => "keep-other-epoch-at-restart",
+            Bug::AckUnrecordedRoll => "ack-unrecorded-roll",
         };
         format!(
             "seed {} (rf {}, bug {bug:?}):\n  safety: {:#?}\n  liveness: {:#?}\n  replay: TESSERA_SIM_SEED={} TESSERA_SIM_BUG={name} TESSERA_SIM_FAULTY={} cargo test -p tessera-replication --test simulation replay -- --ignored --nocapture",
@@ -2091,10 +2512,11 @@ fn without_faults_every_record_is_acknowledged() {
             o.stats.acked
         );
         assert_eq!(
-            o.stats.segments, 1,
+            o.stats.seals, 0,
             "seed {}: no failover without faults",
             o.seed
         );
+        assert!(o.stats.rolls_recorded > 0, "seed {}: no roll", o.seed);
     }
 }
 
@@ -2119,6 +2541,7 @@ fn chaos_sweep_loses_no_acknowledged_record() {
     );
     assert!(t.truncations > 0 && t.repairs > 0, "{t:?}");
     assert!(t.lead_waits > 0 && t.history_reads > 0, "{t:?}");
+    assert!(t.rolls_recorded > 0 && t.stale_files > 0, "{t:?}");
     assert!(
         t.duplicates_refused > 0 && t.snapshot_waits > 0 && t.snapshot_transfers > 0,
         "{t:?}"
@@ -2176,6 +2599,21 @@ fn checker_catches_a_seal_reported_done_before_it_is_durable() {
 #[test]
 fn checker_catches_a_primary_leading_without_its_producer_snapshot() {
     caught(Bug::LeadWithoutSnapshot, 0..600, "stored twice");
+}
+
+#[test]
+fn checker_catches_a_roll_recorded_before_its_commit() {
+    caught(Bug::RecordRollBeforeCommit, 0..600, "");
+}
+
+#[test]
+fn checker_catches_a_restart_keeping_another_epochs_file() {
+    caught(Bug::KeepOtherEpochAtRestart, 0..600, "is record");
+}
+
+#[test]
+fn checker_catches_acks_of_an_unrecorded_roll() {
+    caught(Bug::AckUnrecordedRoll, 0..600, "acknowledged record");
 }
 
 #[test]

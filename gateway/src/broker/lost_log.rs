@@ -53,12 +53,22 @@ pub(crate) struct Leftovers {
     pub snapshots: BTreeSet<u32>,
 }
 
-/// Decides what goes, for a log of `range` whose newest recorded segment
-/// was `recorded_active`.
+/// The closed log, as far as [`leftovers`] needs it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct LostLog {
+    /// This broker.
+    pub broker: i32,
+    /// The leader epoch the log wrote at.
+    pub epoch: i32,
+    /// Its newest segment it knows the image records.
+    pub recorded_active: u32,
+}
+
+/// Decides what goes, for `log` of `range`.
 pub(crate) fn leftovers(
     image: &MetadataImage,
     range: RangeId,
-    recorded_active: u32,
+    log: LostLog,
     local: &[LocalSegment],
 ) -> Leftovers {
     let mut out = Leftovers::default();
@@ -69,11 +79,15 @@ pub(crate) fn leftovers(
         // segment of that number opened for this broker (a re-placement
         // keeping this broker primary opens the next segment, one epoch up
         // since the planner's `seal_and_replace`, and it is not this
-        // file; images from before that kept the epoch). In the rare
-        // case that the roll was recorded and the log lost before it heard
-        // so, the copy goes too: a quorum holds what was committed of it,
-        // and the seal repairs this copy from them.
-        if s.seq > recorded_active {
+        // file; images from before that kept the epoch). A roll recorded
+        // before the log heard so stays if the image has already sealed
+        // it as this broker's, at the log's epoch: a fence of it answered
+        // by this log may be where its seal came from (found by the
+        // replication simulation: the seal's source had deleted it).
+        let own_sealed = recorded.is_some_and(|r| {
+            r.is_sealed() && r.leader_epoch == log.epoch && r.primary() == Some(log.broker)
+        });
+        if s.seq > log.recorded_active && !own_sealed {
             out.segments.insert(s.seq);
             out.snapshots.insert(s.seq);
             continue;
@@ -116,7 +130,12 @@ impl Broker {
             size: active_size,
             sealed: false,
         });
-        let found = leftovers(image, range, log.recorded_active(), &local);
+        let lost = LostLog {
+            broker: self.config.node_id,
+            epoch: log.leader_epoch(),
+            recorded_active: log.recorded_active(),
+        };
+        let found = leftovers(image, range, lost, &local);
         let dir = log.dir();
         for &seq in &found.segments {
             tracing::warn!(range, seq, epoch = log.leader_epoch(), "discarding a segment this broker wrote as primary that the metadata log never recorded as its own");
@@ -274,6 +293,15 @@ mod tests {
         image
     }
 
+    /// Broker 2's log at epoch 3.
+    fn lost(recorded_active: u32) -> LostLog {
+        LostLog {
+            broker: 2,
+            epoch: 3,
+            recorded_active,
+        }
+    }
+
     fn local(segments: &[(u32, u64, bool)]) -> Vec<LocalSegment> {
         segments
             .iter()
@@ -289,7 +317,7 @@ mod tests {
         let found = leftovers(
             &image,
             RANGE,
-            4,
+            lost(4),
             &local(&[(4, 1000, true), (5, 300, false)]),
         );
         assert_eq!(found.segments, BTreeSet::from([5]));
@@ -306,7 +334,7 @@ mod tests {
         let found = leftovers(
             &image,
             RANGE,
-            5,
+            lost(5),
             &local(&[(4, 1000, true), (5, 300, false)]),
         );
         assert_eq!(found, Leftovers::default());
@@ -320,10 +348,25 @@ mod tests {
         let found = leftovers(
             &image,
             RANGE,
-            4,
+            lost(4),
             &local(&[(4, 1000, true), (5, 300, false)]),
         );
         assert_eq!(found.segments, BTreeSet::from([5]));
+    }
+
+    #[test]
+    fn a_roll_recorded_and_sealed_from_this_log_before_it_heard_stays() {
+        // The log rolled to 5; the roll was recorded, then a fence of 5
+        // (answered by this log, at 300) sealed it and opened 6 elsewhere,
+        // all before the log learned of the record (recorded_active 4).
+        let image = image(&[(4, 2, 3, Some(1000)), (5, 2, 3, Some(300)), (6, 3, 4, None)]);
+        let found = leftovers(
+            &image,
+            RANGE,
+            lost(4),
+            &local(&[(4, 1000, true), (5, 300, false)]),
+        );
+        assert_eq!(found, Leftovers::default());
     }
 
     #[test]
@@ -332,7 +375,7 @@ mod tests {
         let found = leftovers(
             &image,
             RANGE,
-            4,
+            lost(4),
             &local(&[(4, 1000, true), (5, 10, true), (6, 0, false)]),
         );
         assert_eq!(found.segments, BTreeSet::from([5, 6]));
