@@ -193,7 +193,12 @@ impl Broker {
 
     /// Drops a copy that is not at the image's cleaning pass, so that
     /// `apply_seals` fetches it again from a replica that is.
-    fn refetch_copy(&self, dir: &Path, seg: &SegmentImage, in_log: bool) -> anyhow::Result<()> {
+    pub(super) fn refetch_copy(
+        &self,
+        dir: &Path,
+        seg: &SegmentImage,
+        in_log: bool,
+    ) -> anyhow::Result<()> {
         if in_log {
             // The primary's own history: it keeps serving it (every batch in
             // it is valid data) and its next pass records what it holds.

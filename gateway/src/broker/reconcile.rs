@@ -476,13 +476,16 @@ impl Broker {
         }
         let mut groups = groups;
         let gained: Vec<i32> = groups.difference(&groups_before).copied().collect();
-        if !gained.is_empty() {
-            if let Err(e) = self.groups.load_partitions(self, &gained).await {
-                // Not led as a coordinator yet (NOT_COORDINATOR for their
-                // groups): the next pass (at most `RECONCILE_AT_LEAST_EVERY`
-                // away) loads them again. The rest of the broker goes on.
-                tracing::warn!(partitions = ?gained, error = %format!("{e:#}"), "loading the group coordinator's partitions failed; retrying");
-                groups.retain(|p| !gained.contains(p));
+        // All at once, else one partition at a time: one whose history
+        // cannot be read now keeps only its own groups without a coordinator (NOT_COORDINATOR)
+        // until the next pass (at most `RECONCILE_AT_LEAST_EVERY` away)
+        // loads it again. The rest of the broker goes on.
+        if !gained.is_empty() && self.groups.load_partitions(self, &gained).await.is_err() {
+            for p in gained {
+                if let Err(e) = self.groups.load_partitions(self, &[p]).await {
+                    tracing::warn!(partition = p, error = %format!("{e:#}"), "loading a group coordinator partition failed; retrying");
+                    groups.remove(&p);
+                }
             }
         }
         self.reconciler.led.lock().groups = groups;
@@ -492,10 +495,12 @@ impl Broker {
         }
         let mut txns = txns;
         let gained: Vec<i32> = txns.difference(&txns_before).copied().collect();
-        if !gained.is_empty() {
-            if let Err(e) = self.txns.load_partitions(self, &gained).await {
-                tracing::warn!(partitions = ?gained, error = %format!("{e:#}"), "loading the transaction coordinator's partitions failed; retrying");
-                txns.retain(|p| !gained.contains(p));
+        if !gained.is_empty() && self.txns.load_partitions(self, &gained).await.is_err() {
+            for p in gained {
+                if let Err(e) = self.txns.load_partitions(self, &[p]).await {
+                    tracing::warn!(partition = p, error = %format!("{e:#}"), "loading a transaction coordinator partition failed; retrying");
+                    txns.remove(&p);
+                }
             }
         }
         self.reconciler.led.lock().txns = txns;

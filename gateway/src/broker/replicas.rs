@@ -494,6 +494,23 @@ impl Broker {
                 // with it once the pass is applied here (clean_passes.rs).
                 continue;
             }
+            if let Some(cleaned) = info.cleaned {
+                // A copy of a cleaned segment is the image's bytes or not
+                // at all: one left from before a pass this broker missed
+                // (it was not a replica of the segment then, and the pass
+                // marker of the range moved on) would be cut to the
+                // cleaned size, or repaired with the cleaned bytes, and be
+                // neither. Compared once: the seal is then applied.
+                let path = tessera_log::segment::log_path(&dir, seg.id.seq);
+                let size = std::fs::metadata(&path).map_or(0, |m| m.len());
+                if size >= info.size_bytes
+                    && !self.replicas.repairing.lock().contains(&seg.id)
+                    && tessera_log::clean_pass::file_digest(&path).ok()
+                        != Some((info.size_bytes, cleaned.crc32c))
+                {
+                    self.refetch_copy(&dir, &seg, false)?;
+                }
+            }
             let copy = self.replicas.store.copy(key(seg.id), &dir)?;
             let action = copy.lock().seal(info.size_bytes)?;
             match action {
@@ -862,6 +879,7 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
             break true;
         }
         let mut progressed = false;
+        let mut restart = false;
         for &peer in seg.replicas.iter().filter(|r| **r != b.config.node_id) {
             let Some(addr) = View(broker.clone()).address_of(peer) else {
                 continue;
@@ -887,6 +905,20 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
                         break;
                     }
                     Ok(false) => {}
+                    Err(tessera_log::LogError::Batch(reason)) => {
+                        // The peer's bytes do not continue this copy: its
+                        // prefix is another history (written before a
+                        // cleaning pass, or by a zombie). The image's bytes
+                        // are on the peers: start the copy over.
+                        tracing::warn!(segment = %seg.id, peer, %reason, "repair does not continue this copy; fetching it again from the start");
+                        if let Some(dir) = b.range_dir_of(&image, seg.id.range) {
+                            if let Err(e) = b.refetch_copy(&dir, &seg, false) {
+                                tracing::warn!(segment = %seg.id, error = %e, "could not drop the copy");
+                            }
+                        }
+                        restart = true;
+                        break;
+                    }
                     Err(e) => tracing::warn!(segment = %seg.id, error = %e, "repair write failed"),
                 },
                 Ok(_) => {}
@@ -896,6 +928,11 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
             }
         }
         drop(b);
+        if restart {
+            // Not repaired: the next reconcile pass seals the empty copy
+            // and repairs it from the start.
+            break false;
+        }
         if !progressed {
             tokio::time::sleep(RETRY).await;
         }
