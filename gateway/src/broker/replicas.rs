@@ -879,7 +879,7 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
             break true;
         }
         let mut progressed = false;
-        let mut restart = false;
+        let (mut restart, mut mismatched) = (false, 0);
         for &peer in seg.replicas.iter().filter(|r| **r != b.config.node_id) {
             let Some(addr) = View(broker.clone()).address_of(peer) else {
                 continue;
@@ -906,18 +906,10 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
                     }
                     Ok(false) => {}
                     Err(tessera_log::LogError::Batch(reason)) => {
-                        // The peer's bytes do not continue this copy: its
-                        // prefix is another history (written before a
-                        // cleaning pass, or by a zombie). The image's bytes
-                        // are on the peers: start the copy over.
-                        tracing::warn!(segment = %seg.id, peer, %reason, "repair does not continue this copy; fetching it again from the start");
-                        if let Some(dir) = b.range_dir_of(&image, seg.id.range) {
-                            if let Err(e) = b.refetch_copy(&dir, &seg, false) {
-                                tracing::warn!(segment = %seg.id, error = %e, "could not drop the copy");
-                            }
-                        }
-                        restart = true;
-                        break;
+                        // The peer's bytes do not continue this copy: one
+                        // of the two is another history. Try the others.
+                        tracing::debug!(segment = %seg.id, peer, %reason, "repair bytes do not continue this copy");
+                        mismatched += 1;
                     }
                     Err(e) => tracing::warn!(segment = %seg.id, error = %e, "repair write failed"),
                 },
@@ -927,10 +919,24 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
                 }
             }
         }
+        if !progressed && mismatched > 0 && written > 0 {
+            // No peer's bytes continue this copy: its prefix is another
+            // history (written before a cleaning pass this broker missed,
+            // or by a zombie), while the image's bytes are on the peers.
+            // Start the copy over; the next reconcile pass seals the empty
+            // copy and repairs it from the start. (An empty copy no peer
+            // continues has nothing to drop: a peer's copy is bad, and the
+            // others are waited for.)
+            tracing::warn!(segment = %seg.id, written, "no replica's bytes continue this copy; fetching it again from the start");
+            if let Some(dir) = b.range_dir_of(&image, seg.id.range) {
+                if let Err(e) = b.refetch_copy(&dir, &seg, false) {
+                    tracing::warn!(segment = %seg.id, error = %e, "could not drop the copy");
+                }
+            }
+            restart = true;
+        }
         drop(b);
         if restart {
-            // Not repaired: the next reconcile pass seals the empty copy
-            // and repairs it from the start.
             break false;
         }
         if !progressed {
