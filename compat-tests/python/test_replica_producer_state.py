@@ -259,6 +259,24 @@ class History:
             time.sleep(0.2)
         raise AssertionError("no node shows the topic's active segment")
 
+    def move_holders_snapshot_aside(self) -> tuple[list[Path], Path]:
+        """With prefetch off, the spare holds no `<1>.snapshot`; moves
+        `holder`'s `<1>.snapshot` and `<1>.aborted` out of its range
+        directory (no broker can serve them then). The files and where
+        they went."""
+        time.sleep(3)
+        assert not snapshot_held(self.workdir, self.spare, self.topic, 1), \
+            "the test-only key did not stop the fetch"
+        files = [f for suffix in ("snapshot", "aborted")
+                 for f in (self.workdir / "cluster" / f"node-{self.holder}").glob(
+                     f"**/{self.topic}-*/*/{1:010}.{suffix}")]
+        assert len(files) == 2, files
+        aside = self.workdir / "moved-aside"
+        aside.mkdir()
+        for f in files:
+            f.rename(aside / f.name)
+        return files, aside
+
     def hand_leadership_to_spare(self, while_down=None):
         """kill -9 `other`, SIGTERM `holder`: the spare leads segment 2."""
         hand_leadership_to(self.spare, self.workdir, self.admin, self.topic, self.holder,
@@ -348,16 +366,7 @@ def test_a_leader_waits_for_the_producer_state_of_the_history_it_lacks(cluster):
     change the spare opened its log at once without that state and
     appended the retry again at offset 10."""
     h = History(cluster, "waiting")
-    time.sleep(3)
-    assert not snapshot_held(h.workdir, h.spare, h.topic, 1), "the test-only key did not stop the fetch"
-    files = [f for suffix in ("snapshot", "aborted")
-             for f in (h.workdir / "cluster" / f"node-{h.holder}").glob(
-                 f"**/{h.topic}-*/*/{1:010}.{suffix}")]
-    assert len(files) == 2, files
-    aside = h.workdir / "moved-aside"
-    aside.mkdir()
-    for f in files:
-        f.rename(aside / f.name)
+    files, aside = h.move_holders_snapshot_aside()
 
     def retries_are_refused():
         answers = []
@@ -396,16 +405,7 @@ def test_a_leader_no_replica_can_give_the_producer_state_hands_the_range_on(clus
     batches would. Before, the spare waited for good and the partition
     stayed unwritable (found by the replication simulation)."""
     h = History(cluster, "resign")
-    time.sleep(3)
-    assert not snapshot_held(h.workdir, h.spare, h.topic, 1), "the test-only key did not stop the fetch"
-    files = [f for suffix in ("snapshot", "aborted")
-             for f in (h.workdir / "cluster" / f"node-{h.holder}").glob(
-                 f"**/{h.topic}-*/*/{1:010}.{suffix}")]
-    assert len(files) == 2, files
-    aside = h.workdir / "moved-aside"
-    aside.mkdir()
-    for f in files:
-        f.rename(aside / f.name)
+    h.move_holders_snapshot_aside()  # and never put back
 
     h.hand_leadership_to_spare()
     eventually("the range handed on", lambda: leader_of(h.admin, h.topic) not in (h.spare, -1),
