@@ -41,7 +41,7 @@ fn refusal(
         Need::Alter => Op::Alter,
     };
     let image = broker.image();
-    let principal = match admin_auth::caller(head, &broker.config.listeners, &image) {
+    let principal = match admin_auth::caller(head, &broker.config().listeners, &image) {
         Caller::Principal(p) => p,
         Caller::Unauthenticated(reason) => return Some(("401 Unauthorized", reason.to_string())),
     };
@@ -60,12 +60,12 @@ fn error_json(message: &str) -> String {
 
 fn render_metrics(broker: &Broker) -> String {
     let mut text = render_broker_metrics(broker);
-    text.push_str(&broker.quotas.render());
+    text.push_str(&broker.quotas().render());
     text
 }
 
 fn render_broker_metrics(broker: &Broker) -> String {
-    broker.metrics.render(&[
+    broker.metrics().render(&[
         (
             "tessera_range_logs",
             "Range logs open on this broker (active and sealed).",
@@ -125,7 +125,7 @@ async fn handle(
     };
     let json = "application/json";
     if let Some((status, message)) = refusal(broker, &head, peer, method, path) {
-        Metrics::add(&broker.metrics.admin_requests_refused, 1);
+        Metrics::add(&broker.metrics().admin_requests_refused, 1);
         tracing::info!(%peer, method, path, status, reason = %message, "admin request refused");
         let challenge = if status.starts_with("401") {
             "WWW-Authenticate: Basic realm=\"tessera\"\r\n"

@@ -69,7 +69,7 @@ impl<'b> Authz<'b> {
     /// The authorization context of `principal` asking from `host` (the
     /// admin HTTP port's callers).
     pub fn for_principal(broker: &'b Broker, principal: Arc<str>, host: String) -> Authz<'b> {
-        let subject = broker.config.authorizer.as_ref().map(|settings| Subject {
+        let subject = broker.config().authorizer.as_ref().map(|settings| Subject {
             settings,
             principal,
             host,
@@ -81,7 +81,7 @@ impl<'b> Authz<'b> {
     /// Whether an authorizer is configured (ACL APIs answer
     /// SECURITY_DISABLED without one).
     pub fn enabled(broker: &Broker) -> bool {
-        broker.config.authorizer.is_some()
+        broker.config().authorizer.is_some()
     }
 
     /// Whether the request may do `op` on the resource; a denial is logged
@@ -102,7 +102,7 @@ impl<'b> Authz<'b> {
         if decision.is_allowed() {
             return true;
         }
-        Metrics::add(&self.broker.metrics.authorization_denied, 1);
+        Metrics::add(&self.broker.metrics().authorization_denied, 1);
         tracing::debug!(
             principal = %s.principal,
             host = %s.host,
@@ -219,7 +219,7 @@ impl<'b> Authz<'b> {
             rt,
         );
         if !allowed {
-            Metrics::add(&self.broker.metrics.authorization_denied, 1);
+            Metrics::add(&self.broker.metrics().authorization_denied, 1);
             tracing::debug!(principal = %s.principal, operation = %op, resource_type = %rt, "authorization denied (any resource)");
         }
         allowed

@@ -56,22 +56,22 @@ pub struct PartitionRoute {
 }
 
 pub struct Broker {
-    pub config: BrokerConfig,
-    pub cluster_id: String,
-    pub controller: Arc<Controller>,
-    pub metrics: Metrics,
+    config: BrokerConfig,
+    cluster_id: String,
+    controller: Arc<Controller>,
+    metrics: Metrics,
     /// Client quota sensors (`quotas`).
-    pub quotas: crate::quotas::QuotaManager,
-    pub producer_ids: ProducerIdManager,
+    quotas: crate::quotas::QuotaManager,
+    producer_ids: ProducerIdManager,
     /// Consumer groups and committed offsets (`__consumer_offsets`).
-    pub groups: GroupCoordinator,
+    groups: GroupCoordinator,
     /// Transactions (`__transaction_state`).
-    pub txns: crate::txn::TxnCoordinator,
+    txns: crate::txn::TxnCoordinator,
     logs: RwLock<HashMap<RangeId, Arc<RangeLog>>>,
     /// Bumped whenever any high watermark moves: long-polling fetches wait on it.
-    pub hw_events: watch::Sender<u64>,
+    hw_events: watch::Sender<u64>,
     /// Serializes topic administration and range moves (plan, then write).
-    pub(crate) admin: tokio::sync::Mutex<()>,
+    admin: tokio::sync::Mutex<()>,
     /// How far the open logs and coordinators follow the image.
     reconciler: reconcile::Reconciler,
     rolls: mpsc::UnboundedSender<(RangeId, SealedSegment)>,
@@ -84,7 +84,7 @@ pub struct Broker {
     cleaner: cleaner::CleanerGate,
     /// This broker's connections to other brokers, authenticated as their
     /// inter-broker listener asks.
-    pub inter_broker: Arc<crate::inter_broker::InterBrokerClient>,
+    inter_broker: Arc<crate::inter_broker::InterBrokerClient>,
 }
 
 /// Reads or creates `meta.properties` (Kafka's name for it) with the cluster id.
@@ -149,6 +149,62 @@ pub fn controller_config(config: &BrokerConfig) -> anyhow::Result<ControllerConf
         Some(address) => controller.as_learner(address.clone()),
         None => controller,
     })
+}
+
+/// What the rest of the gateway reaches of a broker: its parts, read
+/// through these methods only (the fields stay private to `broker/`).
+impl Broker {
+    pub fn config(&self) -> &BrokerConfig {
+        &self.config
+    }
+
+    pub fn cluster_id(&self) -> &str {
+        &self.cluster_id
+    }
+
+    /// The metadata controller (the quorum member and its image).
+    pub fn controller(&self) -> &Arc<Controller> {
+        &self.controller
+    }
+
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// Client quota sensors (`quotas`).
+    pub fn quotas(&self) -> &crate::quotas::QuotaManager {
+        &self.quotas
+    }
+
+    pub fn producer_ids(&self) -> &ProducerIdManager {
+        &self.producer_ids
+    }
+
+    /// Consumer groups and committed offsets (`__consumer_offsets`).
+    pub fn groups(&self) -> &GroupCoordinator {
+        &self.groups
+    }
+
+    /// Transactions (`__transaction_state`).
+    pub fn txns(&self) -> &crate::txn::TxnCoordinator {
+        &self.txns
+    }
+
+    /// Bumped whenever any high watermark moves: long-polling fetches wait on it.
+    pub fn hw_events(&self) -> &watch::Sender<u64> {
+        &self.hw_events
+    }
+
+    /// This broker's authenticated connections to other brokers.
+    pub fn inter_broker(&self) -> &Arc<crate::inter_broker::InterBrokerClient> {
+        &self.inter_broker
+    }
+
+    /// Holds off other topic administration and range moves while the
+    /// caller plans against the image and writes its records.
+    pub(crate) async fn admin_lock(&self) -> tokio::sync::MutexGuard<'_, ()> {
+        self.admin.lock().await
+    }
 }
 
 impl Broker {

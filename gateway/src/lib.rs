@@ -97,11 +97,11 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
         config.listeners.iter().cloned().map(Arc::new).collect();
     let broker = Broker::start(config).await?;
     // Certificates rotated by AlterConfigs before a restart are kept.
-    if let Some(tls) = &broker.config.tls {
+    if let Some(tls) = &broker.config().tls {
         let image = broker.image();
         if let Some(dynamic) = image
             .broker_configs
-            .get(&Some(broker.config.node_id))
+            .get(&Some(broker.config().node_id))
             .filter(|d| d.keys().any(|k| tls::is_reloadable(k)))
         {
             match tls.prepare(dynamic) {
@@ -117,12 +117,12 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut servers = Vec::new();
     let limits = connection_limits::ConnectionLimits::new(
-        broker.config.max_connections,
-        broker.config.max_connections_per_ip,
-        broker.config.max_connections_per_ip_overrides.clone(),
+        broker.config().max_connections,
+        broker.config().max_connections_per_ip,
+        broker.config().max_connections_per_ip_overrides.clone(),
     );
     let inter_broker_name = broker
-        .config
+        .config()
         .listeners
         .get(inter)
         .map(|l| l.name.clone())
@@ -134,7 +134,7 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
         let tls = if spec.protocol.is_tls() {
             Some(
                 broker
-                    .config
+                    .config()
                     .tls
                     .clone()
                     .expect("TLS listeners have a TLS config"),
@@ -153,10 +153,10 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
             shutdown_rx.clone(),
         )));
     }
-    if broker.config.controller_only {
-        tracing::info!(controller_addr = %kafka_addr, %admin_addr, data_dir = %broker.config.data_dir.display(), "tessera controller is running");
+    if broker.config().controller_only {
+        tracing::info!(controller_addr = %kafka_addr, %admin_addr, data_dir = %broker.config().data_dir.display(), "tessera controller is running");
     } else {
-        tracing::info!(%kafka_addr, %admin_addr, data_dir = %broker.config.data_dir.display(), "tessera is serving");
+        tracing::info!(%kafka_addr, %admin_addr, data_dir = %broker.config().data_dir.display(), "tessera is serving");
     }
     Ok(Running {
         broker,

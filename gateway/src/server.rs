@@ -73,12 +73,12 @@ pub async fn serve(
             accepted = listener.accept() => match accepted {
                 Ok((stream, peer)) => {
                     let Some(slot) = limits.admit(peer.ip(), permit) else {
-                        Metrics::add(&broker.metrics.connections_rejected, 1);
+                        Metrics::add(&broker.metrics().connections_rejected, 1);
                         tracing::info!(%peer, listener = %spec.name, limit = limits.limit_for(peer.ip()), "closing connection: its address is at max.connections.per.ip");
                         continue;
                     };
                     let _ = stream.set_nodelay(true);
-                    Metrics::add(&broker.metrics.connections_opened, 1);
+                    Metrics::add(&broker.metrics().connections_opened, 1);
                     tracing::debug!(%peer, "connection accepted");
                     connections.retain(|c: &JoinHandle<()>| !c.is_finished());
                     let (spec, broker, shutdown) = (spec.clone(), broker.clone(), shutdown.clone());
@@ -139,14 +139,14 @@ async fn tls_connection(
         Ok(Err(e)) => {
             // A plaintext client on a TLS port ends here (its first bytes
             // are not a TLS record), as does a client certificate refused.
-            Metrics::add(&broker.metrics.tls_handshake_failures, 1);
-            Metrics::add(&broker.metrics.connections_closed, 1);
+            Metrics::add(&broker.metrics().tls_handshake_failures, 1);
+            Metrics::add(&broker.metrics().connections_closed, 1);
             tracing::info!(?peer, listener = %spec.name, error = %e, "TLS handshake failed; closing connection");
             return;
         }
         Err(_) => {
-            Metrics::add(&broker.metrics.tls_handshake_failures, 1);
-            Metrics::add(&broker.metrics.connections_closed, 1);
+            Metrics::add(&broker.metrics().tls_handshake_failures, 1);
+            Metrics::add(&broker.metrics().connections_closed, 1);
             tracing::info!(?peer, listener = %spec.name, "TLS handshake timed out; closing connection");
             return;
         }
@@ -177,8 +177,8 @@ async fn connection<R, W>(
     R: AsyncRead + Unpin + Send + 'static,
     W: AsyncWrite + Unpin + Send + 'static,
 {
-    let max = broker.config.socket_request_max_bytes;
-    let idle = Duration::from_millis(broker.config.connections_max_idle_ms);
+    let max = broker.config().socket_request_max_bytes;
+    let idle = Duration::from_millis(broker.config().connections_max_idle_ms);
     let mut responses: Option<Responses<W>> = None;
     let mut writer = Some(writer);
     // SASL listeners authenticate before anything else is served.
@@ -196,7 +196,7 @@ async fn connection<R, W>(
         // sasl.server.max.receive.size.
         let (limit, limit_key) = match &auth {
             Some(a) if !a.is_done() => (
-                broker.config.sasl_server_max_receive_size.min(max),
+                broker.config().sasl_server_max_receive_size.min(max),
                 "sasl.server.max.receive.size",
             ),
             _ => (max, "socket.request.max.bytes"),
@@ -210,12 +210,12 @@ async fn connection<R, W>(
             Ok(Ok(Some(frame))) => frame,
             Ok(Ok(None)) => break,
             Ok(Err(reason)) => {
-                Metrics::add(&broker.metrics.rejected_frames, 1);
+                Metrics::add(&broker.metrics().rejected_frames, 1);
                 tracing::info!(?peer, %reason, "closing connection");
                 break;
             }
             Err(_) => {
-                Metrics::add(&broker.metrics.connections_idle_closed, 1);
+                Metrics::add(&broker.metrics().connections_idle_closed, 1);
                 if started {
                     tracing::info!(?peer, listener = %spec.name, idle_ms = idle.as_millis() as u64, "closing connection: a request was not completed within connections.max.idle.ms");
                 } else {
@@ -241,7 +241,7 @@ async fn connection<R, W>(
             let now = tessera_log::range_log::now_ms();
             let admitted = admit_replication(Peer {
                 on_inter_broker_listener: spec.name
-                    == broker.config.listeners[broker.config.inter_broker_listener].name,
+                    == broker.config().listeners[broker.config().inter_broker_listener].name,
                 authenticated: auth.as_ref().is_none_or(|a| {
                     a.is_done() && a.session_expires_ms.is_none_or(|end| now < end)
                 }),
@@ -249,7 +249,7 @@ async fn connection<R, W>(
                     .allows_cluster(Op::ClusterAction),
             });
             if let Err(refusal) = admitted {
-                Metrics::add(&broker.metrics.replication_upgrades_refused, 1);
+                Metrics::add(&broker.metrics().replication_upgrades_refused, 1);
                 tracing::info!(?peer, listener = %spec.name, principal = context.principal.as_deref().unwrap_or(ANONYMOUS), %refusal, "replication upgrade refused; closing connection");
                 break;
             }
@@ -274,7 +274,7 @@ async fn connection<R, W>(
                     }
                 }
             }
-            Metrics::add(&broker.metrics.connections_closed, 1);
+            Metrics::add(&broker.metrics().connections_closed, 1);
             return;
         }
         // Each request is handled in its own task; the writer awaits them in
@@ -342,7 +342,7 @@ async fn connection<R, W>(
         drop(tx);
         let _ = writer_task.await;
     }
-    Metrics::add(&broker.metrics.connections_closed, 1);
+    Metrics::add(&broker.metrics().connections_closed, 1);
 }
 
 /// Counts an authentication and logs a failure (Kafka logs failed
@@ -353,7 +353,7 @@ fn record_authentication(
     peer: Option<std::net::SocketAddr>,
     event: Event,
 ) {
-    let metrics = &broker.metrics;
+    let metrics = &broker.metrics();
     match event {
         Event::Succeeded {
             user,

@@ -782,7 +782,7 @@ async fn admin_group_and_transaction_apis() {
     // INVALID_REQUEST.
     use kafka_protocol::messages::{BrokerId, UnregisterBrokerRequest};
     let unregister = |id: i32| UnregisterBrokerRequest::default().with_broker_id(BrokerId(id));
-    let me = running.broker.config.node_id;
+    let me = running.broker.config().node_id;
     assert_eq!(alice.call(0, &unregister(99)).await.error_code, 31);
     assert_eq!(admin.call(0, &unregister(99)).await.error_code, 102);
     let r = admin.call(0, &unregister(me)).await;

@@ -285,7 +285,7 @@ async fn create_partitions_and_delete_records_survive_a_restart() {
     );
 
     // Grow to 6 (with a valid assignment: accepted, placement is ours).
-    let node = running.broker.config.node_id;
+    let node = running.broker.config().node_id;
     assert_eq!(
         create_partitions(
             &mut client,

@@ -266,7 +266,7 @@ async fn compacted_topics_keep_the_last_record_of_every_key() {
     }
     let broker = running.broker.clone();
     common::eventually("the cleaner compacted the topics", || {
-        broker.metrics.cleaner_passes.load(Ordering::Relaxed) >= 2
+        broker.metrics().cleaner_passes.load(Ordering::Relaxed) >= 2
     })
     .await;
     // Wait until at most one batch of duplicates is left outside the active segment.

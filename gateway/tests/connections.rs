@@ -55,7 +55,7 @@ async fn idle_and_slow_connections_are_closed_and_others_are_served() {
         "the trickling connection was closed before it finished its frame"
     );
     api_versions_ok(&mut busy).await;
-    let metrics = &running.broker.metrics;
+    let metrics = &running.broker.metrics();
     assert!(metrics.connections_idle_closed.load(Ordering::Relaxed) >= 2);
     running.shutdown().await;
 }
@@ -84,7 +84,7 @@ async fn connections_over_the_per_ip_limit_are_closed() {
     assert_eq!(
         running
             .broker
-            .metrics
+            .metrics()
             .connections_rejected
             .load(Ordering::Relaxed),
         1
@@ -125,7 +125,7 @@ async fn a_large_frame_before_sasl_authentication_is_refused() {
     s.write_all(&(600 * 1024i32).to_be_bytes()).await.unwrap();
     let mut c = WireClient::from_stream(s);
     assert!(c.is_closed().await);
-    let rejected = &running.broker.metrics.rejected_frames;
+    let rejected = &running.broker.metrics().rejected_frames;
     assert_eq!(rejected.load(Ordering::Relaxed), 1);
     // The broker serves the next client.
     let mut plain = WireClient::connect(running.kafka_addr).await;

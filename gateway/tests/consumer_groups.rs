@@ -667,7 +667,7 @@ async fn committed_offsets_survive_compaction_of_consumer_offsets() {
     let broker = f.running.as_ref().unwrap().broker.clone();
     common::eventually("the cleaner compacted __consumer_offsets", || {
         broker
-            .metrics
+            .metrics()
             .cleaner_passes
             .load(std::sync::atomic::Ordering::Relaxed)
             > 0
@@ -731,8 +731,8 @@ async fn offsets_of_deleted_topics_are_removed() {
     broker.delete_topic(id).await.unwrap();
     let mut gone = false;
     for _ in 0..300 {
-        let mixed = broker.groups.committed("mixed").await.unwrap();
-        if mixed.len() == 1 && broker.groups.committed("solo").await.is_none() {
+        let mixed = broker.groups().committed("mixed").await.unwrap();
+        if mixed.len() == 1 && broker.groups().committed("solo").await.is_none() {
             gone = true;
             break;
         }
@@ -748,8 +748,8 @@ async fn offsets_of_deleted_topics_are_removed() {
     drop(c);
     f.restart(&extra).await;
     let broker = f.running.as_ref().unwrap().broker.clone();
-    let mixed = broker.groups.committed("mixed").await.unwrap();
+    let mixed = broker.groups().committed("mixed").await.unwrap();
     assert_eq!(mixed.len(), 1);
     assert!(mixed.get(TOPIC, 0).is_some());
-    assert!(broker.groups.committed("solo").await.is_none());
+    assert!(broker.groups().committed("solo").await.is_none());
 }

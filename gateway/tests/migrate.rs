@@ -329,8 +329,8 @@ async fn migrates_every_record_at_its_offset_then_a_second_run_copies_nothing() 
     assert!(target.broker.image().next_producer_id > 109);
     let fresh = target
         .broker
-        .producer_ids
-        .next_id(&target.broker.controller, 1)
+        .producer_ids()
+        .next_id(target.broker.controller(), 1)
         .await
         .unwrap();
     assert!(fresh > 109, "{fresh}");

@@ -386,7 +386,7 @@ async fn answered_before_a_later_request<R: kafka_protocol::protocol::Request>(
 }
 
 fn metric(running: &Running, name: &str, kind: &str) -> u64 {
-    let text = running.broker.quotas.render();
+    let text = running.broker.quotas().render();
     let prefix = format!("{name}{{kind=\"{kind}\",user=\"\",client_id=\"{CLIENT}\"}} ");
     text.lines()
         .find_map(|l| l.strip_prefix(&prefix))
@@ -620,7 +620,7 @@ async fn user_quota_follows_the_principal() {
             "ANONYMOUS gets the client-id quota"
         );
     }
-    let text = running.broker.quotas.render();
+    let text = running.broker.quotas().render();
     assert!(
         text.contains(
             "tessera_quota_throttled_total{kind=\"produce\",user=\"alice\",client_id=\"\"}"

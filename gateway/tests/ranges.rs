@@ -277,7 +277,7 @@ async fn the_policy_splits_under_load_and_merges_after() {
     // The counter moves once the split returned (after the image showed it).
     common::eventually("the split is counted", || {
         broker
-            .metrics
+            .metrics()
             .range_splits
             .load(std::sync::atomic::Ordering::Relaxed)
             >= 1
@@ -291,13 +291,13 @@ async fn the_policy_splits_under_load_and_merges_after() {
     // The counter moves once the merge returned (after the image showed it).
     common::eventually("the merge is counted", || {
         broker
-            .metrics
+            .metrics()
             .range_merges
             .load(std::sync::atomic::Ordering::Relaxed)
             >= 1
     })
     .await;
-    let metrics = broker.metrics.render(&[]);
+    let metrics = broker.metrics().render(&[]);
     assert!(metrics.contains("tessera_range_splits_total"), "{metrics}");
     running.shutdown().await;
 }
@@ -348,7 +348,7 @@ async fn a_move_that_fails_to_commit_leaves_the_parent_serving() {
 
     // The split's metadata write fails: an error, and the parent serves on.
     let root = active(&broker)[0].id;
-    broker.controller.fail_next_writes(1);
+    broker.controller().fail_next_writes(1);
     assert!(broker.split_range(root, None).await.is_err());
     assert_eq!(active(&broker).len(), 1);
     assert_eq!(active(&broker)[0].id, root);
@@ -365,7 +365,7 @@ async fn a_move_that_fails_to_commit_leaves_the_parent_serving() {
     produce_all(broker.clone()).await;
 
     // A merge whose write fails: both parents serve again.
-    broker.controller.fail_next_writes(1);
+    broker.controller().fail_next_writes(1);
     assert!(broker.merge_ranges(left, right).await.is_err());
     let ids: Vec<_> = active(&broker).iter().map(|r| r.id).collect();
     assert_eq!(ids, vec![left, right]);

@@ -43,7 +43,7 @@ async fn produce_txn(broker: &Broker, partition: i32, pid: i64, epoch: i16, seq:
     let topic = image.topic_by_name("t").unwrap().clone();
     let route = broker.route(&image, &topic, partition).unwrap();
     broker
-        .txns
+        .txns()
         .check_produce(pid, epoch, "t", partition)
         .unwrap();
     let mut b = make_transactional_batch(2, 1000, pid, epoch, seq);
@@ -71,24 +71,24 @@ async fn prepare_commit_left_by_a_crash_completes_at_restart() {
     let broker = running.broker.clone();
     setup(&broker).await;
     let (pid, epoch) = broker
-        .txns
+        .txns()
         .init_producer_id(&*broker, "tx", 60_000, None)
         .await
         .unwrap();
     assert_eq!(epoch, 0);
     broker
-        .txns
+        .txns()
         .add_partitions(&*broker, "tx", pid, epoch, &[("t".into(), 0)])
         .await
         .unwrap();
     broker
-        .txns
+        .txns()
         .add_offsets(&*broker, "tx", pid, epoch, "g")
         .await
         .unwrap();
     produce_txn(&broker, 0, pid, epoch, 0).await;
     let results = broker
-        .groups
+        .groups()
         .txn_offset_commit(
             &*broker,
             TxnCommitRequest {
@@ -113,14 +113,14 @@ async fn prepare_commit_left_by_a_crash_completes_at_restart() {
     assert!(results[0].1[0].1.is_ok());
     // Not visible before the commit.
     assert!(broker
-        .groups
+        .groups()
         .committed("g")
         .await
         .is_none_or(|o| o.get("t", 0).is_none()));
     assert_eq!(offsets(&broker, 0).last_stable, 0);
 
     // The coordinator wrote PrepareCommit and crashed before the markers.
-    let d = broker.txns.describe(&*broker, "tx").await.unwrap();
+    let d = broker.txns().describe(&*broker, "tx").await.unwrap();
     let mut prepared = TxnMetadata::new("tx", pid, d.timeout_ms, tessera_log::now_ms());
     prepared.producer_epoch = epoch;
     prepared.state = TxnState::PrepareCommit;
@@ -148,7 +148,7 @@ async fn prepare_commit_left_by_a_crash_completes_at_restart() {
     let broker = running.broker.clone();
     let mut done = false;
     for _ in 0..100 {
-        if broker.txns.describe(&*broker, "tx").await.unwrap().state == TxnState::CompleteCommit {
+        if broker.txns().describe(&*broker, "tx").await.unwrap().state == TxnState::CompleteCommit {
             done = true;
             break;
         }
@@ -162,7 +162,7 @@ async fn prepare_commit_left_by_a_crash_completes_at_restart() {
     let topic = image.topic_by_name("t").unwrap().clone();
     let log = broker.route(&image, &topic, 0).unwrap().log;
     assert!(log.aborted_transactions(0, 0, 10).unwrap().is_empty());
-    let committed = broker.groups.committed("g").await.expect("group loaded");
+    let committed = broker.groups().committed("g").await.expect("group loaded");
     assert_eq!(committed.get("t", 0).map(|o| o.offset), Some(2));
     drop(broker);
     running.shutdown().await;
@@ -171,7 +171,7 @@ async fn prepare_commit_left_by_a_crash_completes_at_restart() {
     let running = tessera_gateway::start(common::test_config(dir.path(), &[]))
         .await
         .unwrap();
-    let committed = running.broker.groups.committed("g").await.expect("group");
+    let committed = running.broker.groups().committed("g").await.expect("group");
     assert_eq!(committed.get("t", 0).map(|o| o.offset), Some(2));
     running.shutdown().await;
 }
@@ -191,18 +191,18 @@ async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
     let broker = running.broker.clone();
     setup(&broker).await;
     let (pid, epoch) = broker
-        .txns
+        .txns()
         .init_producer_id(&*broker, "slow", 300, None)
         .await
         .unwrap();
     broker
-        .txns
+        .txns()
         .add_partitions(&*broker, "slow", pid, epoch, &[("t".into(), 1)])
         .await
         .unwrap();
     // Partition 0 is not in the transaction.
     assert!(matches!(
-        broker.txns.check_produce(pid, epoch, "t", 0),
+        broker.txns().check_produce(pid, epoch, "t", 0),
         Err(ApiError::InvalidTxnState(_))
     ));
     produce_txn(&broker, 1, pid, epoch, 0).await;
@@ -212,7 +212,7 @@ async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
         o.last_stable == 3 && o.high_watermark == 3
     })
     .await;
-    let d = broker.txns.describe(&*broker, "slow").await.unwrap();
+    let d = broker.txns().describe(&*broker, "slow").await.unwrap();
     assert_eq!(d.state, TxnState::CompleteAbort);
     assert_eq!(d.producer_epoch, epoch + 1);
     let image = broker.image();
@@ -221,19 +221,19 @@ async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
     assert_eq!(log.aborted_transactions(1, 0, 10).unwrap().len(), 1);
     // The old epoch is fenced everywhere.
     assert!(matches!(
-        broker.txns.check_produce(pid, epoch, "t", 1),
+        broker.txns().check_produce(pid, epoch, "t", 1),
         Err(ApiError::InvalidProducerEpoch(_))
     ));
     assert!(matches!(
         broker
-            .txns
+            .txns()
             .end_txn(&*broker, "slow", pid, epoch, true)
             .await,
         Err(ApiError::ProducerFenced)
     ));
     assert!(matches!(
         broker
-            .txns
+            .txns()
             .add_partitions(&*broker, "slow", pid, epoch, &[("t".into(), 1)])
             .await,
         Err(ApiError::ProducerFenced)
@@ -241,13 +241,13 @@ async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
     // KIP-360: naming the fenced epoch is refused; a fresh init bumps again.
     assert!(matches!(
         broker
-            .txns
+            .txns()
             .init_producer_id(&*broker, "slow", 300, Some((pid, epoch)))
             .await,
         Err(ApiError::ProducerFenced)
     ));
     let (pid2, epoch2) = broker
-        .txns
+        .txns()
         .init_producer_id(&*broker, "slow", 300, None)
         .await
         .unwrap();
@@ -255,7 +255,7 @@ async fn timed_out_transaction_is_aborted_and_the_producer_fenced() {
     // Too long a timeout.
     assert!(matches!(
         broker
-            .txns
+            .txns()
             .init_producer_id(&*broker, "other", 900_001, None)
             .await,
         Err(ApiError::InvalidTransactionTimeout)

@@ -23,7 +23,7 @@ pub async fn handle(
         return AddOffsetsToTxnResponse::default().with_error_code(e.code());
     }
     let result = broker
-        .txns
+        .txns()
         .add_offsets(
             &**broker,
             request.transactional_id.0.as_str(),

@@ -55,7 +55,7 @@ pub async fn handle(
         Err(-1)
     } else {
         broker
-            .txns
+            .txns()
             .add_partitions(
                 &**broker,
                 request.v3_and_below_transactional_id.0.as_str(),

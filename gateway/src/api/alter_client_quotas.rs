@@ -44,10 +44,10 @@ pub async fn handle(
     // Plan and write under the admin lock, so two alterations of one
     // entity do not both plan against the same image.
     let results = {
-        let _admin = broker.admin.lock().await;
+        let _admin = broker.admin_lock().await;
         let (mut results, records) = plan_alter(&broker.image().client_quotas, &alterations);
         if !request.validate_only && !records.is_empty() {
-            if let Err(e) = broker.controller.write(records).await {
+            if let Err(e) = broker.controller().write(records).await {
                 let error = ApiError::from(e);
                 for r in results.iter_mut().filter(|r| r.is_ok()) {
                     *r = Err(error.clone());
@@ -65,7 +65,7 @@ pub async fn handle(
                 let (code, message) = match result {
                     Ok(()) => (0, None),
                     Err(e) => {
-                        broker.metrics.count_error(49);
+                        broker.metrics().count_error(49);
                         (e.code(), e.message().map(StrBytes::from_string))
                     }
                 };

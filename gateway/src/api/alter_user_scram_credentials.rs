@@ -45,7 +45,7 @@ pub async fn handle(
         return response(results);
     }
     if !records.is_empty() {
-        if let Err(e) = broker.controller.write(records).await {
+        if let Err(e) = broker.controller().write(records).await {
             let error = ApiError::from(e);
             for (_, r) in results.iter_mut().filter(|(_, r)| r.is_ok()) {
                 *r = Err(error.clone());

@@ -81,7 +81,7 @@ pub async fn handle(
             i32::MIN
         };
         let described = match broker
-            .groups
+            .groups()
             .consumer_group_describe(&**broker, &group_id)
             .await
         {

@@ -60,7 +60,7 @@ pub async fn handle(
         client_host,
     };
     match broker
-        .groups
+        .groups()
         .consumer_group_heartbeat(&**broker, input)
         .await
     {

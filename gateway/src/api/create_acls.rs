@@ -90,7 +90,7 @@ pub async fn handle(
             }
         }
         if !records.is_empty() {
-            if let Err(e) = broker.controller.write(records).await {
+            if let Err(e) = broker.controller().write(records).await {
                 let error = ApiError::from(e);
                 for i in written {
                     results[i] = Err(error.clone());

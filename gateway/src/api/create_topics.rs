@@ -83,12 +83,12 @@ async fn create_one(
     )?;
     let (partitions, replication_factor) = if topic.assignments.is_empty() {
         let partitions = if topic.num_partitions == -1 {
-            broker.config.num_partitions as i32
+            broker.config().num_partitions as i32
         } else {
             topic.num_partitions
         };
         let rf = if topic.replication_factor == -1 {
-            broker.config.default_replication_factor
+            broker.config().default_replication_factor
         } else {
             topic.replication_factor
         };
@@ -153,7 +153,7 @@ fn describe_configs(
     let image = broker.image();
     describe_topic_configs(
         topic,
-        &crate::dynamic_config::BrokerView::new(&broker.config, &image),
+        &crate::dynamic_config::BrokerView::new(broker.config(), &image),
     )
     .into_iter()
     .map(|c| {

@@ -82,7 +82,7 @@ pub async fn handle(
             .into_iter()
             .map(|id| MetadataRecord::RemoveAcl { id })
             .collect();
-        if let Err(e) = broker.controller.write(records).await {
+        if let Err(e) = broker.controller().write(records).await {
             write_error = Some(ApiError::from(e));
         }
     }

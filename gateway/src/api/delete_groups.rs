@@ -21,7 +21,7 @@ pub async fn handle(
     for group_id in request.groups_names {
         let r = match authz.group(Op::Delete, &group_id) {
             Err(e) => Err(e),
-            Ok(()) => broker.groups.delete_group(&**broker, &group_id).await,
+            Ok(()) => broker.groups().delete_group(&**broker, &group_id).await,
         };
         results.push(
             DeletableGroupResult::default()

@@ -112,7 +112,7 @@ fn target(
     let policy = topic
         .configs
         .get("cleanup.policy")
-        .unwrap_or(&broker.config.log_cleanup_policy);
+        .unwrap_or(&broker.config().log_cleanup_policy);
     if !policy.split(',').any(|p| p.trim() == "delete") {
         return Err(ApiError::PolicyViolation(format!(
             "Records of partition {}-{partition} can not be deleted due to the configured policy",

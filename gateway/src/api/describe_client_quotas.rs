@@ -57,7 +57,7 @@ pub async fn handle(
                 .collect(),
         )),
         Err(e) => {
-            broker.metrics.count_error(48);
+            broker.metrics().count_error(48);
             DescribeClientQuotasResponse::default()
                 .with_error_code(e.code())
                 .with_error_message(e.message().map(StrBytes::from_string))

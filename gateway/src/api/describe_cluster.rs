@@ -39,7 +39,7 @@ pub async fn handle(
         .collect();
     DescribeClusterResponse::default()
         .with_endpoint_type(1)
-        .with_cluster_id(StrBytes::from_string(broker.cluster_id.clone()))
+        .with_cluster_id(StrBytes::from_string(broker.cluster_id().to_string()))
         .with_controller_id(BrokerId(broker.controller_id()))
         .with_brokers(brokers)
         .with_cluster_authorized_operations(if request.include_cluster_authorized_operations {

@@ -25,7 +25,7 @@ pub async fn handle(
 ) -> DescribeConfigsResponse {
     let version = header.request_api_version;
     let image = broker.image();
-    let view = BrokerView::new(&broker.config, &image);
+    let view = BrokerView::new(broker.config(), &image);
     // Kafka: DESCRIBE_CONFIGS on the topic, or on the cluster for a broker.
     let authz = Authz::current(broker);
     let results = request
@@ -40,7 +40,7 @@ pub async fn handle(
                     .topic_by_name(name)
                     .map(|t| describe_topic_configs(&t.configs, &view))
                     .ok_or(ApiError::UnknownTopicOrPartition),
-                RESOURCE_BROKER => broker_resource(name, broker.config.node_id)
+                RESOURCE_BROKER => broker_resource(name, broker.config().node_id)
                     .map(|id| describe_broker_configs(&view, id.is_some())),
                 other => Err(ApiError::InvalidRequest(format!(
                     "unsupported resource type {other}"

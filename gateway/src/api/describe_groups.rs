@@ -31,7 +31,7 @@ pub async fn handle(
             );
             continue;
         }
-        let described = match broker.groups.describe_group(&**broker, &group_id).await {
+        let described = match broker.groups().describe_group(&**broker, &group_id).await {
             Err(e) => described.with_error_code(e.code()),
             Ok(None) => {
                 let d = described.with_group_state(StrBytes::from_static_str("Dead"));

@@ -84,8 +84,8 @@ pub async fn handle(
             );
         }
     }
-    let dir = std::fs::canonicalize(&broker.config.data_dir)
-        .unwrap_or_else(|_| broker.config.data_dir.clone());
+    let dir = std::fs::canonicalize(&broker.config().data_dir)
+        .unwrap_or_else(|_| broker.config().data_dir.clone());
     let (total_bytes, usable_bytes) = volume_bytes(&dir);
     DescribeLogDirsResponse::default().with_results(vec![DescribeLogDirsResult::default()
         .with_log_dir(StrBytes::from_string(dir.display().to_string()))

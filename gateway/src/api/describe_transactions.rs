@@ -24,7 +24,7 @@ pub async fn handle(
         let s = TransactionState::default().with_transactional_id(id.clone());
         let described = match authz.transactional_id(Op::Describe, &id) {
             Err(e) => Err(e),
-            Ok(()) => broker.txns.describe(&**broker, id.0.as_str()).await,
+            Ok(()) => broker.txns().describe(&**broker, id.0.as_str()).await,
         };
         states.push(match described {
             Ok(d) => {

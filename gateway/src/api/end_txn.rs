@@ -19,7 +19,7 @@ pub async fn handle(
         return EndTxnResponse::default().with_error_code(e.code());
     }
     let result = broker
-        .txns
+        .txns()
         .end_txn(
             &**broker,
             request.transactional_id.0.as_str(),

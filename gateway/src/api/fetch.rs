@@ -49,7 +49,7 @@ pub async fn handle(
     let max_wait = Duration::from_millis(request.max_wait_ms.max(0) as u64);
     let deadline = tokio::time::Instant::now() + max_wait;
     let min_bytes = request.min_bytes.max(0) as usize;
-    let mut hw_events = broker.hw_events.subscribe();
+    let mut hw_events = broker.hw_events().subscribe();
     let denied = denied_topics(broker, version, &request);
     loop {
         hw_events.borrow_and_update();
@@ -58,11 +58,11 @@ pub async fn handle(
         if !remote.is_empty() {
             // Sealed history read from another replica: answer at once.
             bytes += read_remote(broker, &mut response, remote).await;
-            Metrics::add(&broker.metrics.fetched_bytes, bytes as u64);
+            Metrics::add(&broker.metrics().fetched_bytes, bytes as u64);
             return response;
         }
         if bytes >= min_bytes || has_error || tokio::time::Instant::now() >= deadline {
-            Metrics::add(&broker.metrics.fetched_bytes, bytes as u64);
+            Metrics::add(&broker.metrics().fetched_bytes, bytes as u64);
             return response;
         }
         tokio::select! {
@@ -501,7 +501,7 @@ async fn read_remote(
                 continue;
             };
             let ask = FetchRequest::default()
-                .with_replica_id(BrokerId(broker.config.node_id))
+                .with_replica_id(BrokerId(broker.config().node_id))
                 .with_max_wait_ms(0)
                 .with_min_bytes(0)
                 .with_max_bytes(read.max_bytes as i32)
@@ -515,7 +515,7 @@ async fn read_remote(
                         .with_log_start_offset(-1)
                         .with_partition_max_bytes(read.max_bytes as i32)])]);
             let answer = crate::peer::call(
-                &broker.inter_broker,
+                broker.inter_broker(),
                 &b.registration.host,
                 b.registration.port,
                 REMOTE_FETCH_VERSION,
@@ -545,7 +545,7 @@ async fn read_remote(
         match records {
             Some(r) => {
                 added += r.len();
-                Metrics::add(&broker.metrics.remote_read_bytes, r.len() as u64);
+                Metrics::add(&broker.metrics().remote_read_bytes, r.len() as u64);
                 slot.records = Some(r);
             }
             None => {

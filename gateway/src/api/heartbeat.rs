@@ -18,7 +18,7 @@ pub async fn handle(
         return HeartbeatResponse::default().with_error_code(e.code());
     }
     let result = broker
-        .groups
+        .groups()
         .heartbeat(
             &**broker,
             &request.group_id,

@@ -43,7 +43,7 @@ pub async fn handle(
             };
             match expected {
                 Ok(expected) => broker
-                    .txns
+                    .txns()
                     .init_producer_id(
                         &**broker,
                         id.0.as_str(),
@@ -56,8 +56,8 @@ pub async fn handle(
             }
         }
         None => broker
-            .producer_ids
-            .next_id(&broker.controller, broker.config.node_id)
+            .producer_ids()
+            .next_id(broker.controller(), broker.config().node_id)
             .await
             .map(|id| (id, 0)),
     };

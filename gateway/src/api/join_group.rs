@@ -56,7 +56,7 @@ pub async fn handle(
         new_member_id: String::new(),
     };
     let result = broker
-        .groups
+        .groups()
         .join_group(&**broker, &request.group_id, req)
         .await;
     response(version, result)

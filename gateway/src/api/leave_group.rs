@@ -35,7 +35,7 @@ pub async fn handle(
         vec![(request.member_id.to_string(), None)]
     };
     let result = broker
-        .groups
+        .groups()
         .leave_group(&**broker, &request.group_id, members.clone())
         .await;
     match result {

@@ -31,7 +31,7 @@ pub async fn handle(
     let authz = Authz::current(broker);
     let all = authz.may(Op::Describe, Resource::Cluster, crate::authz::CLUSTER_NAME);
     let groups = broker
-        .groups
+        .groups()
         .list_groups()
         .await
         .into_iter()

@@ -35,7 +35,7 @@ pub async fn handle(
     // Kafka lists the transactional ids the client may DESCRIBE.
     let authz = Authz::current(broker);
     let listed = broker
-        .txns
+        .txns()
         .list()
         .await
         .into_iter()

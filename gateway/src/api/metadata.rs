@@ -30,7 +30,7 @@ pub async fn handle(
         || (version == 0 && request.topics.as_ref().is_some_and(Vec::is_empty));
     // Before v4 there is no flag and Kafka auto-creates when the broker allows it.
     let allow_auto_create =
-        broker.config.auto_create_topics && (version < 4 || request.allow_auto_topic_creation);
+        broker.config().auto_create_topics && (version < 4 || request.allow_auto_topic_creation);
     // Authorized operations exist for topics from v8, for the cluster in v8-v10.
     let authz = Authz::current(broker);
     let with_topic_ops = request.include_topic_authorized_operations && version >= 8;
@@ -111,7 +111,7 @@ pub async fn handle(
         .collect();
     MetadataResponse::default()
         .with_brokers(brokers)
-        .with_cluster_id(Some(StrBytes::from_string(broker.cluster_id.clone())))
+        .with_cluster_id(Some(StrBytes::from_string(broker.cluster_id().to_string())))
         .with_controller_id(BrokerId(broker.controller_id()))
         .with_topics(topics)
         .with_cluster_authorized_operations(

@@ -82,10 +82,15 @@ pub async fn start(broker: &Arc<Broker>, version: i16, mut frame: Bytes) -> InFl
         .map(|h| h.producer_id)
         .max()
         .unwrap_or(-1);
-    if broker.config.migration_append_enable && max_producer_id >= broker.image().next_producer_id {
+    if broker.config().migration_append_enable && max_producer_id >= broker.image().next_producer_id
+    {
         if let Err(e) = broker
-            .producer_ids
-            .reserve_through(&broker.controller, broker.config.node_id, max_producer_id)
+            .producer_ids()
+            .reserve_through(
+                broker.controller(),
+                broker.config().node_id,
+                max_producer_id,
+            )
             .await
         {
             tracing::warn!(error = %e, "reserving migrated producer ids failed");
@@ -93,7 +98,7 @@ pub async fn start(broker: &Arc<Broker>, version: i16, mut frame: Bytes) -> InFl
     }
     let mut waits = DurabilityWaits::for_acks(-1);
     let mut outcomes = Vec::new();
-    let enabled = broker.config.migration_append_enable;
+    let enabled = broker.config().migration_append_enable;
     let image = broker.image();
     // Writing at source offsets is a broker's privilege: CLUSTER_ACTION on
     // the cluster (a super user, or the inter-broker listener).
@@ -149,7 +154,7 @@ pub async fn start(broker: &Arc<Broker>, version: i16, mut frame: Bytes) -> InFl
                                 .with_index(index)
                                 .with_base_offset(base),
                             Err(e) => {
-                                broker.metrics.count_error(0);
+                                broker.metrics().count_error(0);
                                 PartitionProduceResponse::default()
                                     .with_index(index)
                                     .with_error_code(e.code())
@@ -224,8 +229,8 @@ fn append_partition(
         let mut bytes = records[r].to_vec();
         let outcome = broker.append_batch_at_source_offset(route, partition, &mut bytes)?;
         waits.add(route, &outcome);
-        Metrics::add(&broker.metrics.migrated_batches, 1);
-        Metrics::add(&broker.metrics.migrated_bytes, bytes.len() as u64);
+        Metrics::add(&broker.metrics().migrated_batches, 1);
+        Metrics::add(&broker.metrics().migrated_bytes, bytes.len() as u64);
         first.get_or_insert(outcome.base_offset);
     }
     Ok(first.expect("at least one batch"))

@@ -185,16 +185,16 @@ pub async fn start_frame(broker: &Arc<Broker>, mut frame: Bytes) -> InFlight {
     let api_key = i16::from_be_bytes([frame[0], frame[1]]);
     let version = i16::from_be_bytes([frame[2], frame[3]]);
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
-    broker.metrics.count_request(api_key);
+    broker.metrics().count_request(api_key);
     if api_key == migrate_append::API_KEY {
         return migrate_append::start(broker, version, frame).await;
     }
     let Ok(api) = ApiKey::try_from(api_key) else {
-        broker.metrics.count_error(api_key);
+        broker.metrics().count_error(api_key);
         return ready(Reply::Close(format!("unknown API key {api_key}")));
     };
     let Some((min, max)) = supported_range(api) else {
-        broker.metrics.count_error(api_key);
+        broker.metrics().count_error(api_key);
         return ready(Reply::Close(format!(
             "API {api:?} is not supported by this broker"
         )));
@@ -207,7 +207,7 @@ pub async fn start_frame(broker: &Arc<Broker>, mut frame: Bytes) -> InFlight {
         )));
     }
     if !(min..=max).contains(&version) {
-        broker.metrics.count_error(api_key);
+        broker.metrics().count_error(api_key);
         return ready(Reply::Close(format!(
             "unsupported version {version} of {api:?}"
         )));

@@ -83,7 +83,7 @@ pub async fn handle(
     let results = if names.is_empty() {
         Vec::new()
     } else {
-        broker.groups.commit_offsets(&**broker, req).await
+        broker.groups().commit_offsets(&**broker, req).await
     };
     let mut answered: Vec<_> = names
         .into_iter()

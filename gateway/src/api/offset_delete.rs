@@ -58,7 +58,7 @@ pub async fn handle(
         })
         .collect();
     match broker
-        .groups
+        .groups()
         .delete_offsets(&**broker, &request.group_id, topics)
         .await
     {

@@ -49,7 +49,7 @@ pub async fn handle(
             });
             let member = g.member_id.as_ref().map(|m| (m.as_str(), g.member_epoch));
             let fetched = broker
-                .groups
+                .groups()
                 .fetch_offsets(&**broker, &g.group_id, member, topics)
                 .await;
             let mut group = group_response(broker, g.group_id, fetched, request.require_stable);
@@ -78,7 +78,7 @@ pub async fn handle(
         Err(e) => Err(e),
         Ok(()) => {
             broker
-                .groups
+                .groups()
                 .fetch_offsets(&**broker, &request.group_id, None, topics.clone())
                 .await
         }
@@ -162,7 +162,7 @@ const UNSTABLE_OFFSET_COMMIT: i16 = 88;
 /// Whether an open transaction holds a pending offset for this partition.
 fn unstable(broker: &Broker, group: &str, topic: &str, partition: i32) -> bool {
     broker
-        .groups
+        .groups()
         .has_pending_txn_offset(group, topic, partition)
 }
 

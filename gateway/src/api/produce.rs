@@ -88,7 +88,7 @@ pub async fn append(
                 Err(ApiError::TopicAuthorizationFailed)
             }
             Some(t) => Ok(t.clone()),
-            None if broker.config.auto_create_topics && authz.may_create_topic(name) => {
+            None if broker.config().auto_create_topics && authz.may_create_topic(name) => {
                 broker.auto_create_topic(name).await
             }
             None => Err(ApiError::UnknownTopicOrPartition),
@@ -160,7 +160,7 @@ pub async fn acknowledge(broker: &Arc<Broker>, appended: Appended) -> Option<Pro
                 .with_log_append_time_ms(a.log_append_time)
                 .with_log_start_offset(a.log_start_offset),
             Err(e) => {
-                broker.metrics.count_error(0);
+                broker.metrics().count_error(0);
                 error_response(index, &e)
             }
         };
@@ -222,7 +222,7 @@ fn append_partition(
         }
         if header.is_transactional() {
             // Kafka 3.x: only partitions added to the ongoing transaction.
-            broker.txns.check_produce(
+            broker.txns().check_produce(
                 header.producer_id,
                 header.producer_epoch,
                 topic,
@@ -246,8 +246,8 @@ fn append_partition(
         let outcome = broker.append_batch(route, partition, &mut bytes, log_append_time)?;
         waits.add(route, &outcome);
         if !outcome.duplicate {
-            Metrics::add(&broker.metrics.produced_batches, 1);
-            Metrics::add(&broker.metrics.produced_bytes, bytes.len() as u64);
+            Metrics::add(&broker.metrics().produced_batches, 1);
+            Metrics::add(&broker.metrics().produced_bytes, bytes.len() as u64);
         }
         if first.is_none() {
             first = Some(AppendedBatch {

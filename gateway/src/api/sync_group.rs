@@ -33,7 +33,7 @@ pub async fn handle(
             .collect(),
     };
     let result = broker
-        .groups
+        .groups()
         .sync_group(&**broker, &request.group_id, req)
         .await;
     response(version, result)

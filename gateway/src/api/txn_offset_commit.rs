@@ -79,7 +79,7 @@ pub async fn handle(
     let mut allowed = if req.topics.is_empty() {
         Vec::new()
     } else {
-        broker.groups.txn_offset_commit(&**broker, req).await
+        broker.groups().txn_offset_commit(&**broker, req).await
     }
     .into_iter();
     let results: Vec<_> = request

@@ -47,19 +47,19 @@ pub async fn handle(
 
 async fn unregister(broker: &Arc<Broker>, broker_id: i32) -> Result<(), ApiError> {
     Authz::current(broker).cluster(Op::Alter)?;
-    if broker_id >= 0 && broker.controller.is_voter(broker_id as u64) {
+    if broker_id >= 0 && broker.controller().is_voter(broker_id as u64) {
         return Err(ApiError::InvalidRequest(format!(
             "Broker {broker_id} is a controller (a voter of the metadata quorum): the voter set is static, a controller cannot be unregistered"
         )));
     }
     // A linearizable read: a broker that registered a moment ago is known.
-    let image = broker.controller.catch_up().await?;
+    let image = broker.controller().catch_up().await?;
     let Some(registered) = image.brokers.get(&broker_id) else {
         return Err(not_registered(broker_id));
     };
     let was_live = !registered.fenced;
     let outcome = broker
-        .controller
+        .controller()
         .write_detailed(vec![MetadataRecord::UnregisterBroker { broker_id }])
         .await?;
     if !outcome.skipped.is_empty() {
@@ -68,7 +68,7 @@ async fn unregister(broker: &Arc<Broker>, broker_id: i32) -> Result<(), ApiError
     }
     tracing::info!(broker_id, was_live, "broker unregistered");
     if !was_live {
-        match broker.controller.remove_learner(broker_id as u64).await {
+        match broker.controller().remove_learner(broker_id as u64).await {
             Ok(true) => tracing::info!(broker_id, "unregistered broker left the metadata quorum"),
             Ok(false) => {}
             Err(e) => tracing::warn!(

@@ -300,7 +300,7 @@ pub fn record_produce(
         return 0;
     }
     let (user, client) = current_identity(header);
-    let throttle = broker.quotas.record(
+    let throttle = broker.quotas().record(
         &image.client_quotas,
         QuotaKind::Produce,
         &user,
@@ -337,7 +337,7 @@ where
     let (user, client) = current_identity(header);
     let quotas = &image.client_quotas;
     if let Some(max) = broker
-        .quotas
+        .quotas()
         .max_value_in_window(quotas, QuotaKind::Fetch, &user, &client)
     {
         let max = max.clamp(1.0, i32::MAX as f64) as i32;
@@ -348,13 +348,13 @@ where
         .compute_size(header.request_api_version)
         .unwrap_or(0) as f64;
     let throttle = broker
-        .quotas
+        .quotas()
         .record(quotas, QuotaKind::Fetch, &user, &client, size);
     if throttle == 0 {
         return response;
     }
     broker
-        .quotas
+        .quotas()
         .unrecord(quotas, QuotaKind::Fetch, &user, &client, size);
     mute_current(throttle);
     kafka_protocol::messages::FetchResponse::default()
@@ -383,7 +383,7 @@ where
     }
     .await;
     let image = broker.image();
-    let throttle = broker.quotas.record(
+    let throttle = broker.quotas().record(
         &image.client_quotas,
         QuotaKind::Request,
         &user,
