@@ -71,12 +71,16 @@ pub enum Message {
     },
     /// Repair: up to `max` bytes of the replica's copy from `from`, as of
     /// cleaning pass `pass` (the image's for the segment; 0: never
-    /// cleaned). A replica whose copy is at another pass refuses.
+    /// cleaned) and leader epoch `epoch` (the image's for the segment). A
+    /// replica whose copy is at another pass refuses, and so does one whose
+    /// own log wrote that sequence number at an older epoch (a zombie
+    /// primary's unrecorded roll: other bytes under the same number).
     Read {
         segment: SegmentKey,
         from: u64,
         max: u32,
         pass: u64,
+        epoch: i32,
     },
     Data {
         segment: SegmentKey,
@@ -204,12 +208,14 @@ impl Message {
                 from,
                 max,
                 pass,
+                epoch,
             } => {
                 b.put_u8(READ);
                 put_segment(&mut b, segment);
                 b.put_u64(*from);
                 b.put_u32(*max);
                 b.put_u64(*pass);
+                b.put_i32(*epoch);
             }
             Message::ReadSnapshot { segment } => {
                 b.put_u8(READ_SNAPSHOT);
@@ -348,12 +354,13 @@ impl Message {
             }
             READ => {
                 let segment = segment(&mut body)?;
-                need(&body, 20)?;
+                need(&body, 24)?;
                 Message::Read {
                     segment,
                     from: body.get_u64(),
                     max: body.get_u32(),
                     pass: body.get_u64(),
+                    epoch: body.get_i32(),
                 }
             }
             _ => return Err(ProtocolError::Malformed("unknown message kind")),
@@ -465,6 +472,7 @@ mod tests {
                 from: 1,
                 max: 1 << 20,
                 pass: 3,
+                epoch: 4,
             },
             Message::Data {
                 segment: s,

@@ -104,12 +104,14 @@ pub async fn serve<R, W>(
             from,
             max,
             pass,
+            epoch,
         } => {
             let _ = tx.send(read(
                 segment,
                 from,
                 max.min(MAX_READ_BYTES),
                 pass,
+                epoch,
                 &store,
                 &*dir,
             ));
@@ -449,6 +451,7 @@ pub fn read(
     from: u64,
     max: u32,
     pass: u64,
+    epoch: i32,
     store: &ReplicaStore,
     dir: &dyn Directory,
 ) -> Message {
@@ -462,6 +465,22 @@ pub fn read(
         };
     }
     if let Some(log) = dir.primary_log(segment.range) {
+        // A log of an older epoch than the segment's wrote its number before
+        // the segment existed: a zombie primary's own roll, which nobody
+        // recorded while a failover opened the same number elsewhere.
+        // Serving it would repair the copy with another segment's records.
+        if log.leader_epoch() < epoch && log.holds_segment(segment.seq) {
+            return Message::Refused {
+                segment,
+                retry: true,
+                reason: format!(
+                    "this broker's log of epoch {} holds another segment {}/{} (asked for epoch {epoch})",
+                    log.leader_epoch(),
+                    segment.range,
+                    segment.seq
+                ),
+            };
+        }
         match log.frames(segment.seq, from, max as usize) {
             Ok(Some(chunk)) => {
                 return Message::Data {

@@ -187,6 +187,7 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
             from: 0,
             max: 100,
             pass: 0,
+            epoch: 0,
         },
         Duration::from_secs(5),
     )
@@ -206,6 +207,7 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
         from: 0,
         max: 100,
         pass: 1,
+        epoch: 0,
     };
     match service::call(&Plaintext, &addr, &other_pass, Duration::from_secs(5))
         .await
@@ -777,4 +779,81 @@ async fn a_fence_of_another_epoch_neither_seals_nor_reports_the_zombies_own_segm
     assert!(!log.is_sealed());
     log.append(0, &mut make_batch(1, 3000), None)
         .expect("nothing was fenced");
+}
+
+/// A directory whose broker leads the range with `log`.
+struct LeadingDir(Arc<RangeLog>);
+
+impl Directory for LeadingDir {
+    fn follower_dir(&self, _: SegmentKey, _: i32, _: i32) -> Result<PathBuf, Refusal> {
+        Err(Refusal {
+            retry: false,
+            reason: "leading".into(),
+        })
+    }
+    fn range_dir(&self, _: SegmentKey) -> Option<PathBuf> {
+        None
+    }
+    fn primary_log(&self, _: u64) -> Option<Arc<RangeLog>> {
+        Some(self.0.clone())
+    }
+    fn copy_clean_pass(&self, _: SegmentKey) -> Option<u64> {
+        Some(0)
+    }
+    fn segment_sealed(&self, _: SegmentKey) -> Option<bool> {
+        None
+    }
+    fn segment_epoch(&self, _: SegmentKey) -> Option<i32> {
+        None
+    }
+    fn is_registered_broker(&self, _: i32) -> bool {
+        true
+    }
+}
+
+/// A zombie primary (its log at epoch 2) rolled to segment 1 unrecorded
+/// while a failover opened segment 1 at epoch 3 elsewhere: a repair read
+/// of segment 1 at epoch 3 must not be served its own segment 1, whose
+/// bytes are other records under the same number. Segment 0, written at
+/// an older epoch than the log's, is still served, and so is segment 1 to
+/// a reader of the log's own epoch.
+#[tokio::test]
+async fn a_zombie_primarys_unrecorded_roll_is_not_served_as_the_images_segment() {
+    let a = tempfile::tempdir().unwrap();
+    let log = RangeLog::open(
+        RangeLogOptions {
+            segment_bytes: 1 << 30,
+            replicated: false,
+            leader_epoch: 2,
+            ..RangeLogOptions::new(a.path(), 0, 2)
+        },
+        tokio::sync::watch::channel(0).0,
+    )
+    .unwrap();
+    log.append(0, &mut make_batch(2, 100), None).unwrap();
+    log.roll().unwrap();
+    log.append(0, &mut make_batch(2, 200), None).unwrap();
+    let store = ReplicaStore::default();
+    let dir = LeadingDir(log.clone());
+    let read = |seq, epoch| {
+        service::read(
+            SegmentKey { range: 0, seq },
+            0,
+            1 << 20,
+            0,
+            epoch,
+            &store,
+            &dir,
+        )
+    };
+    match read(1, 3) {
+        Message::Refused { retry: true, .. } => {}
+        other => panic!("served another epoch's segment: {other:?}"),
+    }
+    for (seq, epoch) in [(0, 1), (1, 2)] {
+        match read(seq, epoch) {
+            Message::Data { frames, .. } => assert!(!frames.is_empty()),
+            other => panic!("segment {seq} at epoch {epoch}: {other:?}"),
+        }
+    }
 }

@@ -167,6 +167,9 @@ enum Bug {
     /// With RF 1, records of an unrecorded roll are acknowledged on the
     /// local fsync (a restart deletes unrecorded rolls).
     AckUnrecordedRoll,
+    /// A repair read is served from a copy of an older epoch than the
+    /// segment's (a zombie primary's unrecorded roll under the same number).
+    ReadAnyEpoch,
 }
 
 impl Bug {
@@ -182,6 +185,7 @@ impl Bug {
             "record-roll-before-commit" => Bug::RecordRollBeforeCommit,
             "keep-other-epoch-at-restart" => Bug::KeepOtherEpochAtRestart,
             "ack-unrecorded-roll" => Bug::AckUnrecordedRoll,
+            "read-any-epoch" => Bug::ReadAnyEpoch,
             other => panic!("unknown bug {other:?}"),
         }
     }
@@ -593,6 +597,8 @@ struct Stats {
     snapshot_waits: u64,
     /// Primaries that handed their unopened segment on for want of one.
     resignations: u64,
+    /// Active controllers replaced (what they held only in memory lost).
+    controller_failovers: u64,
     /// Local rolls, and those the controller recorded.
     rolls: u64,
     rolls_recorded: u64,
@@ -616,6 +622,7 @@ impl Stats {
         self.crashes += o.crashes;
         self.restarts += o.restarts;
         self.partitions += o.partitions;
+        self.controller_failovers += o.controller_failovers;
         self.failovers_unreachable += o.failovers_unreachable;
         self.failovers_restarted += o.failovers_restarted;
         self.failovers_voluntary += o.failovers_voluntary;
@@ -646,6 +653,9 @@ struct Sim {
     bug: Bug,
     faults: Faults,
     rng: Rng,
+    /// Draws controller failovers in chaos runs, apart from `rng` so that
+    /// the other faults of a seed stay what they were before they existed.
+    ctrl_failover_rng: Option<Rng>,
     now: u64,
     nodes: Vec<Node>,
     ctrl: Controller,
@@ -700,6 +710,7 @@ impl Sim {
             bug,
             faults,
             rng,
+            ctrl_failover_rng: faulty.then(|| Rng::new(seed ^ 0x00c0_ffee_0000_0001)),
             now: 0,
             nodes,
             ctrl: Controller {
@@ -1468,6 +1479,17 @@ impl Sim {
         if rolled && !holds {
             return; // another replica answers
         }
+        // A copy of an older epoch than the segment's is a zombie primary's
+        // unrecorded roll under the same number: refused (`service::read`).
+        let epoch = self.ctrl.segs[seg].epoch;
+        if self.bug != Bug::ReadAnyEpoch
+            && self.nodes[n]
+                .copies
+                .get(&seg)
+                .is_some_and(|r| r.epoch < epoch)
+        {
+            return;
+        }
         let Some(r) = self.nodes[n].copies.get(&seg) else {
             self.violation(format!("repair source {n} has no copy of segment {seg}"));
             return;
@@ -1782,7 +1804,44 @@ impl Sim {
         self.now.saturating_sub(self.ctrl.last_heard[n]) <= TIMEOUT
     }
 
+    /// The active controller is replaced (Kafka's KRaft leader moves): the
+    /// new one knows what the metadata log holds (segments, their replica
+    /// sets, epochs, states and seal sizes, brokers' incarnations) and none
+    /// of what the old one held in memory: fence reports, which replicas
+    /// finished a seal, whom a resignation avoided, when it last heard each
+    /// broker (it grants every broker a fresh session). It retries from
+    /// that state: fences again, seals again.
+    fn maybe_fail_over_controller(&mut self) {
+        let Some(rng) = self.ctrl_failover_rng.as_mut() else {
+            return;
+        };
+        if !rng.chance(0.002) {
+            return;
+        }
+        self.stats.controller_failovers += 1;
+        trace!(self, "controller failover: in-memory state lost");
+        self.ctrl.last_heard = [self.now; NODES];
+        self.ctrl.avoid_next = None;
+        for (seg, meta) in self.ctrl.segs.iter_mut().enumerate() {
+            match &mut meta.state {
+                SegState::Fencing { reports, avoid } => {
+                    reports.clear();
+                    *avoid = None;
+                    for &r in &meta.replicas {
+                        self.outbox.push(out(CTRL, r, Msg::Fence { seg }));
+                    }
+                }
+                SegState::Sealed { done, .. } => {
+                    done.iter_mut().for_each(|d| *d = false);
+                    self.ctrl.pending_seals.insert(seg);
+                }
+                SegState::Active => {}
+            }
+        }
+    }
+
     fn ctrl_tick(&mut self) {
+        self.maybe_fail_over_controller();
         for n in 0..NODES {
             if self.nodes[n].alive
                 && !self.cut_between(n, CTRL)
@@ -2125,6 +2184,7 @@ impl Sim {
     /// Stops the faults, heals everything and lets the system settle.
     fn calm_down(&mut self) {
         self.faults = Faults::calm(self.faults.max_delay, 0.0);
+        self.ctrl_failover_rng = None;
         self.cut = 0;
         for n in 0..NODES {
             if !self.nodes[n].alive {
@@ -2379,6 +2439,7 @@ impl Outcome {
             Bug::RecordRollBeforeCommit => "record-roll-before-commit",
             Bug::KeepOtherEpochAtRestart => "keep-other-epoch-at-restart",
             Bug::AckUnrecordedRoll => "ack-unrecorded-roll",
+            Bug::ReadAnyEpoch => "read-any-epoch",
         };
         format!(
             "seed {} (rf {}, bug {bug:?}):\n  safety: {:#?}\n  liveness: {:#?}\n  replay: TESSERA_SIM_SEED={} TESSERA_SIM_BUG={name} TESSERA_SIM_FAULTY={} cargo test -p tessera-replication --test simulation replay -- --ignored --nocapture",
@@ -2542,6 +2603,7 @@ fn chaos_sweep_loses_no_acknowledged_record() {
     assert!(t.truncations > 0 && t.repairs > 0, "{t:?}");
     assert!(t.lead_waits > 0 && t.history_reads > 0, "{t:?}");
     assert!(t.rolls_recorded > 0 && t.stale_files > 0, "{t:?}");
+    assert!(t.controller_failovers > 0, "{t:?}");
     assert!(
         t.duplicates_refused > 0 && t.snapshot_waits > 0 && t.snapshot_transfers > 0,
         "{t:?}"

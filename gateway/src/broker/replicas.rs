@@ -889,6 +889,7 @@ async fn repair(broker: Weak<Broker>, seg: Arc<SegmentImage>) {
                 from: written,
                 max: service::MAX_READ_BYTES,
                 pass,
+                epoch: seg.leader_epoch,
             };
             match service::call(&*b.inter_broker, &addr, &read, CALL_TIMEOUT).await {
                 Ok(Message::Data {
