@@ -16,12 +16,17 @@ use tessera_replication::replica_store::ReplicaStore;
 use tessera_replication::service::{self, Directory, Refusal};
 use tokio::io::AsyncReadExt;
 
-struct FollowerDir(PathBuf);
+/// This broker's directory: a follower of broker 1 keeping copies under
+/// `path`, and the primary of the range with `leads`, if set.
+struct FollowerDir {
+    path: PathBuf,
+    leads: Option<Arc<RangeLog>>,
+}
 
 impl Directory for FollowerDir {
     fn follower_dir(&self, _: SegmentKey, primary: i32, _: i32) -> Result<PathBuf, Refusal> {
         if primary == 1 {
-            Ok(self.0.clone())
+            Ok(self.path.clone())
         } else {
             Err(Refusal {
                 retry: false,
@@ -30,10 +35,10 @@ impl Directory for FollowerDir {
         }
     }
     fn range_dir(&self, _: SegmentKey) -> Option<PathBuf> {
-        Some(self.0.clone())
+        Some(self.path.clone())
     }
     fn primary_log(&self, _: u64) -> Option<Arc<RangeLog>> {
-        None
+        self.leads.clone()
     }
     fn copy_clean_pass(&self, _: SegmentKey) -> Option<u64> {
         Some(0)
@@ -72,7 +77,10 @@ async fn follower(dir: PathBuf) -> (String, Arc<ReplicaStore>, tokio::task::Join
             let (mut r, w) = conn.into_split();
             let mut upgrade = [0u8; 14];
             r.read_exact(&mut upgrade).await.unwrap();
-            let dir: Arc<dyn Directory> = Arc::new(FollowerDir(dir.clone()));
+            let dir: Arc<dyn Directory> = Arc::new(FollowerDir {
+                path: dir.clone(),
+                leads: None,
+            });
             tokio::spawn(service::serve(r, w, s.clone(), dir));
         }
     });
@@ -781,36 +789,6 @@ async fn a_fence_of_another_epoch_neither_seals_nor_reports_the_zombies_own_segm
         .expect("nothing was fenced");
 }
 
-/// A directory whose broker leads the range with `log`.
-struct LeadingDir(Arc<RangeLog>);
-
-impl Directory for LeadingDir {
-    fn follower_dir(&self, _: SegmentKey, _: i32, _: i32) -> Result<PathBuf, Refusal> {
-        Err(Refusal {
-            retry: false,
-            reason: "leading".into(),
-        })
-    }
-    fn range_dir(&self, _: SegmentKey) -> Option<PathBuf> {
-        None
-    }
-    fn primary_log(&self, _: u64) -> Option<Arc<RangeLog>> {
-        Some(self.0.clone())
-    }
-    fn copy_clean_pass(&self, _: SegmentKey) -> Option<u64> {
-        Some(0)
-    }
-    fn segment_sealed(&self, _: SegmentKey) -> Option<bool> {
-        None
-    }
-    fn segment_epoch(&self, _: SegmentKey) -> Option<i32> {
-        None
-    }
-    fn is_registered_broker(&self, _: i32) -> bool {
-        true
-    }
-}
-
 /// A zombie primary (its log at epoch 2) rolled to segment 1 unrecorded
 /// while a failover opened segment 1 at epoch 3 elsewhere: a repair read
 /// of segment 1 at epoch 3 must not be served its own segment 1, whose
@@ -834,7 +812,10 @@ async fn a_zombie_primarys_unrecorded_roll_is_not_served_as_the_images_segment()
     log.roll().unwrap();
     log.append(0, &mut make_batch(2, 200), None).unwrap();
     let store = ReplicaStore::default();
-    let dir = LeadingDir(log.clone());
+    let dir = FollowerDir {
+        path: a.path().to_path_buf(),
+        leads: Some(log.clone()),
+    };
     let read = |seq, epoch| {
         service::read(
             SegmentKey { range: 0, seq },
