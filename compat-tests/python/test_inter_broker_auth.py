@@ -79,9 +79,10 @@ def repl_frame(kind: int, payload: bytes) -> bytes:
     return struct.pack(">IB", len(payload) + 1, kind) + payload
 
 
-def read_frame(range_id: int, seq: int = 0) -> bytes:
-    # segment (range u64, seq u32), from u64, max u32, cleaning pass u64
-    return repl_frame(READ, struct.pack(">QIQIQ", range_id, seq, 0, 4 << 20, 0))
+def read_frame(range_id: int, seq: int = 0, epoch: int = 0) -> bytes:
+    # segment (range u64, seq u32), from u64, max u32, cleaning pass u64,
+    # the segment's leader epoch i32 (replication/src/protocol.rs `Read`)
+    return repl_frame(READ, struct.pack(">QIQIQi", range_id, seq, 0, 4 << 20, 0, epoch))
 
 
 def fence_frame(range_id: int, seq: int = 0, epoch: int = 0) -> bytes:
