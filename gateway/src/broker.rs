@@ -42,7 +42,7 @@ use crate::metrics::Metrics;
 use crate::producer_ids::ProducerIdManager;
 use crate::topic_config::EffectiveTopicConfig;
 
-pub(crate) use follower_fetch::SealedSource;
+pub(crate) use follower_fetch::{past_cleaned_segment_at, SealedSource};
 pub(crate) use reconcile::local_segment_records;
 pub use topics::NewTopic;
 

@@ -32,7 +32,7 @@ const FENCED_LEADER_EPOCH: i16 = 74;
 const UNKNOWN_LEADER_EPOCH: i16 = 75;
 
 async fn start(dir: &Path) -> Running {
-    tessera_gateway::start(common::test_config(dir, &[]))
+    tessera_gateway::start(common::test_config(dir, &[common::NO_TIME_RETENTION]))
         .await
         .unwrap()
 }

@@ -72,7 +72,7 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 async fn start(dir: &Path) -> Running {
-    tessera_gateway::start(common::test_config(dir, &[]))
+    tessera_gateway::start(common::test_config(dir, &[common::NO_TIME_RETENTION]))
         .await
         .unwrap()
 }

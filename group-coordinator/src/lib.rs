@@ -826,7 +826,8 @@ impl GroupCoordinator {
         for &partition in partitions {
             let stored = match writer.read_records(&topic, partition).await {
                 Ok(r) => r,
-                Err(ApiError::NotLeaderOrFollower) => continue,
+                // Leadership moved away too: the load fails all the same
+                // (a partition it skipped would be served as empty).
                 Err(e) => {
                     return Err(anyhow::anyhow!(
                         "reading {CONSUMER_OFFSETS}-{partition}: {e}"

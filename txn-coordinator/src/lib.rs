@@ -479,7 +479,8 @@ impl TxnCoordinator {
         for &partition in partitions {
             let stored = match host.read_records(&topic, partition).await {
                 Ok(r) => r,
-                Err(ApiError::NotLeaderOrFollower) => continue,
+                // Leadership moved away too: the load fails all the same
+                // (a partition it skipped would be served as empty).
                 Err(e) => {
                     return Err(anyhow::anyhow!(
                         "reading {TRANSACTION_STATE}-{partition}: {e}"

@@ -24,7 +24,7 @@ use tessera_metadata::TopicImage;
 
 use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
-use crate::broker::SealedSource;
+use crate::broker::{past_cleaned_segment_at, SealedSource};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 
@@ -75,15 +75,16 @@ pub async fn handle(
 /// Stored batches of `partition` of `topic` from `offset` (about
 /// `max_bytes`, up to the high watermark), read as a consumer's Fetch is:
 /// through the partition's ancestor ranges and from the replicas of sealed
-/// segments this leader lacks. For the coordinators' replay of their
-/// internal partitions (an internal caller: no ACL applies).
+/// segments this leader lacks; and the high watermark. For the
+/// coordinators' replay of their internal partitions (an internal caller:
+/// no ACL applies).
 pub(crate) async fn read_internal(
     broker: &Arc<Broker>,
     topic: &str,
     partition: i32,
     offset: i64,
     max_bytes: i32,
-) -> Result<Bytes, ApiError> {
+) -> Result<(Bytes, i64), ApiError> {
     const VERSION: i16 = 12; // topic names, isolation level
     let header = RequestHeader::default().with_request_api_version(VERSION);
     let request = FetchRequest::default()
@@ -109,7 +110,7 @@ pub(crate) async fn read_internal(
         .find(|d| d.partition_index == partition)
         .ok_or_else(|| ApiError::Storage("no answer for the partition".into()))?;
     match ResponseError::try_from_code(data.error_code) {
-        None => Ok(data.records.unwrap_or_default()),
+        None => Ok((data.records.unwrap_or_default(), data.high_watermark)),
         Some(ResponseError::NotLeaderOrFollower) => Err(ApiError::NotLeaderOrFollower),
         Some(code) => Err(ApiError::Coded {
             code,
@@ -348,74 +349,40 @@ fn read_partition(
     }
     let mut elsewhere = None;
     let wanted = p.fetch_offset < upper && (limit > 0 || first_in_response);
-    let source = if wanted {
-        broker.sealed_source(image, topic, partition, p.fetch_offset)
-    } else {
-        SealedSource::Log
-    };
-    match source {
-        _ if !wanted => {}
-        SealedSource::Remote(holders) => {
-            elsewhere = Some(RemoteRead {
-                topic_index: 0,
-                partition_index: 0,
-                topic: TopicName::default(),
-                partition: p.partition,
-                offset: p.fetch_offset,
-                max_bytes: if first_in_response {
-                    limit.max(1)
-                } else {
-                    limit
-                },
-                upper,
-                holders,
-            });
-            // Filled in by `read_remote`; the budget is that read's.
-            *remaining = remaining.saturating_sub(limit);
-        }
-        SealedSource::Copy => {
-            let read = broker.follower_read(image, topic, partition, p.fetch_offset, limit)?;
-            let read = below(read.records, upper);
-            if read.len() <= limit || first_in_response {
-                records = read;
-            }
-        }
-        SealedSource::Log => {
-            // Offsets below the active range's base live in an ancestor range.
-            let log = if p.fetch_offset >= route.log.base_offset(partition)? {
-                route.log.clone()
-            } else {
-                broker.read_route(image, topic, partition, p.fetch_offset)?
-            };
-            let mut read = log.read_below(partition, p.fetch_offset, limit, upper)?;
-            // Never past a sealed segment the log does not serve: the
-            // records of the offset's segment, or none (a skipped segment
-            // would look like compacted-away offsets to the consumer).
-            if let Some(end) = broker.sealed_span_end(image, topic, partition, p.fetch_offset) {
-                // Nor does a read jump a gap in the offsets: the log may
-                // lack the sealed segments after this one (other replicas
-                // hold them) and go on with a later one's batches. The
-                // next fetch starts at the gap, which `sealed_source`
-                // serves from where it is held.
-                if first_base_offset(&read.records).is_some_and(|base| base < end) {
-                    read.records = contiguous_prefix(read.records);
-                }
-                if first_base_offset(&read.records).is_some_and(|base| base >= end) {
-                    tracing::error!(
-                        topic = %topic.name,
-                        partition,
-                        offset = p.fetch_offset,
-                        end,
-                        "a read skipped the sealed segment of the offset; not served"
-                    );
-                    return Err(ApiError::Storage(
-                        "the sealed segment of the offset is not available here".into(),
-                    ));
+    if wanted {
+        match read_here(
+            broker,
+            image,
+            topic,
+            &route.log,
+            partition,
+            p.fetch_offset,
+            limit,
+            upper,
+        )? {
+            Located::Here(read) => {
+                // Only the response's first batch may exceed the limit (KIP-74).
+                if read.len() <= limit || first_in_response {
+                    records = read;
                 }
             }
-            // Only the response's first batch may exceed the limit (KIP-74).
-            if read.records.len() <= limit || first_in_response {
-                records = read.records;
+            Located::Elsewhere { offset, holders } => {
+                elsewhere = Some(RemoteRead {
+                    topic_index: 0,
+                    partition_index: 0,
+                    topic: TopicName::default(),
+                    partition: p.partition,
+                    offset,
+                    max_bytes: if first_in_response {
+                        limit.max(1)
+                    } else {
+                        limit
+                    },
+                    upper,
+                    holders,
+                });
+                // Filled in by `read_remote`; the budget is that read's.
+                *remaining = remaining.saturating_sub(limit);
             }
         }
     }
@@ -443,6 +410,116 @@ fn read_partition(
         data = data.with_aborted_transactions(Some(aborted));
     }
     Ok((data, elsewhere))
+}
+
+/// Where a partition's records from an offset are.
+enum Located {
+    /// Read here (possibly nothing: no batch below the upper bound).
+    Here(Bytes),
+    /// In a sealed segment this broker holds no copy of, from `offset` on
+    /// (past the segments the cleaner emptied for the partition).
+    Elsewhere { offset: i64, holders: Vec<i32> },
+}
+
+/// Reads `partition` from `from` (about `limit` bytes, batches starting
+/// below `upper`) where this broker holds it: its open range logs (the
+/// active one, `active`, and its ancestors) or its copies of sealed
+/// segments. A sealed segment the cleaner left without a batch of the
+/// partition at or after the offset is passed over to the next one, as
+/// Kafka's log read passes over compacted-away offsets; an empty answer
+/// below the high watermark would stall a consumer there for good and end
+/// a coordinator's load early.
+#[allow(clippy::too_many_arguments)]
+fn read_here(
+    broker: &Broker,
+    image: &tessera_metadata::MetadataImage,
+    topic: &TopicImage,
+    active: &Arc<tessera_log::range_log::RangeLog>,
+    partition: u32,
+    from: i64,
+    limit: usize,
+    upper: i64,
+) -> Result<Located, ApiError> {
+    let mut from = from;
+    loop {
+        let read = match broker.sealed_source(image, topic, partition, from) {
+            SealedSource::Remote(holders) => {
+                return Ok(Located::Elsewhere {
+                    offset: from,
+                    holders,
+                })
+            }
+            SealedSource::Copy => {
+                let read = broker.follower_read(image, topic, partition, from, limit)?;
+                match read.continue_at {
+                    Some(next) if next < upper => {
+                        from = next;
+                        continue;
+                    }
+                    _ => below(read.records, upper),
+                }
+            }
+            SealedSource::Log => {
+                read_log(broker, image, topic, active, partition, from, limit, upper)?
+            }
+        };
+        if read.is_empty() {
+            if let Some(next) = past_cleaned_segment_at(image, topic, partition, from) {
+                if next < upper {
+                    from = next;
+                    continue;
+                }
+            }
+        }
+        return Ok(Located::Here(read));
+    }
+}
+
+/// Reads `partition` from `from` in this broker's open range log that
+/// holds the offset: the active range's, or an ancestor's below its base.
+#[allow(clippy::too_many_arguments)]
+fn read_log(
+    broker: &Broker,
+    image: &tessera_metadata::MetadataImage,
+    topic: &TopicImage,
+    active: &Arc<tessera_log::range_log::RangeLog>,
+    partition: u32,
+    from: i64,
+    limit: usize,
+    upper: i64,
+) -> Result<Bytes, ApiError> {
+    // Offsets below the active range's base live in an ancestor range.
+    let log = if from >= active.base_offset(partition)? {
+        active.clone()
+    } else {
+        broker.read_route(image, topic, partition, from)?
+    };
+    let mut read = log.read_below(partition, from, limit, upper)?;
+    // Never past a sealed segment the log does not serve: the records of
+    // the offset's segment, or none (a skipped segment would look like
+    // compacted-away offsets to the consumer).
+    if let Some(end) = broker.sealed_span_end(image, topic, partition, from) {
+        // Nor does a read jump a gap in the offsets: the log may lack the
+        // sealed segments after this one (other replicas hold them) and go
+        // on with a later one's batches. The next fetch starts at the gap,
+        // which `sealed_source` serves from where it is held.
+        if first_base_offset(&read.records).is_some_and(|base| base < end) {
+            read.records = contiguous_prefix(read.records);
+        }
+        if first_base_offset(&read.records).is_some_and(|base| base >= end) {
+            tracing::error!(
+                topic = %topic.name,
+                partition,
+                offset = from,
+                end,
+                "a read skipped the sealed segment of the offset; not served"
+            );
+            return Err(ApiError::Storage(
+                "the sealed segment of the offset is not available here".into(),
+            ));
+        }
+    }
+    Ok(read.records)
 }
 
 /// A partition read served by this broker as a follower (sealed data only).
@@ -495,52 +572,7 @@ async fn read_remote(
     let image = broker.image();
     let mut added = 0;
     for read in reads {
-        let mut records = None;
-        for holder in &read.holders {
-            let Some(b) = image.brokers.get(holder) else {
-                continue;
-            };
-            let ask = FetchRequest::default()
-                .with_replica_id(BrokerId(broker.config().node_id))
-                .with_max_wait_ms(0)
-                .with_min_bytes(0)
-                .with_max_bytes(read.max_bytes as i32)
-                .with_isolation_level(0)
-                .with_topics(vec![FetchTopic::default()
-                    .with_topic(read.topic.clone())
-                    .with_partitions(vec![FetchPartition::default()
-                        .with_partition(read.partition)
-                        .with_fetch_offset(read.offset)
-                        .with_current_leader_epoch(-1)
-                        .with_log_start_offset(-1)
-                        .with_partition_max_bytes(read.max_bytes as i32)])]);
-            let answer = crate::peer::call(
-                broker.inter_broker(),
-                &b.registration.host,
-                b.registration.port,
-                REMOTE_FETCH_VERSION,
-                &ask,
-                REMOTE_READ_TIMEOUT,
-            )
-            .await;
-            let data = answer.ok().and_then(|r| {
-                r.responses
-                    .into_iter()
-                    .flat_map(|t| t.partitions)
-                    .find(|d| d.partition_index == read.partition && d.error_code == 0)
-            });
-            match data.and_then(|d| d.records) {
-                Some(r) if !r.is_empty() => {
-                    records = Some(below(r, read.upper));
-                    break;
-                }
-                _ => tracing::debug!(
-                    holder,
-                    offset = read.offset,
-                    "no sealed copy read from replica"
-                ),
-            }
-        }
+        let records = read_from_holders(broker, &image, &read).await;
         let slot = &mut response.responses[read.topic_index].partitions[read.partition_index];
         match records {
             Some(r) => {
@@ -569,6 +601,92 @@ async fn read_remote(
         }
     }
     added
+}
+
+/// The records of `read` from the replicas holding its sealed segment:
+/// `None` when no live replica served it. When every replica that answered
+/// had nothing left of the partition in that segment (the cleaner emptied
+/// it from the offset on), the read goes on at the next segment, wherever
+/// that one is held (see [`read_here`]).
+async fn read_from_holders(
+    broker: &Broker,
+    image: &tessera_metadata::MetadataImage,
+    read: &RemoteRead,
+) -> Option<Bytes> {
+    let partition = read.partition as u32;
+    let mut offset = read.offset;
+    let mut holders = read.holders.clone();
+    // Each round moves past one segment: bounded by the partition's history.
+    loop {
+        let mut answered_empty = false;
+        for holder in &holders {
+            let Some(b) = image.brokers.get(holder) else {
+                continue;
+            };
+            let ask = FetchRequest::default()
+                .with_replica_id(BrokerId(broker.config().node_id))
+                .with_max_wait_ms(0)
+                .with_min_bytes(0)
+                .with_max_bytes(read.max_bytes as i32)
+                .with_isolation_level(0)
+                .with_topics(vec![FetchTopic::default()
+                    .with_topic(read.topic.clone())
+                    .with_partitions(vec![FetchPartition::default()
+                        .with_partition(read.partition)
+                        .with_fetch_offset(offset)
+                        .with_current_leader_epoch(-1)
+                        .with_log_start_offset(-1)
+                        .with_partition_max_bytes(read.max_bytes as i32)])]);
+            let answer = crate::peer::call(
+                broker.inter_broker(),
+                &b.registration.host,
+                b.registration.port,
+                REMOTE_FETCH_VERSION,
+                &ask,
+                REMOTE_READ_TIMEOUT,
+            )
+            .await;
+            let data = answer.ok().and_then(|r| {
+                r.responses
+                    .into_iter()
+                    .flat_map(|t| t.partitions)
+                    .find(|d| d.partition_index == read.partition && d.error_code == 0)
+            });
+            match data.map(|d| d.records.unwrap_or_default()) {
+                Some(r) if !r.is_empty() => return Some(below(r, read.upper)),
+                Some(_) => answered_empty = true,
+                None => tracing::debug!(holder, offset, "no sealed copy read from replica"),
+            }
+        }
+        let topic = image.topic_by_name(read.topic.0.as_str())?;
+        let next = answered_empty
+            .then(|| past_cleaned_segment_at(image, topic, partition, offset))
+            .flatten()?;
+        if next >= read.upper {
+            return Some(Bytes::new());
+        }
+        let active = broker.route(image, topic, read.partition).ok()?.log;
+        match read_here(
+            broker,
+            image,
+            topic,
+            &active,
+            partition,
+            next,
+            read.max_bytes,
+            read.upper,
+        ) {
+            Ok(Located::Here(records)) => return Some(records),
+            Ok(Located::Elsewhere {
+                offset: at,
+                holders: h,
+            }) => {
+                offset = at;
+                holders = h;
+            }
+            Err(_) => return None,
+        }
+    }
 }
 
 /// The Fetch version a leader uses to read another replica's sealed copy

@@ -50,6 +50,40 @@ pub(crate) struct FollowerRead {
     /// The end of the partition's sealed data: committed for sure (the
     /// follower does not know the leader's high watermark).
     pub high_watermark: i64,
+    /// Set when `records` is empty because the cleaner left no batch of the
+    /// partition from the asked offset to the end of the sealed segments
+    /// read here: the offset a read goes on at (the first of the next
+    /// segment, which this broker does not hold).
+    pub continue_at: Option<i64>,
+}
+
+/// Where a read of `partition` goes on when the sealed `segment` holds no
+/// batch of it at or after `offset`: past the segment, if the cleaner made
+/// it so (an uncleaned segment holds every offset of its span, so an empty
+/// read there is no reason to skip it).
+pub(crate) fn past_cleaned_segment(
+    segment: &SegmentImage,
+    partition: u32,
+    offset: i64,
+) -> Option<i64> {
+    if segment.clean_pass() == 0 {
+        return None;
+    }
+    segment
+        .span_of(partition)
+        .map(|span| span.end_offset)
+        .filter(|&end| end > offset)
+}
+
+/// [`past_cleaned_segment`] of the sealed segment holding `offset`.
+pub(crate) fn past_cleaned_segment_at(
+    image: &MetadataImage,
+    topic: &TopicImage,
+    partition: u32,
+    offset: i64,
+) -> Option<i64> {
+    let segment = sealed_segment_holding(image, topic, partition, offset)?;
+    past_cleaned_segment(&segment, partition, offset)
 }
 
 impl Broker {
@@ -85,7 +119,12 @@ impl Broker {
     }
 
     /// A fetch this broker serves as a follower: sealed data of which it
-    /// holds a complete copy; OFFSET_OUT_OF_RANGE past it.
+    /// holds a complete copy; OFFSET_OUT_OF_RANGE past it. A segment the
+    /// cleaner left without a batch of the partition at or after the offset
+    /// is passed over, as Kafka's log read passes over compacted-away
+    /// offsets to the next batch (else a consumer or a coordinator's load
+    /// reading it would see an empty answer below the high watermark
+    /// forever, or take it for the end).
     pub(crate) fn follower_read(
         &self,
         image: &MetadataImage,
@@ -94,14 +133,31 @@ impl Broker {
         offset: i64,
         max_bytes: usize,
     ) -> Result<FollowerRead, ApiError> {
-        let segment = sealed_segment_holding(image, topic, partition, offset)
-            .filter(|s| s.replicas.contains(&self.config.node_id))
-            .ok_or(ApiError::OffsetOutOfRange)?;
-        let copy = self
-            .sealed_copy(image, &segment)
-            .ok_or(ApiError::OffsetOutOfRange)?;
-        let records =
-            tessera_log::range_log::read_sealed_segment(&copy, partition, offset, max_bytes)?;
+        let mut at = offset;
+        let mut continue_at = None;
+        let records = loop {
+            let held = sealed_segment_holding(image, topic, partition, at)
+                .filter(|s| s.replicas.contains(&self.config.node_id))
+                .and_then(|s| self.sealed_copy(image, &s).map(|copy| (s, copy)));
+            let Some((segment, copy)) = held else {
+                if continue_at.is_some() {
+                    break Bytes::new();
+                }
+                return Err(ApiError::OffsetOutOfRange);
+            };
+            let records =
+                tessera_log::range_log::read_sealed_segment(&copy, partition, at, max_bytes)?;
+            match past_cleaned_segment(&segment, partition, at) {
+                Some(next) if records.is_empty() => {
+                    at = next;
+                    continue_at = Some(next);
+                }
+                _ => {
+                    continue_at = None;
+                    break records;
+                }
+            }
+        };
         let high_watermark = image
             .all_ranges(topic.id)
             .into_iter()
@@ -114,6 +170,7 @@ impl Broker {
         Ok(FollowerRead {
             records,
             high_watermark,
+            continue_at,
         })
     }
 

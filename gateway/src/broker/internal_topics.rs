@@ -117,10 +117,26 @@ impl Broker {
             .max(image.log_start_offset(topic.id, p));
         let mut out = Vec::new();
         loop {
-            let records =
+            let (records, high_watermark) =
                 crate::api::fetch::read_internal(&broker, &topic.name, partition, offset, 1 << 20)
                     .await?;
             if records.is_empty() {
+                // An empty read below the high watermark is no end: a
+                // coordinator loaded from it would lose every record past
+                // it (its transactions and committed offsets as of an
+                // older record). The load fails and is retried.
+                // (The Fetch path already passed over sealed segments the
+                // cleaner emptied for the partition: past them is the end.)
+                let mut at = offset;
+                while let Some(next) = super::past_cleaned_segment_at(&image, topic, p, at) {
+                    at = next;
+                }
+                if at < high_watermark {
+                    return Err(ApiError::Storage(format!(
+                        "reading {}-{partition}: nothing read at offset {offset}, below the high watermark {high_watermark}",
+                        topic.name
+                    )));
+                }
                 return Ok(out);
             }
             // The next read starts past the last batch's last offset, not its

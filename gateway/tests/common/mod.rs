@@ -19,18 +19,19 @@ pub const IO_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A broker config on free loopback ports with its data in `dir`; the
 /// automatic range policy is off unless `extra` turns it on.
+/// For tests whose batches carry timestamps of 1970 (`make_batch(n, 1_000)`)
+/// and that read sealed segments back after a while: time retention would
+/// delete those segments (as Kafka's does) whenever its check ran before
+/// the read-back. Seen under load in offset_for_leader_epoch: the log start
+/// moved to 12 after a restart, the fetch at 0 was OFFSET_OUT_OF_RANGE.
+pub const NO_TIME_RETENTION: (&str, &str) = ("log.retention.ms", "-1");
+
 pub fn test_config(dir: &Path, extra: &[(&str, &str)]) -> BrokerConfig {
     let mut map = BTreeMap::new();
     map.insert("listeners".to_string(), "127.0.0.1:0".to_string());
     map.insert("admin.listener".to_string(), "127.0.0.1:0".to_string());
     map.insert("log.dirs".to_string(), dir.display().to_string());
     map.insert("range.policy.enable".to_string(), "false".to_string());
-    // The tests' batches carry timestamps of 1970 (`make_batch(n, 1_000)`):
-    // time retention would delete their sealed segments (as Kafka's does)
-    // whenever its check ran before a read-back. Seen under load in
-    // offset_for_leader_epoch: the log start moved to 12 after a restart,
-    // the fetch at 0 was OFFSET_OUT_OF_RANGE. Retention tests set their own.
-    map.insert("log.retention.ms".to_string(), "-1".to_string());
     for (k, v) in extra {
         map.insert(k.to_string(), v.to_string());
     }
