@@ -158,7 +158,7 @@ def produce_error(broker, topic: str, size: int) -> KafkaError | None:
 
 def test_dynamic_broker_config_changes_what_the_broker_accepts(broker):
     # Neither client sends the cluster-wide resource (name ""): the Rust wire
-    # test (gateway/tests/alter_configs.rs) covers it.
+    # test (gateway/tests/integration/alter_configs.rs) covers it.
     topic = unique_topic("mmb")
     create_topic(broker, topic, 1)
     assert produce_error(broker, topic, 20_000) is None

@@ -2,7 +2,7 @@
 codec stores every batch in it (tessera recompresses what the producer
 sent), and confluent-kafka and kafka-python consumers read the records
 back unchanged. The stored codec itself is checked in
-gateway/tests/compression.rs."""
+gateway/tests/integration/compression.rs."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ validation). kafka-python over PLAIN and SCRAM, confluent-kafka and kcat
 (librdkafka 2.0.2) over SCRAM, confluent-kafka over OAUTHBEARER.
 Re-authentication (KIP-368, `connections.max.reauth.ms`): confluent-kafka
 and kafka-python renew their sessions on open connections (a client that
-cannot is closed at expiry: gateway/tests/sasl.rs)."""
+cannot is closed at expiry: gateway/tests/integration/sasl.rs)."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
 //! MigrateAppend itself: refused unless enabled, never below the log end,
 //! bad input answered with Kafka's errors while the broker survives.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

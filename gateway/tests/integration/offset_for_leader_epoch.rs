@@ -3,7 +3,7 @@
 //! the leader epoch), and a restart. Every answer is checked against the
 //! epochs actually stamped into the stored batches, read back with Fetch.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;

@@ -3,7 +3,7 @@
 //! recompresses), `producer` keeps the producer's batch as it came, and a
 //! topic without the key takes the broker's value.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use kafka_protocol::messages::produce_request::{PartitionProduceData, TopicProduceData};

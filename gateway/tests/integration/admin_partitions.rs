@@ -1,7 +1,7 @@
 //! CreatePartitions, DeleteRecords and the other admin APIs of issue 8
 //! over the wire, against an in-process broker, and across a restart.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

@@ -3,7 +3,7 @@
 //! stay dense and every record stays readable at its offset), and the
 //! automatic policy splitting under load and merging after it.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -4,7 +4,7 @@
 //! fields Kafka would send. A response field set outside its version makes
 //! the broker close the connection, which these tests catch.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use kafka_protocol::messages::create_topics_request::CreatableTopic;

@@ -5,7 +5,7 @@
 //! fetch answered empty, the connection muted, and the broker's metrics.
 //! Assertions are on what the broker reports, not on wall-clock rates.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

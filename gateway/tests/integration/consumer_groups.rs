@@ -2,7 +2,7 @@
 //! ConsumerGroupDescribe against an in-process broker, with the classic
 //! protocol and offsets sharing the group namespace.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeSet;
 use std::net::SocketAddr;

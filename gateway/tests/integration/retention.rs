@@ -4,7 +4,7 @@
 //! EARLIEST, Fetch below it OFFSET_OUT_OF_RANGE), the rest stays readable,
 //! and all of it survives a restart.
 
-mod common;
+use crate::common;
 
 use std::path::{Path, PathBuf};
 

@@ -4,7 +4,7 @@
 //! with an epoch bump that fences the producer, and produce only accepts
 //! transactional batches for partitions of the ongoing transaction.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::time::Duration;

@@ -4,7 +4,7 @@
 //! inter-broker one (ANONYMOUS there, no super user). CreateAcls/DescribeAcls/DeleteAcls, and
 //! allow/deny of each API checked as Kafka's KafkaApis checks it.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::{fetch_request, listener_addr as addr, topic_name, WireClient};

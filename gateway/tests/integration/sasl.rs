@@ -4,7 +4,7 @@
 //! `users::add` before start, added with AlterUserScramCredentials), and
 //! Kafka's answers to bad input, after which the broker still serves.
 
-mod common;
+use crate::common;
 
 use bytes::Bytes;
 use common::{listener_addr as addr, test_config, WireClient};

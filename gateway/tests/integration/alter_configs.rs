@@ -5,7 +5,7 @@
 //! admin APIs cannot address) changing what Produce accepts, and configs
 //! that survive a restart.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 

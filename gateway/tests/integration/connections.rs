@@ -5,7 +5,7 @@
 //! per-address overrides) closes the connection over the limit at once; `sasl.server.max.receive.size` caps
 //! what a client may send before it authenticates.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! `delete.retention.ms`, a `delete` topic is left alone, and all of it
 //! survives a restart.
 
-mod common;
+use crate::common;
 
 use std::collections::BTreeMap;
 use std::path::Path;
