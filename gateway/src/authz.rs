@@ -23,7 +23,7 @@ pub use tessera_metadata::acl::{AclOperation as Op, ResourceType as Resource, CL
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
-use crate::request_context::Connection;
+use crate::request_context::{Connection, RequestContext};
 
 /// Who is asking and how to decide, for one request.
 pub struct Authz<'b> {
@@ -40,11 +40,11 @@ struct Subject<'b> {
 }
 
 impl<'b> Authz<'b> {
-    /// The authorization context of the request being handled.
-    pub fn current(broker: &'b Broker) -> Authz<'b> {
-        match crate::request_context::CONNECTION.try_with(|c| c.clone()) {
-            Ok(connection) => Authz::for_connection(broker, &connection),
-            Err(_) => Authz {
+    /// The authorization context of a request.
+    pub fn of(broker: &'b Broker, ctx: &RequestContext) -> Authz<'b> {
+        match &ctx.connection {
+            Some(connection) => Authz::for_connection(broker, connection),
+            None => Authz {
                 broker,
                 subject: None,
             },

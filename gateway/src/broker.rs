@@ -336,12 +336,16 @@ impl Broker {
         }
     }
 
-    /// Where a client on the current connection's listener reaches broker
-    /// `registration`: this broker's own advertised address on that
-    /// listener; another broker's registered (inter-broker) address.
-    pub fn endpoint(&self, registration: &tessera_metadata::BrokerRegistration) -> (String, i32) {
+    /// Where a client on `listener` reaches broker `registration`: this
+    /// broker's own advertised address on that listener; another broker's
+    /// registered (inter-broker) address.
+    pub fn endpoint(
+        &self,
+        listener: Option<&Arc<crate::listeners::Listener>>,
+        registration: &tessera_metadata::BrokerRegistration,
+    ) -> (String, i32) {
         if registration.broker_id == self.config.node_id {
-            if let Some(l) = crate::request_context::current_listener() {
+            if let Some(l) = listener {
                 return (l.advertised_host.clone(), i32::from(l.advertised_port));
             }
         }

@@ -1,25 +1,23 @@
-//! The connection a request arrived on, as the handlers see it (Kafka's
-//! `RequestContext`): listener, principal, peer address and quota mute.
-//! Set by the connection (`server.rs`) around each request as task-locals
-//! and read by authorization, quotas and the group handlers; below `api` so
-//! that none of those reach up into the dispatch layer for it.
+//! A request as its handler sees it (Kafka's `RequestContext`): the
+//! request header and the connection it arrived on (listener, principal,
+//! peer address, quota mute). The dispatch layer builds one per request and
+//! passes it to the handler, which hands it on to authorization
+//! (`authz.rs`), quotas and the group handlers; below `api` so that none of
+//! those reach up into the dispatch layer for it.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use kafka_protocol::messages::RequestHeader;
 use parking_lot::Mutex;
 
-tokio::task_local! {
-    /// The peer of the connection whose request is being started (set by
-    /// the connection around [`crate::api::start_frame`]).
-    pub static PEER: std::net::SocketAddr;
-}
+use crate::listeners::Listener;
 
 /// The connection a request arrived on: its listener and, once a SASL
 /// listener authenticated it, its principal (`User:<name>`).
 #[derive(Clone, Debug)]
 pub struct Connection {
-    pub listener: Arc<crate::listeners::Listener>,
+    pub listener: Arc<Listener>,
     pub principal: Option<Arc<str>>,
     /// The client's address (ACL host matching).
     pub peer: Option<std::net::SocketAddr>,
@@ -27,21 +25,73 @@ pub struct Connection {
     pub throttle: Arc<ConnectionThrottle>,
 }
 
-tokio::task_local! {
-    /// Set by the connection around the whole handling of each request.
-    pub static CONNECTION: Connection;
+/// One request: its header and the connection it came on. A request the
+/// broker makes of itself (a coordinator replaying its partition through
+/// the Fetch path) has no connection: it is trusted, on no listener.
+#[derive(Clone, Debug)]
+pub struct RequestContext {
+    pub header: RequestHeader,
+    pub connection: Option<Connection>,
 }
 
-/// The listener of the request being handled (None outside a connection,
-/// as in tests that call handlers directly).
-pub fn current_listener() -> Option<Arc<crate::listeners::Listener>> {
-    CONNECTION.try_with(|c| c.listener.clone()).ok()
-}
+impl RequestContext {
+    pub fn new(header: RequestHeader, connection: Option<Connection>) -> Self {
+        RequestContext { header, connection }
+    }
 
-/// Kafka's form of a client's address (`/127.0.0.1`), for group members.
-pub fn client_host() -> String {
-    PEER.try_with(|p| format!("/{}", p.ip()))
-        .unwrap_or_else(|_| "/0.0.0.0".to_string())
+    /// A request the broker makes of itself.
+    pub fn internal(header: RequestHeader) -> Self {
+        RequestContext {
+            header,
+            connection: None,
+        }
+    }
+
+    /// The request's version.
+    pub fn version(&self) -> i16 {
+        self.header.request_api_version
+    }
+
+    /// The listener the request arrived on.
+    pub fn listener(&self) -> Option<&Arc<Listener>> {
+        self.connection.as_ref().map(|c| &c.listener)
+    }
+
+    /// The authenticated principal, if the listener authenticates.
+    pub fn principal(&self) -> Option<&Arc<str>> {
+        self.connection.as_ref().and_then(|c| c.principal.as_ref())
+    }
+
+    /// Kafka's form of the client's address (`/127.0.0.1`), for group
+    /// members.
+    pub fn client_host(&self) -> String {
+        match self.connection.as_ref().and_then(|c| c.peer) {
+            Some(p) => format!("/{}", p.ip()),
+            None => "/0.0.0.0".to_string(),
+        }
+    }
+
+    /// The client id of the request header ("" when null).
+    pub fn client_id(&self) -> String {
+        self.header
+            .client_id
+            .as_ref()
+            .map(|c| c.to_string())
+            .unwrap_or_default()
+    }
+
+    /// The connection's quota mute (none for an internal request).
+    pub fn throttle(&self) -> Option<Arc<ConnectionThrottle>> {
+        self.connection.as_ref().map(|c| c.throttle.clone())
+    }
+
+    /// Mutes the connection for `ms` from now (KIP-219; no-op for an
+    /// internal request).
+    pub fn mute_for(&self, ms: u64) {
+        if let Some(c) = &self.connection {
+            c.throttle.mute_for(ms);
+        }
+    }
 }
 
 /// A connection's mute (KIP-219): until when the connection reads no

@@ -323,17 +323,8 @@ async fn connection<R, W>(
             }
         }
         // In request order: decode, and a produce's appends; the rest runs concurrently.
-        let in_flight = crate::request_context::CONNECTION
-            .scope(
-                context.clone(),
-                crate::request_context::PEER.scope(
-                    peer.unwrap_or_else(|| ([0, 0, 0, 0], 0).into()),
-                    api::start_frame(&broker, frame),
-                ),
-            )
-            .await;
-        let handle =
-            tokio::spawn(crate::request_context::CONNECTION.scope(context.clone(), in_flight));
+        let in_flight = api::start_frame(&broker, frame, Some(context.clone())).await;
+        let handle = tokio::spawn(in_flight);
         if tx.send(handle).await.is_err() {
             break;
         }

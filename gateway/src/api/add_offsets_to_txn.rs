@@ -3,19 +3,20 @@
 
 use std::sync::Arc;
 
-use kafka_protocol::messages::{AddOffsetsToTxnRequest, AddOffsetsToTxnResponse, RequestHeader};
+use kafka_protocol::messages::{AddOffsetsToTxnRequest, AddOffsetsToTxnResponse};
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 use crate::txn::fenced_for_version;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: AddOffsetsToTxnRequest,
 ) -> AddOffsetsToTxnResponse {
     // Kafka: WRITE on the transactional id, READ on the group.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     if let Err(e) = authz
         .transactional_id(Op::Write, &request.transactional_id)
         .and_then(|()| authz.group(Op::Read, &request.group_id))
@@ -35,6 +36,6 @@ pub async fn handle(
     match result {
         Ok(()) => AddOffsetsToTxnResponse::default(),
         Err(e) => AddOffsetsToTxnResponse::default()
-            .with_error_code(fenced_for_version(e, header.request_api_version, 2).code()),
+            .with_error_code(fenced_for_version(e, ctx.version(), 2).code()),
     }
 }

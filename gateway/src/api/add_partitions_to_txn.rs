@@ -9,23 +9,22 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::add_partitions_to_txn_response::{
     AddPartitionsToTxnPartitionResult, AddPartitionsToTxnTopicResult,
 };
-use kafka_protocol::messages::{
-    AddPartitionsToTxnRequest, AddPartitionsToTxnResponse, RequestHeader,
-};
+use kafka_protocol::messages::{AddPartitionsToTxnRequest, AddPartitionsToTxnResponse};
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 use crate::txn::fenced_for_version;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: AddPartitionsToTxnRequest,
 ) -> AddPartitionsToTxnResponse {
     let image = broker.image();
     // Kafka: WRITE on the transactional id (every partition fails), then
     // WRITE on each topic (its partitions fail, the rest are not attempted).
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let txn_denied = authz
         .transactional_id(Op::Write, &request.v3_and_below_transactional_id)
         .err();
@@ -64,7 +63,7 @@ pub async fn handle(
                 &partitions,
             )
             .await
-            .map_err(|e| fenced_for_version(e, header.request_api_version, 2).code())
+            .map_err(|e| fenced_for_version(e, ctx.version(), 2).code())
     };
     let results = request
         .v3_and_below_topics

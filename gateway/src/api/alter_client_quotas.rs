@@ -6,18 +6,17 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::alter_client_quotas_response::{EntityData, EntryData};
-use kafka_protocol::messages::{
-    AlterClientQuotasRequest, AlterClientQuotasResponse, RequestHeader,
-};
+use kafka_protocol::messages::{AlterClientQuotasRequest, AlterClientQuotasResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::quotas::admin::{plan_alter, Alteration};
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    _ctx: &RequestContext,
     request: AlterClientQuotasRequest,
 ) -> AlterClientQuotasResponse {
     let alterations: Vec<Alteration> = request

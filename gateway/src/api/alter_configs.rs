@@ -5,20 +5,21 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::alter_configs_response::AlterConfigsResourceResponse;
-use kafka_protocol::messages::{AlterConfigsRequest, AlterConfigsResponse, RequestHeader};
+use kafka_protocol::messages::{AlterConfigsRequest, AlterConfigsResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::alter_config::ConfigChange;
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: AlterConfigsRequest,
 ) -> AlterConfigsResponse {
     // Kafka: ALTER_CONFIGS on the topic, or on the cluster for a broker.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let denied: Vec<Option<crate::error::ApiError>> = request
         .resources
         .iter()

@@ -19,7 +19,7 @@ use kafka_protocol::messages::alter_partition_reassignments_response::{
     ReassignablePartitionResponse, ReassignableTopicResponse,
 };
 use kafka_protocol::messages::{
-    AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse, RequestHeader,
+    AlterPartitionReassignmentsRequest, AlterPartitionReassignmentsResponse,
 };
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::{MetadataImage, TopicImage};
@@ -27,22 +27,22 @@ use tessera_metadata::{MetadataImage, TopicImage};
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: AlterPartitionReassignmentsRequest,
 ) -> AlterPartitionReassignmentsResponse {
     // Kafka: ALTER on the cluster.
-    if let Err(e) = Authz::current(broker).cluster(Op::Alter) {
+    if let Err(e) = Authz::of(broker, ctx).cluster(Op::Alter) {
         return AlterPartitionReassignmentsResponse::default()
             .with_error_code(e.code())
             .with_error_message(e.message().map(StrBytes::from_string));
     }
     let image = broker.image();
     // v0 has no flag: the replication factor may change (Kafka's default).
-    let allow_rf_change =
-        header.request_api_version == 0 || request.allow_replication_factor_change;
+    let allow_rf_change = ctx.version() == 0 || request.allow_replication_factor_change;
     let responses = request
         .topics
         .iter()
@@ -74,7 +74,7 @@ pub async fn handle(
         })
         .collect();
     let mut response = AlterPartitionReassignmentsResponse::default().with_responses(responses);
-    if header.request_api_version >= 1 {
+    if ctx.version() >= 1 {
         response = response.with_allow_replication_factor_change(allow_rf_change);
     }
     response

@@ -7,18 +7,19 @@ use std::sync::Arc;
 
 use kafka_protocol::messages::alter_user_scram_credentials_response::AlterUserScramCredentialsResult;
 use kafka_protocol::messages::{
-    AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse, RequestHeader,
+    AlterUserScramCredentialsRequest, AlterUserScramCredentialsResponse,
 };
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 use crate::sasl::credentials::{plan_alter, Alteration};
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: AlterUserScramCredentialsRequest,
 ) -> AlterUserScramCredentialsResponse {
     let mut alterations: Vec<Alteration> = request
@@ -38,7 +39,7 @@ pub async fn handle(
     }));
     let (mut results, records) = plan_alter(&broker.image(), &alterations);
     // Kafka: ALTER on the cluster; every user fails, nothing is written.
-    if let Err(e) = Authz::current(broker).cluster(Op::Alter) {
+    if let Err(e) = Authz::of(broker, ctx).cluster(Op::Alter) {
         for (_, r) in results.iter_mut() {
             *r = Err(e.clone());
         }

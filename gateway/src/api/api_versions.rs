@@ -5,10 +5,11 @@ use std::sync::Arc;
 use bytes::Bytes;
 use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::api_versions_response::ApiVersion;
-use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, ApiVersionsResponse, RequestHeader};
+use kafka_protocol::messages::{ApiKey, ApiVersionsRequest, ApiVersionsResponse};
 
 use super::SUPPORTED_APIS;
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 use crate::wire::encode_response;
 
 fn api_list() -> Vec<ApiVersion> {
@@ -25,7 +26,7 @@ fn api_list() -> Vec<ApiVersion> {
 
 pub async fn handle(
     _broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    _ctx: &RequestContext,
     _request: ApiVersionsRequest,
 ) -> ApiVersionsResponse {
     // Supported/finalized features are left empty: they are tagged fields that

@@ -8,13 +8,14 @@ use kafka_protocol::messages::consumer_group_describe_response::{
     Assignment, DescribedGroup, Member, TopicPartitions,
 };
 use kafka_protocol::messages::{
-    ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse, RequestHeader, TopicName,
+    ConsumerGroupDescribeRequest, ConsumerGroupDescribeResponse, TopicName,
 };
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 use crate::groups::consumer_protocol::DescribedMember;
+use crate::request_context::RequestContext;
 
 /// `memberType` (v1+): the member uses the consumer protocol.
 const CONSUMER_MEMBER_TYPE: i8 = 1;
@@ -58,13 +59,13 @@ fn member(m: DescribedMember, version: i16) -> Member {
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: ConsumerGroupDescribeRequest,
 ) -> ConsumerGroupDescribeResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     let mut groups = Vec::with_capacity(request.group_ids.len());
     // Kafka: DESCRIBE on each group.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     for group_id in request.group_ids {
         if let Err(e) = authz.group(Op::Describe, &group_id) {
             groups.push(

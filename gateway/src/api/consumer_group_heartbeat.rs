@@ -5,23 +5,21 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::consumer_group_heartbeat_response::{Assignment, TopicPartitions};
-use kafka_protocol::messages::{
-    ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse, RequestHeader,
-};
+use kafka_protocol::messages::{ConsumerGroupHeartbeatRequest, ConsumerGroupHeartbeatResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::groups::consumer_protocol::HeartbeatInput;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: ConsumerGroupHeartbeatRequest,
-    client_host: String,
 ) -> ConsumerGroupHeartbeatResponse {
     // Kafka: READ on the group, DESCRIBE on each subscribed topic.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let denied = authz.group(Op::Read, &request.group_id).err().or_else(|| {
         request
             .subscribed_topic_names
@@ -35,7 +33,7 @@ pub async fn handle(
             .with_error_message(e.message().map(StrBytes::from_string));
     }
     let input = HeartbeatInput {
-        api_version: header.request_api_version,
+        api_version: ctx.version(),
         group_id: request.group_id.to_string(),
         member_id: request.member_id.to_string(),
         member_epoch: request.member_epoch,
@@ -52,12 +50,8 @@ pub async fn handle(
                 .map(|tp| (tp.topic_id, tp.partitions))
                 .collect()
         }),
-        client_id: header
-            .client_id
-            .as_ref()
-            .map(|c| c.to_string())
-            .unwrap_or_default(),
-        client_host,
+        client_id: ctx.client_id(),
+        client_host: ctx.client_host(),
     };
     match broker
         .groups()

@@ -7,7 +7,7 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::create_acls_response::AclCreationResult;
-use kafka_protocol::messages::{CreateAclsRequest, CreateAclsResponse, RequestHeader};
+use kafka_protocol::messages::{CreateAclsRequest, CreateAclsResponse};
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::acl::{
     AclBinding, AclOperation, AclPermissionType, PatternType, ResourceType,
@@ -17,6 +17,7 @@ use tessera_metadata::MetadataRecord;
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 /// An ACL of the wire, validated as Kafka validates a new one.
 pub fn binding(
@@ -49,14 +50,14 @@ pub fn binding(
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: CreateAclsRequest,
 ) -> CreateAclsResponse {
     let n = request.creations.len();
     let refuse = |e: ApiError| vec![Err(e); n];
     let mut results: Vec<Result<(), ApiError>> = if !Authz::enabled(broker) {
         refuse(ApiError::SecurityDisabled)
-    } else if !Authz::current(broker).allows_cluster(Op::Alter) {
+    } else if !Authz::of(broker, ctx).allows_cluster(Op::Alter) {
         refuse(ApiError::ClusterAuthorizationFailed)
     } else {
         let image = broker.image();

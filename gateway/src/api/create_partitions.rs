@@ -10,16 +10,17 @@ use std::collections::HashSet;
 use std::sync::Arc;
 
 use kafka_protocol::messages::create_partitions_response::CreatePartitionsTopicResult;
-use kafka_protocol::messages::{CreatePartitionsRequest, CreatePartitionsResponse, RequestHeader};
+use kafka_protocol::messages::{CreatePartitionsRequest, CreatePartitionsResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: CreatePartitionsRequest,
 ) -> CreatePartitionsResponse {
     let mut seen = HashSet::new();
@@ -31,7 +32,7 @@ pub async fn handle(
         .collect();
     let mut results = Vec::with_capacity(request.topics.len());
     // Kafka: ALTER on each topic.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     for topic in &request.topics {
         let name = topic.name.0.to_string();
         let outcome = if duplicates.contains(&name) {

@@ -7,20 +7,21 @@ use std::sync::Arc;
 use kafka_protocol::messages::create_topics_response::{
     CreatableTopicConfigs, CreatableTopicResult,
 };
-use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse, RequestHeader};
+use kafka_protocol::messages::{CreateTopicsRequest, CreateTopicsResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::Authz;
 use crate::broker::{Broker, NewTopic};
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 use crate::topic_config::{describe_topic_configs, validate_topic_configs};
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: CreateTopicsRequest,
 ) -> CreateTopicsResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     let mut seen = HashSet::new();
     let duplicates: HashSet<String> = request
         .topics
@@ -30,7 +31,7 @@ pub async fn handle(
         .collect();
     let mut results = Vec::with_capacity(request.topics.len());
     // Kafka: CREATE on the cluster or on the topic.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     for topic in request.topics {
         let name = topic.name.0.to_string();
         let mut result = CreatableTopicResult::default().with_name(topic.name.clone());

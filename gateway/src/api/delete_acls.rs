@@ -9,7 +9,7 @@ use std::sync::Arc;
 use kafka_protocol::messages::delete_acls_response::{
     DeleteAclsFilterResult, DeleteAclsMatchingAcl,
 };
-use kafka_protocol::messages::{DeleteAclsRequest, DeleteAclsResponse, RequestHeader};
+use kafka_protocol::messages::{DeleteAclsRequest, DeleteAclsResponse};
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::acl::AclBinding;
 use tessera_metadata::MetadataRecord;
@@ -18,6 +18,7 @@ use super::describe_acls::filter;
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 fn failed(e: &ApiError) -> DeleteAclsFilterResult {
     DeleteAclsFilterResult::default()
@@ -38,7 +39,7 @@ fn matching(acl: &AclBinding) -> DeleteAclsMatchingAcl {
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: DeleteAclsRequest,
 ) -> DeleteAclsResponse {
     let refuse = |e: ApiError| {
@@ -48,7 +49,7 @@ pub async fn handle(
     if !Authz::enabled(broker) {
         return refuse(ApiError::SecurityDisabled);
     }
-    if !Authz::current(broker).allows_cluster(Op::Alter) {
+    if !Authz::of(broker, ctx).allows_cluster(Op::Alter) {
         return refuse(ApiError::ClusterAuthorizationFailed);
     }
     let image = broker.image();

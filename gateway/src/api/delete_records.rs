@@ -19,19 +19,20 @@ use std::sync::Arc;
 use kafka_protocol::messages::delete_records_response::{
     DeleteRecordsPartitionResult, DeleteRecordsTopicResult,
 };
-use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse, RequestHeader};
+use kafka_protocol::messages::{DeleteRecordsRequest, DeleteRecordsResponse};
 use tessera_metadata::{MetadataImage, TopicId, TopicImage};
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 /// Kafka's `DeleteRecordsRequest.HIGH_WATERMARK`.
 const HIGH_WATERMARK: i64 = -1;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: DeleteRecordsRequest,
 ) -> DeleteRecordsResponse {
     let image = broker.image();
@@ -40,7 +41,7 @@ pub async fn handle(
     let mut checked: Vec<Vec<Result<i64, ApiError>>> = Vec::with_capacity(request.topics.len());
     let mut targets: BTreeMap<TopicId, Vec<(u32, i64)>> = BTreeMap::new();
     // Kafka: DELETE on each topic.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     for topic in &request.topics {
         let denied = authz.topic(Op::Delete, &topic.name).err();
         let resolved = image.topic_by_name(topic.name.0.as_str()).cloned();

@@ -4,22 +4,21 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::delete_topics_response::DeletableTopicResult;
-use kafka_protocol::messages::{
-    DeleteTopicsRequest, DeleteTopicsResponse, RequestHeader, TopicName,
-};
+use kafka_protocol::messages::{DeleteTopicsRequest, DeleteTopicsResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: DeleteTopicsRequest,
 ) -> DeleteTopicsResponse {
     // v6 names topics in `topics` (by name or id); earlier versions in `topic_names`.
-    let wanted: Vec<(Option<TopicName>, uuid::Uuid)> = if header.request_api_version >= 6 {
+    let wanted: Vec<(Option<TopicName>, uuid::Uuid)> = if ctx.version() >= 6 {
         request
             .topics
             .iter()
@@ -34,7 +33,7 @@ pub async fn handle(
     };
     let mut responses = Vec::with_capacity(wanted.len());
     // Kafka: DELETE on each topic.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     for (name, id) in wanted {
         let image = broker.image();
         let found = match &name {

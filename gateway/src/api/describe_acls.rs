@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use kafka_protocol::messages::describe_acls_response::{AclDescription, DescribeAclsResource};
-use kafka_protocol::messages::{DescribeAclsRequest, DescribeAclsResponse, RequestHeader};
+use kafka_protocol::messages::{DescribeAclsRequest, DescribeAclsResponse};
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::acl::{
     AclFilter, AclOperation, AclPermissionType, PatternType, ResourceType,
@@ -15,6 +15,7 @@ use tessera_metadata::acl::{
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 /// A filter of the wire (DescribeAcls, DeleteAcls); INVALID_REQUEST for a
 /// code Kafka does not define or an UNKNOWN value.
@@ -49,7 +50,7 @@ pub fn filter(
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: DescribeAclsRequest,
 ) -> DescribeAclsResponse {
     let error = |e: ApiError| {
@@ -60,7 +61,7 @@ pub async fn handle(
     if !Authz::enabled(broker) {
         return error(ApiError::SecurityDisabled);
     }
-    if !Authz::current(broker).allows_cluster(Op::Describe) {
+    if !Authz::of(broker, ctx).allows_cluster(Op::Describe) {
         return error(ApiError::ClusterAuthorizationFailed);
     }
     let f = match filter(

@@ -4,17 +4,16 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::describe_client_quotas_response::{EntityData, EntryData, ValueData};
-use kafka_protocol::messages::{
-    DescribeClientQuotasRequest, DescribeClientQuotasResponse, RequestHeader,
-};
+use kafka_protocol::messages::{DescribeClientQuotasRequest, DescribeClientQuotasResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::broker::Broker;
 use crate::quotas::admin::{describe, entity_parts, Component};
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    _ctx: &RequestContext,
     request: DescribeClientQuotasRequest,
 ) -> DescribeClientQuotasResponse {
     let components: Vec<Component> = request

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use kafka_protocol::messages::describe_configs_response::{
     DescribeConfigsResourceResult, DescribeConfigsResult, DescribeConfigsSynonym,
 };
-use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse, RequestHeader};
+use kafka_protocol::messages::{DescribeConfigsRequest, DescribeConfigsResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::alter_config::{broker_resource, RESOURCE_BROKER, RESOURCE_TOPIC};
@@ -16,18 +16,19 @@ use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::dynamic_config::{describe_broker_configs, BrokerView};
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 use crate::topic_config::{describe_topic_configs, DescribedConfig};
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: DescribeConfigsRequest,
 ) -> DescribeConfigsResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     let image = broker.image();
     let view = BrokerView::new(broker.config(), &image);
     // Kafka: DESCRIBE_CONFIGS on the topic, or on the cluster for a broker.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let results = request
         .resources
         .iter()

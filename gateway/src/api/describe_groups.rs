@@ -5,22 +5,23 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::describe_groups_response::{DescribedGroup, DescribedGroupMember};
-use kafka_protocol::messages::{DescribeGroupsRequest, DescribeGroupsResponse, RequestHeader};
+use kafka_protocol::messages::{DescribeGroupsRequest, DescribeGroupsResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: DescribeGroupsRequest,
 ) -> DescribeGroupsResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     let mut groups = Vec::with_capacity(request.groups.len());
     // Kafka: DESCRIBE on each group.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     for group_id in request.groups {
         let described = DescribedGroup::default().with_group_id(group_id.clone());
         if let Err(e) = authz.group(Op::Describe, &group_id) {

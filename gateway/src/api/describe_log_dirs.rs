@@ -18,22 +18,21 @@ use std::sync::Arc;
 use kafka_protocol::messages::describe_log_dirs_response::{
     DescribeLogDirsPartition, DescribeLogDirsResult, DescribeLogDirsTopic,
 };
-use kafka_protocol::messages::{
-    DescribeLogDirsRequest, DescribeLogDirsResponse, RequestHeader, TopicName,
-};
+use kafka_protocol::messages::{DescribeLogDirsRequest, DescribeLogDirsResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::TopicImage;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: DescribeLogDirsRequest,
 ) -> DescribeLogDirsResponse {
     // Kafka: DESCRIBE on the cluster.
-    if let Err(e) = Authz::current(broker).cluster(Op::Describe) {
+    if let Err(e) = Authz::of(broker, ctx).cluster(Op::Describe) {
         return DescribeLogDirsResponse::default().with_error_code(e.code());
     }
     let image = broker.image();

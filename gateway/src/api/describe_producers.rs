@@ -7,23 +7,22 @@ use std::sync::Arc;
 use kafka_protocol::messages::describe_producers_response::{
     PartitionResponse, ProducerState, TopicResponse,
 };
-use kafka_protocol::messages::{
-    DescribeProducersRequest, DescribeProducersResponse, ProducerId, RequestHeader,
-};
+use kafka_protocol::messages::{DescribeProducersRequest, DescribeProducersResponse, ProducerId};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: DescribeProducersRequest,
 ) -> DescribeProducersResponse {
     let image = broker.image();
     // Kafka: READ on each topic.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let topics = request
         .topics
         .iter()

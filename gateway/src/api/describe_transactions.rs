@@ -5,21 +5,22 @@ use std::sync::Arc;
 
 use kafka_protocol::messages::describe_transactions_response::{TopicData, TransactionState};
 use kafka_protocol::messages::{
-    DescribeTransactionsRequest, DescribeTransactionsResponse, ProducerId, RequestHeader,
+    DescribeTransactionsRequest, DescribeTransactionsResponse, ProducerId,
 };
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: DescribeTransactionsRequest,
 ) -> DescribeTransactionsResponse {
     let mut states = Vec::new();
     // Kafka: DESCRIBE on each transactional id.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     for id in request.transactional_ids {
         let s = TransactionState::default().with_transactional_id(id.clone());
         let described = match authz.transactional_id(Op::Describe, &id) {

@@ -8,21 +8,22 @@ use kafka_protocol::messages::describe_user_scram_credentials_response::{
     CredentialInfo, DescribeUserScramCredentialsResult,
 };
 use kafka_protocol::messages::{
-    DescribeUserScramCredentialsRequest, DescribeUserScramCredentialsResponse, RequestHeader,
+    DescribeUserScramCredentialsRequest, DescribeUserScramCredentialsResponse,
 };
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 use crate::sasl::credentials::describe;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: DescribeUserScramCredentialsRequest,
 ) -> DescribeUserScramCredentialsResponse {
     // Kafka: DESCRIBE on the cluster.
-    if let Err(e) = Authz::current(broker).cluster(Op::Describe) {
+    if let Err(e) = Authz::of(broker, ctx).cluster(Op::Describe) {
         return DescribeUserScramCredentialsResponse::default()
             .with_error_code(e.code())
             .with_error_message(e.message().map(StrBytes::from_string));

@@ -16,27 +16,26 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::elect_leaders_response::{PartitionResult, ReplicaElectionResult};
-use kafka_protocol::messages::{
-    ElectLeadersRequest, ElectLeadersResponse, RequestHeader, TopicName,
-};
+use kafka_protocol::messages::{ElectLeadersRequest, ElectLeadersResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::{MetadataImage, TopicImage};
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 const PREFERRED: i8 = 0;
 const UNCLEAN: i8 = 1;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: ElectLeadersRequest,
 ) -> ElectLeadersResponse {
     let image = broker.image();
     // v0 has no election type: it is a preferred election.
-    let election = if header.request_api_version == 0 {
+    let election = if ctx.version() == 0 {
         PREFERRED
     } else {
         request.election_type
@@ -46,7 +45,7 @@ pub async fn handle(
             .with_error_code(ApiError::InvalidRequest(String::new()).code());
     }
     // Kafka: ALTER on the cluster; every partition asked for fails.
-    if let Err(e) = Authz::current(broker).cluster(Op::Alter) {
+    if let Err(e) = Authz::of(broker, ctx).cluster(Op::Alter) {
         let results = request
             .topic_partitions
             .iter()

@@ -3,19 +3,20 @@
 
 use std::sync::Arc;
 
-use kafka_protocol::messages::{EndTxnRequest, EndTxnResponse, RequestHeader};
+use kafka_protocol::messages::{EndTxnRequest, EndTxnResponse};
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 use crate::txn::fenced_for_version;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: EndTxnRequest,
 ) -> EndTxnResponse {
     // Kafka: WRITE on the transactional id.
-    if let Err(e) = Authz::current(broker).transactional_id(Op::Write, &request.transactional_id) {
+    if let Err(e) = Authz::of(broker, ctx).transactional_id(Op::Write, &request.transactional_id) {
         return EndTxnResponse::default().with_error_code(e.code());
     }
     let result = broker
@@ -31,6 +32,6 @@ pub async fn handle(
     match result {
         Ok(()) => EndTxnResponse::default(),
         Err(e) => EndTxnResponse::default()
-            .with_error_code(fenced_for_version(e, header.request_api_version, 2).code()),
+            .with_error_code(fenced_for_version(e, ctx.version(), 2).code()),
     }
 }

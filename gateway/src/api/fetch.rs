@@ -27,6 +27,7 @@ use crate::broker::Broker;
 use crate::broker::{past_cleaned_segment_at, SealedSource};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::request_context::RequestContext;
 
 /// Session epochs with a meaning of their own (Kafka's FetchMetadata).
 const INITIAL_EPOCH: i32 = 0;
@@ -34,10 +35,10 @@ const FINAL_EPOCH: i32 = -1;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: FetchRequest,
 ) -> FetchResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     if version >= 7
         && request.session_epoch != INITIAL_EPOCH
         && request.session_epoch != FINAL_EPOCH
@@ -50,7 +51,7 @@ pub async fn handle(
     let deadline = tokio::time::Instant::now() + max_wait;
     let min_bytes = request.min_bytes.max(0) as usize;
     let mut hw_events = broker.hw_events().subscribe();
-    let denied = denied_topics(broker, version, &request);
+    let denied = denied_topics(broker, ctx, &request);
     loop {
         hw_events.borrow_and_update();
         let (mut response, mut bytes, has_error, remote) =
@@ -102,7 +103,7 @@ pub(crate) async fn read_internal(
                 .with_current_leader_epoch(-1)
                 .with_log_start_offset(-1)
                 .with_partition_max_bytes(max_bytes)])]);
-    let response = handle(broker, &header, request).await;
+    let response = handle(broker, &RequestContext::internal(header), request).await;
     let data = response
         .responses
         .into_iter()
@@ -122,8 +123,8 @@ pub(crate) async fn read_internal(
 /// Per requested topic, whether the request may not read it: a consumer
 /// needs READ on the topic, a broker (replica id set) CLUSTER_ACTION on the
 /// cluster, as in Kafka. Decided once, before any long poll.
-fn denied_topics(broker: &Broker, version: i16, request: &FetchRequest) -> Vec<bool> {
-    let authz = Authz::current(broker);
+fn denied_topics(broker: &Broker, ctx: &RequestContext, request: &FetchRequest) -> Vec<bool> {
+    let authz = Authz::of(broker, ctx);
     if request.replica_id.0 >= 0 || request.replica_state.replica_id.0 >= 0 {
         let denied = !authz.allows_cluster(Op::ClusterAction);
         return vec![denied; request.topics.len()];
@@ -133,7 +134,7 @@ fn denied_topics(broker: &Broker, version: i16, request: &FetchRequest) -> Vec<b
         .topics
         .iter()
         .map(|topic| {
-            let name = if version >= 13 {
+            let name = if ctx.version() >= 13 {
                 match image.topics.get(&topic.topic_id) {
                     Some(t) => t.name.clone(),
                     // Unknown ids answer UNKNOWN_TOPIC_ID.

@@ -7,9 +7,7 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::find_coordinator_response::Coordinator;
-use kafka_protocol::messages::{
-    BrokerId, FindCoordinatorRequest, FindCoordinatorResponse, RequestHeader,
-};
+use kafka_protocol::messages::{BrokerId, FindCoordinatorRequest, FindCoordinatorResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op};
@@ -17,16 +15,17 @@ use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::groups::GroupCoordinator;
 use crate::internal_topics::partition_for;
+use crate::request_context::RequestContext;
 
 const KEY_TYPE_GROUP: i8 = 0;
 const KEY_TYPE_TRANSACTION: i8 = 1;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: FindCoordinatorRequest,
 ) -> FindCoordinatorResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     let key_type = if version >= 1 {
         request.key_type
     } else {
@@ -36,7 +35,7 @@ pub async fn handle(
         let mut coordinators = Vec::with_capacity(request.coordinator_keys.len());
         for key in request.coordinator_keys {
             let c = Coordinator::default().with_key(key.clone());
-            coordinators.push(match find(broker, key_type, &key).await {
+            coordinators.push(match find(broker, ctx, key_type, &key).await {
                 Ok((node, host, port)) => c
                     .with_node_id(BrokerId(node))
                     .with_host(StrBytes::from_string(host))
@@ -53,7 +52,7 @@ pub async fn handle(
         return FindCoordinatorResponse::default().with_coordinators(coordinators);
     }
     let response = FindCoordinatorResponse::default();
-    match find(broker, key_type, &request.key).await {
+    match find(broker, ctx, key_type, &request.key).await {
         Ok((node, host, port)) => response
             .with_node_id(BrokerId(node))
             .with_host(StrBytes::from_string(host))
@@ -68,9 +67,14 @@ pub async fn handle(
     }
 }
 
-async fn find(broker: &Broker, key_type: i8, key: &str) -> Result<(i32, String, i32), ApiError> {
+async fn find(
+    broker: &Broker,
+    ctx: &RequestContext,
+    key_type: i8,
+    key: &str,
+) -> Result<(i32, String, i32), ApiError> {
     // Kafka: DESCRIBE on the group or the transactional id.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     match key_type {
         KEY_TYPE_GROUP => authz.group(Op::Describe, key)?,
         KEY_TYPE_TRANSACTION => authz.transactional_id(Op::Describe, key)?,
@@ -97,6 +101,6 @@ async fn find(broker: &Broker, key_type: i8, key: &str) -> Result<(i32, String, 
         .and_then(|id| image.brokers.get(&id))
         .filter(|b| !b.fenced)
         .ok_or(ApiError::CoordinatorNotAvailable)?;
-    let (host, port) = broker.endpoint(&leader.registration);
+    let (host, port) = broker.endpoint(ctx.listener(), &leader.registration);
     Ok((leader.registration.broker_id, host, port))
 }

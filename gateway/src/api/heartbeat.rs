@@ -3,18 +3,19 @@
 
 use std::sync::Arc;
 
-use kafka_protocol::messages::{HeartbeatRequest, HeartbeatResponse, RequestHeader};
+use kafka_protocol::messages::{HeartbeatRequest, HeartbeatResponse};
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: HeartbeatRequest,
 ) -> HeartbeatResponse {
     // Kafka: READ on the group.
-    if let Err(e) = Authz::current(broker).group(Op::Read, &request.group_id) {
+    if let Err(e) = Authz::of(broker, ctx).group(Op::Read, &request.group_id) {
         return HeartbeatResponse::default().with_error_code(e.code());
     }
     let result = broker

@@ -5,23 +5,22 @@
 
 use std::sync::Arc;
 
-use kafka_protocol::messages::{
-    InitProducerIdRequest, InitProducerIdResponse, ProducerId, RequestHeader,
-};
+use kafka_protocol::messages::{InitProducerIdRequest, InitProducerIdResponse, ProducerId};
 
 use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 use crate::txn::fenced_for_version;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: InitProducerIdRequest,
 ) -> InitProducerIdResponse {
     // Kafka: WRITE on the transactional id; an idempotent producer needs
     // IDEMPOTENT_WRITE on the cluster or WRITE on some topic (KIP-679).
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let denied = match request.transactional_id.as_ref() {
         Some(id) => authz.transactional_id(Op::Write, id).err(),
         None => (!authz.may(
@@ -51,7 +50,7 @@ pub async fn handle(
                         expected,
                     )
                     .await
-                    .map_err(|e| fenced_for_version(e, header.request_api_version, 4)),
+                    .map_err(|e| fenced_for_version(e, ctx.version(), 4)),
                 Err(e) => Err(e),
             }
         }

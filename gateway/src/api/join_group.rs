@@ -5,22 +5,22 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::join_group_response::JoinGroupResponseMember;
-use kafka_protocol::messages::{JoinGroupRequest, JoinGroupResponse, RequestHeader};
+use kafka_protocol::messages::{JoinGroupRequest, JoinGroupResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::groups::classic::{JoinRequest, JoinResult, Protocol};
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: JoinGroupRequest,
-    client_host: String,
 ) -> JoinGroupResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     // Kafka: READ on the group.
-    if let Err(e) = Authz::current(broker).group(Op::Read, &request.group_id) {
+    if let Err(e) = Authz::of(broker, ctx).group(Op::Read, &request.group_id) {
         return JoinGroupResponse::default()
             .with_error_code(e.code())
             .with_generation_id(-1)
@@ -29,12 +29,8 @@ pub async fn handle(
     let req = JoinRequest {
         member_id: request.member_id.to_string(),
         group_instance_id: request.group_instance_id.map(|s| s.to_string()),
-        client_id: header
-            .client_id
-            .as_ref()
-            .map(|c| c.to_string())
-            .unwrap_or_default(),
-        client_host,
+        client_id: ctx.client_id(),
+        client_host: ctx.client_host(),
         session_timeout_ms: request.session_timeout_ms,
         // v0 has no rebalance timeout: the session timeout serves.
         rebalance_timeout_ms: if version >= 1 {

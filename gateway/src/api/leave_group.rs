@@ -4,20 +4,21 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::leave_group_response::MemberResponse;
-use kafka_protocol::messages::{LeaveGroupRequest, LeaveGroupResponse, RequestHeader};
+use kafka_protocol::messages::{LeaveGroupRequest, LeaveGroupResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: LeaveGroupRequest,
 ) -> LeaveGroupResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     // Kafka: READ on the group.
-    if let Err(e) = Authz::current(broker).group(Op::Read, &request.group_id) {
+    if let Err(e) = Authz::of(broker, ctx).group(Op::Read, &request.group_id) {
         return LeaveGroupResponse::default().with_error_code(e.code());
     }
     let members: Vec<(String, Option<String>)> = if version >= 3 {

@@ -4,18 +4,19 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::list_groups_response::ListedGroup;
-use kafka_protocol::messages::{GroupId, ListGroupsRequest, ListGroupsResponse, RequestHeader};
+use kafka_protocol::messages::{GroupId, ListGroupsRequest, ListGroupsResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: ListGroupsRequest,
 ) -> ListGroupsResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     let states: Vec<String> = request
         .states_filter
         .iter()
@@ -28,7 +29,7 @@ pub async fn handle(
         .collect();
     // Kafka: DESCRIBE on the cluster lists every group, else the groups
     // the client may DESCRIBE.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let all = authz.may(Op::Describe, Resource::Cluster, crate::authz::CLUSTER_NAME);
     let groups = broker
         .groups()

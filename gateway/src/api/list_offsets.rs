@@ -7,13 +7,14 @@ use bytes::Bytes;
 use kafka_protocol::messages::list_offsets_response::{
     ListOffsetsPartitionResponse, ListOffsetsTopicResponse,
 };
-use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse, RequestHeader};
+use kafka_protocol::messages::{ListOffsetsRequest, ListOffsetsResponse};
 use kafka_protocol::records::RecordBatchDecoder;
 use tessera_log::batch;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 /// Kafka's special timestamps.
 const LATEST: i64 = -1;
@@ -24,12 +25,12 @@ const LATEST_TIERED: i64 = -5;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: ListOffsetsRequest,
 ) -> ListOffsetsResponse {
     let image = broker.image();
     // leader_epoch exists from v4 on.
-    let with_epoch = header.request_api_version >= 4;
+    let with_epoch = ctx.version() >= 4;
     let read_committed = request.isolation_level == 1;
     // Kafka answers INVALID_REQUEST for a partition named twice in one request.
     let mut seen = std::collections::HashSet::new();
@@ -44,7 +45,7 @@ pub async fn handle(
         .filter(|key| !seen.insert(key.clone()))
         .collect();
     // Kafka: DESCRIBE on each topic.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let topics = request
         .topics
         .iter()

@@ -7,19 +7,20 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::{
-    ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse, RequestHeader,
+    ListPartitionReassignmentsRequest, ListPartitionReassignmentsResponse,
 };
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     _request: ListPartitionReassignmentsRequest,
 ) -> ListPartitionReassignmentsResponse {
     // Kafka: DESCRIBE on the cluster.
-    if let Err(e) = Authz::current(broker).cluster(Op::Describe) {
+    if let Err(e) = Authz::of(broker, ctx).cluster(Op::Describe) {
         return ListPartitionReassignmentsResponse::default()
             .with_error_code(e.code())
             .with_error_message(

@@ -4,18 +4,17 @@
 use std::sync::Arc;
 
 use kafka_protocol::messages::list_transactions_response::TransactionState;
-use kafka_protocol::messages::{
-    ListTransactionsRequest, ListTransactionsResponse, ProducerId, RequestHeader,
-};
+use kafka_protocol::messages::{ListTransactionsRequest, ListTransactionsResponse, ProducerId};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 use crate::txn::state::TxnState;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: ListTransactionsRequest,
 ) -> ListTransactionsResponse {
     let mut unknown = Vec::new();
@@ -26,14 +25,14 @@ pub async fn handle(
             None => unknown.push(f.clone()),
         }
     }
-    let duration = if header.request_api_version >= 1 {
+    let duration = if ctx.version() >= 1 {
         request.duration_filter
     } else {
         -1
     };
     let now = tessera_log::now_ms();
     // Kafka lists the transactional ids the client may DESCRIBE.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let listed = broker
         .txns()
         .list()

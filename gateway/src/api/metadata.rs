@@ -7,9 +7,7 @@ use kafka_protocol::error::ResponseError;
 use kafka_protocol::messages::metadata_response::{
     MetadataResponseBroker, MetadataResponsePartition, MetadataResponseTopic,
 };
-use kafka_protocol::messages::{
-    BrokerId, MetadataRequest, MetadataResponse, RequestHeader, TopicName,
-};
+use kafka_protocol::messages::{BrokerId, MetadataRequest, MetadataResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::{MetadataImage, TopicImage};
 
@@ -17,14 +15,15 @@ use super::describe_cluster::AUTHORIZED_OPERATIONS_OMITTED;
 use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 use crate::topic_config::validate_topic_name;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: MetadataRequest,
 ) -> MetadataResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     // v0: an empty list means all topics; v1+: null means all, empty means none.
     let all_topics = request.topics.is_none()
         || (version == 0 && request.topics.as_ref().is_some_and(Vec::is_empty));
@@ -32,7 +31,7 @@ pub async fn handle(
     let allow_auto_create =
         broker.config().auto_create_topics && (version < 4 || request.allow_auto_topic_creation);
     // Authorized operations exist for topics from v8, for the cluster in v8-v10.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let with_topic_ops = request.include_topic_authorized_operations && version >= 8;
     let topic_ops = |name: &str| {
         if with_topic_ops {
@@ -101,7 +100,7 @@ pub async fn handle(
         .values()
         .filter(|b| !b.fenced)
         .map(|b| {
-            let (host, port) = broker.endpoint(&b.registration);
+            let (host, port) = broker.endpoint(ctx.listener(), &b.registration);
             MetadataResponseBroker::default()
                 .with_node_id(BrokerId(b.registration.broker_id))
                 .with_host(StrBytes::from_string(host))

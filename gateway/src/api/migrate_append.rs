@@ -32,6 +32,7 @@ use crate::broker::append::DurabilityWaits;
 use crate::broker::{Broker, PartitionRoute};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::request_context::{Connection, RequestContext};
 
 /// The private api key (next to replication's `0x7e01`).
 pub const API_KEY: i16 = 0x7e02;
@@ -49,7 +50,12 @@ const DURABLE_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Decodes the request and appends its batches in request order; the
 /// returned future waits for durability and answers.
-pub async fn start(broker: &Arc<Broker>, version: i16, mut frame: Bytes) -> InFlight {
+pub async fn start(
+    broker: &Arc<Broker>,
+    version: i16,
+    mut frame: Bytes,
+    connection: Option<Connection>,
+) -> InFlight {
     let ready = |r: Reply| -> InFlight { Box::pin(std::future::ready(r)) };
     if version != VERSION {
         return ready(Reply::Close(format!(
@@ -65,6 +71,7 @@ pub async fn start(broker: &Arc<Broker>, version: i16, mut frame: Bytes) -> InFl
         Err(e) => return ready(Reply::Close(format!("malformed request body: {e}"))),
     };
     let id = header.correlation_id;
+    let ctx = RequestContext::new(header, connection);
     // Source producer ids must never be handed to a producer of this
     // cluster (its sequence would clash with the migrated state).
     let max_producer_id = request
@@ -102,7 +109,7 @@ pub async fn start(broker: &Arc<Broker>, version: i16, mut frame: Bytes) -> InFl
     let image = broker.image();
     // Writing at source offsets is a broker's privilege: CLUSTER_ACTION on
     // the cluster (a super user, or the inter-broker listener).
-    let denied = crate::authz::Authz::current(broker)
+    let denied = crate::authz::Authz::of(broker, &ctx)
         .cluster(crate::authz::Op::ClusterAction)
         .err();
     for topic in &request.topic_data {

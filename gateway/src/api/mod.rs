@@ -62,7 +62,7 @@ use kafka_protocol::messages::{ApiKey, RequestHeader};
 use kafka_protocol::protocol::{Decodable, Encodable};
 
 use crate::broker::Broker;
-use crate::request_context::client_host;
+use crate::request_context::{Connection, RequestContext};
 use crate::wire::try_encode_response;
 
 /// What the connection does with a request's outcome.
@@ -169,16 +169,25 @@ fn ready(reply: Reply) -> InFlight {
     Box::pin(std::future::ready(reply))
 }
 
-/// Handles one request frame (without its size prefix) to completion.
-pub async fn handle_frame(broker: &Arc<Broker>, frame: Bytes) -> Reply {
-    start_frame(broker, frame).await.await
+/// Handles one request frame (without its size prefix) to completion, as
+/// a request of `connection` (none: the broker's own, trusted).
+pub async fn handle_frame(
+    broker: &Arc<Broker>,
+    frame: Bytes,
+    connection: Option<Connection>,
+) -> Reply {
+    start_frame(broker, frame, connection).await.await
 }
 
-/// Starts one request frame. The part that must follow request order on a
-/// connection (decoding, a produce's appends, and the whole of an offset
-/// commit, fetch or delete) runs before this returns; the returned future
-/// does the rest (waiting for durability, long polls).
-pub async fn start_frame(broker: &Arc<Broker>, mut frame: Bytes) -> InFlight {
+/// Starts one request frame of `connection`. The part that must follow
+/// request order on a connection (decoding, a produce's appends, and the
+/// whole of an offset commit, fetch or delete) runs before this returns;
+/// the returned future does the rest (waiting for durability, long polls).
+pub async fn start_frame(
+    broker: &Arc<Broker>,
+    mut frame: Bytes,
+    connection: Option<Connection>,
+) -> InFlight {
     if frame.len() < 8 {
         return ready(Reply::Close("request shorter than a request header".into()));
     }
@@ -187,7 +196,7 @@ pub async fn start_frame(broker: &Arc<Broker>, mut frame: Bytes) -> InFlight {
     let correlation_id = i32::from_be_bytes([frame[4], frame[5], frame[6], frame[7]]);
     broker.metrics().count_request(api_key);
     if api_key == migrate_append::API_KEY {
-        return migrate_append::start(broker, version, frame).await;
+        return migrate_append::start(broker, version, frame, connection).await;
     }
     let Ok(api) = ApiKey::try_from(api_key) else {
         broker.metrics().count_error(api_key);
@@ -219,16 +228,18 @@ pub async fn start_frame(broker: &Arc<Broker>, mut frame: Bytes) -> InFlight {
         Ok(h) => h,
         Err(e) => return ready(Reply::Close(format!("malformed request header: {e}"))),
     };
+    let ctx = RequestContext::new(header, connection);
     // request_percentage quotas: the handling time of every request.
     let identity = (!broker.image().client_quotas.is_empty())
-        .then(|| crate::quotas::current_identity(&header));
-    let in_flight = dispatch(broker, api, header, frame, request_size).await;
+        .then(|| (crate::quotas::identity(&ctx), ctx.throttle()));
+    let in_flight = dispatch(broker, api, ctx, frame, request_size).await;
     match identity {
         None => in_flight,
-        Some((user, client)) => Box::pin(crate::quotas::time_request(
+        Some(((user, client), throttle)) => Box::pin(crate::quotas::time_request(
             broker.clone(),
             user,
             client,
+            throttle,
             started.elapsed(),
             in_flight,
         )),
@@ -238,12 +249,12 @@ pub async fn start_frame(broker: &Arc<Broker>, mut frame: Bytes) -> InFlight {
 async fn dispatch(
     broker: &Arc<Broker>,
     api: ApiKey,
-    header: RequestHeader,
+    ctx: RequestContext,
     mut body: Bytes,
     request_size: usize,
 ) -> InFlight {
-    let v = header.request_api_version;
-    let id = header.correlation_id;
+    let v = ctx.version();
+    let id = ctx.header.correlation_id;
     let broker = broker.clone();
     // Runs the whole request before the connection reads the next one, as
     // Kafka runs every request of a connection: for offset commits and
@@ -255,7 +266,7 @@ async fn dispatch(
                 Ok(r) => r,
                 Err(reply) => return ready(reply),
             };
-            let response = $module::handle(&broker, &header, request).await;
+            let response = $module::handle(&broker, &ctx, request).await;
             ready(frame(api, v, id, &response))
         }};
     }
@@ -266,18 +277,7 @@ async fn dispatch(
                 Err(reply) => return ready(reply),
             };
             Box::pin(async move {
-                let response = $module::handle(&broker, &header, request).await;
-                frame(api, v, id, &response)
-            })
-        }};
-        ($module:ident, $extra:expr) => {{
-            let request = match decode(&mut body, v) {
-                Ok(r) => r,
-                Err(reply) => return ready(reply),
-            };
-            let extra = $extra;
-            Box::pin(async move {
-                let response = $module::handle(&broker, &header, request, extra).await;
+                let response = $module::handle(&broker, &ctx, request).await;
                 frame(api, v, id, &response)
             })
         }};
@@ -290,8 +290,8 @@ async fn dispatch(
             };
             // Kafka counts the whole request against producer_byte_rate,
             // acks=0 included (that connection is muted, unanswered).
-            let throttle = crate::quotas::record_produce(&broker, &header, request_size);
-            let appended = produce::append(&broker, &header, request).await;
+            let throttle = crate::quotas::record_produce(&broker, &ctx, request_size);
+            let appended = produce::append(&broker, &ctx, request).await;
             Box::pin(async move {
                 match produce::acknowledge(&broker, appended).await {
                     Some(response) => frame(api, v, id, &response.with_throttle_time_ms(throttle)),
@@ -305,8 +305,8 @@ async fn dispatch(
                 Err(reply) => return ready(reply),
             };
             Box::pin(async move {
-                let response = crate::quotas::fetch_with_quota(&broker, &header, request, |r| {
-                    fetch::handle(&broker, &header, r)
+                let response = crate::quotas::fetch_with_quota(&broker, &ctx, request, |r| {
+                    fetch::handle(&broker, &ctx, r)
                 })
                 .await;
                 frame(api, v, id, &response)
@@ -324,7 +324,7 @@ async fn dispatch(
         ApiKey::IncrementalAlterConfigs => call!(incremental_alter_configs),
         ApiKey::InitProducerId => call!(init_producer_id),
         ApiKey::FindCoordinator => call!(find_coordinator),
-        ApiKey::JoinGroup => call!(join_group, client_host()),
+        ApiKey::JoinGroup => call!(join_group),
         ApiKey::SyncGroup => call!(sync_group),
         ApiKey::Heartbeat => call!(heartbeat),
         ApiKey::LeaveGroup => call!(leave_group),
@@ -334,7 +334,7 @@ async fn dispatch(
         ApiKey::DescribeGroups => call!(describe_groups),
         ApiKey::ListGroups => call!(list_groups),
         ApiKey::DeleteGroups => call!(delete_groups),
-        ApiKey::ConsumerGroupHeartbeat => call!(consumer_group_heartbeat, client_host()),
+        ApiKey::ConsumerGroupHeartbeat => call!(consumer_group_heartbeat),
         ApiKey::ConsumerGroupDescribe => call!(consumer_group_describe),
         ApiKey::AddPartitionsToTxn => call!(add_partitions_to_txn),
         ApiKey::AddOffsetsToTxn => call!(add_offsets_to_txn),

@@ -7,22 +7,23 @@ use std::sync::Arc;
 use kafka_protocol::messages::offset_commit_response::{
     OffsetCommitResponsePartition, OffsetCommitResponseTopic,
 };
-use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse, RequestHeader};
+use kafka_protocol::messages::{OffsetCommitRequest, OffsetCommitResponse};
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::groups::offsets::{CommitRequest, PartitionCommit};
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: OffsetCommitRequest,
 ) -> OffsetCommitResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     // Kafka: READ on the group (every partition fails), then READ on each
     // topic (its partitions fail, the others are committed).
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let group_denied = authz.group(Op::Read, &request.group_id).err();
     let mut request = request;
     let mut refused: Vec<(usize, ApiError)> = Vec::new();

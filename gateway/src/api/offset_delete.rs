@@ -6,18 +6,19 @@ use std::sync::Arc;
 use kafka_protocol::messages::offset_delete_response::{
     OffsetDeleteResponsePartition, OffsetDeleteResponseTopic,
 };
-use kafka_protocol::messages::{OffsetDeleteRequest, OffsetDeleteResponse, RequestHeader};
+use kafka_protocol::messages::{OffsetDeleteRequest, OffsetDeleteResponse};
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: OffsetDeleteRequest,
 ) -> OffsetDeleteResponse {
     // Kafka: DELETE on the group, READ on each topic (its partitions fail).
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     if let Err(e) = authz.group(Op::Delete, &request.group_id) {
         return OffsetDeleteResponse::default().with_error_code(e.code());
     }

@@ -11,25 +11,24 @@ use kafka_protocol::messages::offset_fetch_response::{
     OffsetFetchResponseGroup, OffsetFetchResponsePartition, OffsetFetchResponsePartitions,
     OffsetFetchResponseTopic, OffsetFetchResponseTopics,
 };
-use kafka_protocol::messages::{
-    GroupId, OffsetFetchRequest, OffsetFetchResponse, RequestHeader, TopicName,
-};
+use kafka_protocol::messages::{GroupId, OffsetFetchRequest, OffsetFetchResponse, TopicName};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::groups::offsets::FetchedOffsets;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: OffsetFetchRequest,
 ) -> OffsetFetchResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     // Kafka: DESCRIBE on the group, and on each topic (a topic asked for
     // answers TOPIC_AUTHORIZATION_FAILED, one not asked for is left out).
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     if version >= 8 {
         let mut groups = Vec::with_capacity(request.groups.len());
         for g in request.groups {

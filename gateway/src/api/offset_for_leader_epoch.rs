@@ -17,25 +17,24 @@ use kafka_protocol::messages::offset_for_leader_epoch_request::OffsetForLeaderPa
 use kafka_protocol::messages::offset_for_leader_epoch_response::{
     EpochEndOffset, OffsetForLeaderTopicResult,
 };
-use kafka_protocol::messages::{
-    OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse, RequestHeader,
-};
+use kafka_protocol::messages::{OffsetForLeaderEpochRequest, OffsetForLeaderEpochResponse};
 use tessera_metadata::{MetadataImage, TopicImage};
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
 use crate::leader_epochs::{self, UNDEFINED_EPOCH, UNDEFINED_EPOCH_OFFSET};
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: OffsetForLeaderEpochRequest,
 ) -> OffsetForLeaderEpochResponse {
     let image = broker.image();
     // Kafka: DESCRIBE on each topic (a follower's request, replica id set,
     // CLUSTER_ACTION on the cluster).
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let follower = request.replica_id.0 >= 0;
     let cluster_denied = follower && authz.cluster(Op::ClusterAction).is_err();
     let topics = request

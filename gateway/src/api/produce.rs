@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
-use kafka_protocol::messages::{ProduceRequest, ProduceResponse, RequestHeader};
+use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
 use tessera_log::{batch, now_ms};
 use tessera_metadata::RangeId;
@@ -17,6 +17,7 @@ use crate::broker::append::DurabilityWaits;
 use crate::broker::{Broker, PartitionRoute};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
+use crate::request_context::RequestContext;
 
 struct AppendedBatch {
     /// The range the batches went to: its durability decides the answer.
@@ -40,7 +41,7 @@ pub struct Appended {
 /// only the durability wait in [`acknowledge`] overlaps with later requests.
 pub async fn append(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: ProduceRequest,
 ) -> Appended {
     let acks = request.acks;
@@ -74,7 +75,7 @@ pub async fn append(
     let mut outcomes: Vec<(usize, i32, Result<AppendedBatch, ApiError>)> = Vec::new();
     // Kafka: WRITE on the transactional id of a transactional produce (the
     // whole request fails), then WRITE on each topic.
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let txn_denied = request
         .transactional_id
         .as_ref()

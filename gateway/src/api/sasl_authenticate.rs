@@ -5,15 +5,16 @@
 
 use std::sync::Arc;
 
-use kafka_protocol::messages::{RequestHeader, SaslAuthenticateRequest, SaslAuthenticateResponse};
+use kafka_protocol::messages::{SaslAuthenticateRequest, SaslAuthenticateResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     _broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    _ctx: &RequestContext,
     _request: SaslAuthenticateRequest,
 ) -> SaslAuthenticateResponse {
     let error = ApiError::IllegalSaslState(

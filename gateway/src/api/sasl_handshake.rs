@@ -6,14 +6,15 @@
 
 use std::sync::Arc;
 
-use kafka_protocol::messages::{RequestHeader, SaslHandshakeRequest, SaslHandshakeResponse};
+use kafka_protocol::messages::{SaslHandshakeRequest, SaslHandshakeResponse};
 
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     _broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    _ctx: &RequestContext,
     _request: SaslHandshakeRequest,
 ) -> SaslHandshakeResponse {
     SaslHandshakeResponse::default().with_error_code(

@@ -3,21 +3,22 @@
 
 use std::sync::Arc;
 
-use kafka_protocol::messages::{RequestHeader, SyncGroupRequest, SyncGroupResponse};
+use kafka_protocol::messages::{SyncGroupRequest, SyncGroupResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::groups::classic::{SyncRequest, SyncResult};
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: SyncGroupRequest,
 ) -> SyncGroupResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     // Kafka: READ on the group.
-    if let Err(e) = Authz::current(broker).group(Op::Read, &request.group_id) {
+    if let Err(e) = Authz::of(broker, ctx).group(Op::Read, &request.group_id) {
         return SyncGroupResponse::default().with_error_code(e.code());
     }
     let req = SyncRequest {

@@ -6,24 +6,25 @@ use std::sync::Arc;
 use kafka_protocol::messages::txn_offset_commit_response::{
     TxnOffsetCommitResponsePartition, TxnOffsetCommitResponseTopic,
 };
-use kafka_protocol::messages::{RequestHeader, TxnOffsetCommitRequest, TxnOffsetCommitResponse};
+use kafka_protocol::messages::{TxnOffsetCommitRequest, TxnOffsetCommitResponse};
 use kafka_protocol::protocol::StrBytes;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::groups::offsets::PartitionCommit;
 use crate::groups::txn_offsets::TxnCommitRequest;
+use crate::request_context::RequestContext;
 use crate::txn::fenced_for_version;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    header: &RequestHeader,
+    ctx: &RequestContext,
     request: TxnOffsetCommitRequest,
 ) -> TxnOffsetCommitResponse {
-    let version = header.request_api_version;
+    let version = ctx.version();
     // Kafka: WRITE on the transactional id and READ on the group (every
     // partition fails), then READ on each topic (its partitions fail).
-    let authz = Authz::current(broker);
+    let authz = Authz::of(broker, ctx);
     let denied = authz
         .transactional_id(Op::Write, &request.transactional_id)
         .and_then(|()| authz.group(Op::Read, &request.group_id))

@@ -24,20 +24,21 @@
 
 use std::sync::Arc;
 
-use kafka_protocol::messages::{RequestHeader, UnregisterBrokerRequest, UnregisterBrokerResponse};
+use kafka_protocol::messages::{UnregisterBrokerRequest, UnregisterBrokerResponse};
 use kafka_protocol::protocol::StrBytes;
 use tessera_metadata::MetadataRecord;
 
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::error::ApiError;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: UnregisterBrokerRequest,
 ) -> UnregisterBrokerResponse {
-    match unregister(broker, request.broker_id.0).await {
+    match unregister(broker, ctx, request.broker_id.0).await {
         Ok(()) => UnregisterBrokerResponse::default(),
         Err(e) => UnregisterBrokerResponse::default()
             .with_error_code(e.code())
@@ -45,8 +46,12 @@ pub async fn handle(
     }
 }
 
-async fn unregister(broker: &Arc<Broker>, broker_id: i32) -> Result<(), ApiError> {
-    Authz::current(broker).cluster(Op::Alter)?;
+async fn unregister(
+    broker: &Arc<Broker>,
+    ctx: &RequestContext,
+    broker_id: i32,
+) -> Result<(), ApiError> {
+    Authz::of(broker, ctx).cluster(Op::Alter)?;
     if broker_id >= 0 && broker.controller().is_voter(broker_id as u64) {
         return Err(ApiError::InvalidRequest(format!(
             "Broker {broker_id} is a controller (a voter of the metadata quorum): the voter set is static, a controller cannot be unregistered"

@@ -8,21 +8,22 @@ use std::sync::Arc;
 use kafka_protocol::messages::write_txn_markers_response::{
     WritableTxnMarkerPartitionResult, WritableTxnMarkerResult, WritableTxnMarkerTopicResult,
 };
-use kafka_protocol::messages::{RequestHeader, WriteTxnMarkersRequest, WriteTxnMarkersResponse};
+use kafka_protocol::messages::{WriteTxnMarkersRequest, WriteTxnMarkersResponse};
 
 use crate::authz::{Authz, Op};
 use crate::broker::txn_markers::Markers;
 use crate::broker::Broker;
+use crate::request_context::RequestContext;
 
 pub async fn handle(
     broker: &Arc<Broker>,
-    _header: &RequestHeader,
+    ctx: &RequestContext,
     request: WriteTxnMarkersRequest,
 ) -> WriteTxnMarkersResponse {
     let mut results = Vec::with_capacity(request.markers.len());
     // Kafka: CLUSTER_ACTION on the cluster (brokers' own requests, which
     // come on the inter-broker listener and pass).
-    let denied = Authz::current(broker).cluster(Op::ClusterAction).err();
+    let denied = Authz::of(broker, ctx).cluster(Op::ClusterAction).err();
     for marker in request.markers {
         let m = Markers {
             producer_id: marker.producer_id.0,

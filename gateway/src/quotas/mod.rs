@@ -266,40 +266,23 @@ impl QuotaManager {
 }
 
 pub use crate::request_context::ConnectionThrottle;
+use crate::request_context::RequestContext;
 
-/// The quota identity of the request being handled: (user, client id).
-pub fn current_identity(header: &kafka_protocol::messages::RequestHeader) -> (String, String) {
-    let principal = crate::request_context::CONNECTION
-        .try_with(|c| c.principal.clone())
-        .ok()
-        .flatten();
-    let user = user_of(principal.as_deref()).to_string();
-    let client = header
-        .client_id
-        .as_ref()
-        .map(|c| c.to_string())
-        .unwrap_or_default();
-    (user, client)
-}
-
-/// Mutes the connection of the request being handled (no-op outside one).
-pub fn mute_current(ms: u64) {
-    let _ = crate::request_context::CONNECTION.try_with(|c| c.throttle.mute_for(ms));
+/// The quota identity of a request: (user, client id).
+pub fn identity(ctx: &RequestContext) -> (String, String) {
+    let user = user_of(ctx.principal().map(|p| &**p)).to_string();
+    (user, ctx.client_id())
 }
 
 /// Records a Produce request's bytes against `producer_byte_rate` and
 /// mutes the connection when throttled; the throttle time (ms) for the
 /// response.
-pub fn record_produce(
-    broker: &crate::Broker,
-    header: &kafka_protocol::messages::RequestHeader,
-    request_size: usize,
-) -> i32 {
+pub fn record_produce(broker: &crate::Broker, ctx: &RequestContext, request_size: usize) -> i32 {
     let image = broker.image();
     if image.client_quotas.is_empty() {
         return 0;
     }
-    let (user, client) = current_identity(header);
+    let (user, client) = identity(ctx);
     let throttle = broker.quotas().record(
         &image.client_quotas,
         QuotaKind::Produce,
@@ -307,7 +290,7 @@ pub fn record_produce(
         &client,
         request_size as f64,
     );
-    mute_current(throttle);
+    ctx.mute_for(throttle);
     throttle.min(i32::MAX as u64) as i32
 }
 
@@ -320,7 +303,7 @@ pub fn record_produce(
 /// wraps its handler in the quota, the quota does not call up into it).
 pub async fn fetch_with_quota<Handle, Handled>(
     broker: &crate::Broker,
-    header: &kafka_protocol::messages::RequestHeader,
+    ctx: &RequestContext,
     mut request: kafka_protocol::messages::FetchRequest,
     handle: Handle,
 ) -> kafka_protocol::messages::FetchResponse
@@ -334,7 +317,7 @@ where
     if from_broker || image.client_quotas.is_empty() {
         return handle(request).await;
     }
-    let (user, client) = current_identity(header);
+    let (user, client) = identity(ctx);
     let quotas = &image.client_quotas;
     if let Some(max) = broker
         .quotas()
@@ -344,9 +327,7 @@ where
         request.max_bytes = request.max_bytes.min(max);
     }
     let response = handle(request).await;
-    let size = response
-        .compute_size(header.request_api_version)
-        .unwrap_or(0) as f64;
+    let size = response.compute_size(ctx.version()).unwrap_or(0) as f64;
     let throttle = broker
         .quotas()
         .record(quotas, QuotaKind::Fetch, &user, &client, size);
@@ -356,7 +337,7 @@ where
     broker
         .quotas()
         .unrecord(quotas, QuotaKind::Fetch, &user, &client, size);
-    mute_current(throttle);
+    ctx.mute_for(throttle);
     kafka_protocol::messages::FetchResponse::default()
         .with_throttle_time_ms(throttle.min(i32::MAX as u64) as i32)
         .with_error_code(response.error_code)
@@ -371,6 +352,7 @@ pub async fn time_request<Rest>(
     broker: std::sync::Arc<crate::Broker>,
     user: String,
     client: String,
+    throttled: Option<std::sync::Arc<ConnectionThrottle>>,
     before: Duration,
     in_flight: Rest,
 ) -> Rest::Output
@@ -390,7 +372,9 @@ where
         &client,
         nanos_to_percentage(busy.as_nanos()),
     );
-    mute_current(throttle);
+    if let Some(connection) = throttled {
+        connection.mute_for(throttle);
+    }
     reply
 }
 
