@@ -576,16 +576,17 @@ async fn read_remote(
         let records = read_from_holders(broker, &image, &read).await;
         let slot = &mut response.responses[read.topic_index].partitions[read.partition_index];
         match records {
-            Some(r) => {
+            Ok(r) => {
                 added += r.len();
                 Metrics::add(&broker.metrics().remote_read_bytes, r.len() as u64);
                 slot.records = Some(r);
             }
-            None => {
+            Err(answers) => {
                 tracing::warn!(
                     topic = %read.topic.0,
                     partition = read.partition,
                     offset = read.offset,
+                    answers = %answers.join("; "),
                     "no live replica served a sealed segment this leader lacks"
                 );
                 *slot = PartitionData::default()
@@ -604,8 +605,8 @@ async fn read_remote(
     added
 }
 
-/// The records of `read` from the replicas holding its sealed segment:
-/// `None` when no live replica served it. When every replica that answered
+/// The records of `read` from the replicas holding its sealed segment, or
+/// what each replica asked answered when none served it. When every replica that answered
 /// had nothing left of the partition in that segment (the cleaner emptied
 /// it from the offset on), the read goes on at the next segment, wherever
 /// that one is held (see [`read_here`]).
@@ -613,10 +614,12 @@ async fn read_from_holders(
     broker: &Broker,
     image: &tessera_metadata::MetadataImage,
     read: &RemoteRead,
-) -> Option<Bytes> {
+) -> Result<Bytes, Vec<String>> {
     let partition = read.partition as u32;
     let mut offset = read.offset;
     let mut holders = read.holders.clone();
+    // What each replica asked answered, for the log when none served.
+    let mut answers = Vec::new();
     // Each round moves past one segment: bounded by the partition's history.
     loop {
         let mut answered_empty = false;
@@ -647,26 +650,50 @@ async fn read_from_holders(
                 REMOTE_READ_TIMEOUT,
             )
             .await;
-            let data = answer.ok().and_then(|r| {
+            let data = answer.map(|r| {
                 r.responses
                     .into_iter()
                     .flat_map(|t| t.partitions)
-                    .find(|d| d.partition_index == read.partition && d.error_code == 0)
+                    .find(|d| d.partition_index == read.partition)
             });
-            match data.map(|d| d.records.unwrap_or_default()) {
-                Some(r) if !r.is_empty() => return Some(below(r, read.upper)),
-                Some(_) => answered_empty = true,
-                None => tracing::debug!(holder, offset, "no sealed copy read from replica"),
+            match data {
+                Ok(Some(d)) if d.error_code == 0 => {
+                    let r = d.records.unwrap_or_default();
+                    if !r.is_empty() {
+                        return Ok(below(r, read.upper));
+                    }
+                    answered_empty = true;
+                    answers.push(format!("{holder}: nothing at {offset}"));
+                }
+                Ok(Some(d)) => {
+                    answers.push(format!("{holder}: error {} at {offset}", d.error_code))
+                }
+                Ok(None) => answers.push(format!("{holder}: no partition in the answer")),
+                Err(e) => answers.push(format!("{holder}: {e}")),
             }
         }
-        let topic = image.topic_by_name(read.topic.0.as_str())?;
-        let next = answered_empty
-            .then(|| past_cleaned_segment_at(image, topic, partition, offset))
-            .flatten()?;
-        if next >= read.upper {
-            return Some(Bytes::new());
+        if holders.is_empty() {
+            answers.push(format!("no live replica holds offset {offset}"));
         }
-        let active = broker.route(image, topic, read.partition).ok()?.log;
+        let Some(topic) = image.topic_by_name(read.topic.0.as_str()) else {
+            return Err(answers);
+        };
+        let Some(next) = answered_empty
+            .then(|| past_cleaned_segment_at(image, topic, partition, offset))
+            .flatten()
+        else {
+            return Err(answers);
+        };
+        if next >= read.upper {
+            return Ok(Bytes::new());
+        }
+        let active = match broker.route(image, topic, read.partition) {
+            Ok(route) => route.log,
+            Err(e) => {
+                answers.push(format!("this broker: {e} at {next}"));
+                return Err(answers);
+            }
+        };
         match read_here(
             broker,
             image,
@@ -677,7 +704,7 @@ async fn read_from_holders(
             read.max_bytes,
             read.upper,
         ) {
-            Ok(Located::Here(records)) => return Some(records),
+            Ok(Located::Here(records)) => return Ok(records),
             Ok(Located::Elsewhere {
                 offset: at,
                 holders: h,
@@ -685,7 +712,10 @@ async fn read_from_holders(
                 offset = at;
                 holders = h;
             }
-            Err(_) => return None,
+            Err(e) => {
+                answers.push(format!("this broker: {e} at {next}"));
+                return Err(answers);
+            }
         }
     }
 }
