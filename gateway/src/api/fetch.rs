@@ -493,7 +493,17 @@ fn read_log(
     let log = if from >= active.base_offset(partition)? {
         active.clone()
     } else {
-        broker.read_route(image, topic, partition, from)?
+        broker
+            .read_route(image, topic, partition, from)
+            .inspect_err(|e| {
+                tracing::warn!(
+                    topic = %topic.name,
+                    partition,
+                    offset = from,
+                    error = %e,
+                    "an offset below the active range's base in no sealed segment's span and no open ancestor log"
+                )
+            })?
     };
     let mut read = log.read_below(partition, from, limit, upper)?;
     // Never past a sealed segment the log does not serve: the records of
