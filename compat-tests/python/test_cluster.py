@@ -189,14 +189,14 @@ def test_three_nodes_serve_one_cluster(cluster):
     assert len({m.cluster_id for m in metas}) == 1, [m.cluster_id for m in metas]
     assert all(sorted(m.brokers) == [1, 2, 3] for m in metas)
 
-    # Topics spread over the brokers (placement: rendezvous, weighted by load).
+    # Each topic's partitions spread over the brokers as Kafka spreads
+    # partition leaders: three partitions, one per broker (one range each).
     topics = [f"spread-{i}" for i in range(6)]
     leaders = {}
     for i, t in enumerate(topics):
         md = create(boot[i % NODES], t, 3)
-        leaders[t] = {p.leader for p in md.partitions.values()}
-    assert all(len(l) == 1 for l in leaders.values()), leaders  # one range each
-    assert len(set().union(*leaders.values())) >= 2, leaders
+        leaders[t] = sorted(p.leader for p in md.partitions.values())
+    assert all(l == [1, 2, 3] for l in leaders.values()), leaders
 
     # An idempotent producer on node 1, a consumer on node 2: every record,
     # at its acknowledged offset.
@@ -263,15 +263,21 @@ def test_the_controller_leader_dies_and_creation_and_splits_go_on(cluster):
     leads = {}
     for n in names:
         t = eventually(f"{n} created", lambda n=n: create(survivor_boot, n, 4), 60)
-        (leads[n],) = {p.leader for p in t.partitions.values()}
-    assert set(leads.values()) <= set(survivors), leads
-    name, lead = names[0], leads[names[0]]
+        leads[n] = {p.leader for p in t.partitions.values()}
+    # Spread over the live brokers only: both survivors lead some of each.
+    assert all(lead == set(survivors) for lead in leads.values()), leads
+    name = names[0]
+    lead = t_leader = eventually(f"{name} partition 0 led", lambda: next(
+        p.leader for i, p in admin_client(survivor_boot).list_topics(name, timeout=10)
+        .topics[name].partitions.items() if i == 0))
     # And so do splits, on the broker that leads the range.
     admin = cluster["admin"][lead - 1]
-    (rng,) = [r for r in http(admin + "/ranges") if r["topic"] == name and r["active"]]
+    before = [r for r in http(admin + "/ranges") if r["topic"] == name and r["active"]]
+    (rng,) = [r for r in before if r["lo"] == 0]
+    assert rng["hi"] - rng["lo"] >= 2, before
     http(admin + f"/ranges/split?range={rng['id']}", "POST")
     ranges = [r for r in http(admin + "/ranges") if r["topic"] == name and r["active"]]
-    assert len(ranges) == 2
+    assert len(ranges) == len(before) + 1, (t_leader, ranges)
     # Records flow through the new layout: each read back at its offset.
     acks = Acks()
     p = Producer({"bootstrap.servers": survivor_boot, "acks": "all"})
@@ -293,6 +299,53 @@ def test_sigterm_stops_every_node(cluster):
         assert not Path(f"/proc/{pid}").exists() or b"zombie" in Path(f"/proc/{pid}/status").read_bytes().lower()
 
 
+@pytest.mark.cluster_overrides({"num.partitions": "4"})
+def test_partition_leaders_and_coordinators_spread_over_the_brokers(cluster):
+    """Kafka spreads a new topic's partition leaders over the brokers; so
+    does tessera, by starting a topic with one range per live broker (issue
+    23). A 4-partition topic auto-created by a producer has leaders on all
+    three nodes (one or two partitions each); `__consumer_offsets` and
+    `__transaction_state` are spread the same way, so the group and
+    transaction coordinators of many ids are on every node."""
+    boot = ",".join(cluster["bootstrap"])
+    topic = "auto-spread"
+    acks = Acks()
+    p = Producer({"bootstrap.servers": boot, "acks": "all", "enable.idempotence": True})
+    for i in range(40):
+        p.produce(topic, value=b"%d" % i, partition=i % 4, on_delivery=acks)
+    assert p.flush(60) == 0
+    assert acks.errors == [], acks.errors[:3]
+    md = admin_client(boot).list_topics(topic, timeout=10).topics[topic]
+    led = {}
+    for part in md.partitions.values():
+        led[part.leader] = led.get(part.leader, 0) + 1
+    assert sorted(led) == [1, 2, 3] and sorted(led.values()) == [1, 1, 2], led
+    assert read_back({"bootstrap.servers": boot}, topic, 4) == acks.of(topic)
+
+    # Group and transaction coordinators of many ids, on every node.
+    groups = [f"spread-group-{i}" for i in range(30)]
+    for g in groups[:3]:
+        c = Consumer({"bootstrap.servers": boot, "group.id": g, "enable.auto.commit": False})
+        eventually(f"{g} committed", lambda c=c: c.commit(
+            offsets=[TopicPartition(topic, 0, 1)], asynchronous=False) is not None)
+        c.close()
+    txp = Producer({"bootstrap.servers": boot, "transactional.id": "spread-txn"})
+    txp.init_transactions(60)
+    internal = admin_client(boot).list_topics(timeout=10).topics
+    for name, partitions in (("__consumer_offsets", 50), ("__transaction_state", 50)):
+        leaders = {}
+        for part in internal[name].partitions.values():
+            leaders[part.leader] = leaders.get(part.leader, 0) + 1
+        assert sorted(leaders) == [1, 2, 3], (name, leaders)
+        assert sorted(leaders.values()) == [16, 17, 17], (name, leaders)
+    a = admin_client(boot)
+    coordinators = set()
+    for g in groups:
+        described = a.describe_consumer_groups([g])[g].result(30)
+        coordinators.add(described.coordinator.id)
+    assert coordinators == {1, 2, 3}, coordinators
+
+
 def test_a_transaction_across_nodes(cluster):
     """One confluent-kafka transaction writing to topics led by different
     nodes, with a consumer group's offsets sent to it: the coordinator
@@ -304,8 +357,8 @@ def test_a_transaction_across_nodes(cluster):
     leaders = {}
     for i, t in enumerate(topics):
         md = create(boot[i % NODES], t, 2)
-        (leaders[t],) = {p.leader for p in md.partitions.values()}
-    assert len(set(leaders.values())) >= 2, leaders
+        leaders[t] = {p.leader for p in md.partitions.values()}
+    assert len(set().union(*leaders.values())) >= 2, leaders
     source = "tx-source"
     create(boot[0], source, 1)
 

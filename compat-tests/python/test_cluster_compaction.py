@@ -262,7 +262,8 @@ def test_a_child_led_without_its_parents_log_reads_past_segments_the_cleaner_emp
     boot = ",".join(cluster["bootstrap"])
     workdir = cluster["workdir"]
     topic = "emptied-by-cleaner"
-    admin = create_replicated(boot, topic, 2, 3, {
+    # Six partitions: one range of two per broker; the first one is split.
+    admin = create_replicated(boot, topic, 6, 3, {
         "cleanup.policy": "compact",
         "segment.bytes": "4096",
         "min.cleanable.dirty.ratio": "0.01",
@@ -282,8 +283,10 @@ def test_a_child_led_without_its_parents_log_reads_past_segments_the_cleaner_emp
         # The oldest sealed segments cleaned (the cleaner leaves the newest
         # dirty ones until more roll in): the first holds only `first` now,
         # the next ones nothing of partition 0.
+        first = next(r["id"] for r in http(cluster["admin"][0] + "/ranges")
+                     if r["topic"] == topic and r["lo"] == 0)
         sealed = sorted((s for s in http(cluster["admin"][0] + "/segments")
-                         if s["topic"] == topic and s["sealed_bytes"] is not None),
+                         if s["range"] == first and s["sealed_bytes"] is not None),
                         key=lambda s: s["seq"])
         print([(s["seq"], s["sealed_bytes"], s.get("clean_pass", 0)) for s in sealed][:12])
         return len(sealed) > 4 and all(s.get("clean_pass", 0) > 0 for s in sealed[:3])
@@ -294,11 +297,13 @@ def test_a_child_led_without_its_parents_log_reads_past_segments_the_cleaner_emp
     assert latest(before)[b"hot"].startswith(b"update-0599-")
 
     url = cluster["admin"][0]
-    (root,) = [r for r in http(url + "/ranges") if r["topic"] == topic and r["active"]]
+    (root,) = [r for r in http(url + "/ranges")
+               if r["topic"] == topic and r["active"] and r["lo"] == 0]
+    assert root["hi"] == 2, root
     primary = leader_of(admin, topic)
     http(cluster["admin"][primary - 1] + f"/ranges/split?range={root['id']}", "POST")
     eventually("split", lambda: len([r for r in http(url + "/ranges")
-                                     if r["topic"] == topic and r["active"]]) == 2)
+                                     if r["topic"] == topic and r["active"] and r["hi"] <= 2]) == 2)
     p.produce(topic, key=b"hot", value=b"after-the-split", partition=0)
     assert p.flush(60) == 0
     dead = leader_of(admin, topic)

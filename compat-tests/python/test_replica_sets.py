@@ -225,14 +225,20 @@ def test_under_replicated_partitions_while_a_follower_is_down(cluster):
                lambda: metric(url, "tessera_under_replicated_partitions") == 0)
     follower = next(r for r in admin.list_topics(topic, timeout=10).topics[topic].partitions[0].replicas
                     if r != leader)
+    # The partitions this leader leads (Kafka's UnderReplicatedPartitions is
+    # per broker): the range of partition 0, two of the four here (the
+    # topic's ranges are spread, one per broker).
+    led_here = sum(1 for p in admin.list_topics(topic, timeout=10).topics[topic].partitions.values()
+                   if p.leader == leader)
+    assert led_here == 2
     cmd = kill_node(cluster["workdir"], follower)
     # The session is long: nothing replaces the follower, it is out of
     # sync after replica.lag.time.max.ms (2 s here) and counted.
     for i in range(100):
         p.produce(topic, b"y", partition=0)
     assert p.flush(30) == 0
-    eventually("4 under-replicated partitions",
-               lambda: metric(url, "tessera_under_replicated_partitions") == 4)
+    eventually(f"{led_here} under-replicated partitions",
+               lambda: metric(url, "tessera_under_replicated_partitions") == led_here)
     restart_node(cluster["workdir"], follower, cmd)
     eventually("in sync again", lambda: metric(url, "tessera_under_replicated_partitions") == 0,
                timeout=90)
@@ -242,7 +248,9 @@ def test_under_replicated_partitions_while_a_follower_is_down(cluster):
 def test_a_merged_range_fails_over_to_a_follower_without_its_parents(cluster):
     boot = ",".join(cluster["bootstrap"])
     topic = "merge-failover"
-    admin = create_replicated(boot, topic, 2, 3, {"min.insync.replicas": "2"})
+    # Six partitions in three ranges of two (one per broker); the load goes
+    # to the first range's two partitions, which are split and merged again.
+    admin = create_replicated(boot, topic, 6, 3, {"min.insync.replicas": "2"})
     leader = leader_of(admin, topic)
     url = cluster["admin"][leader - 1]
     load = Load(boot, topic, 2, rate=500)
@@ -250,17 +258,21 @@ def test_a_merged_range_fails_over_to_a_follower_without_its_parents(cluster):
     def ranges():
         return [r for r in http(url + "/ranges") if r["topic"] == topic and r["active"]]
 
+    def first_two():
+        return sorted((r for r in ranges() if r["hi"] <= 2), key=lambda r: r["lo"])
+
     eventually("records flowing", lambda: len(load.acks.acked) > 200)
-    root = ranges()[0]
+    (root,) = first_two()
+    assert (root["lo"], root["hi"]) == (0, 2), ranges()
     http(url + f"/ranges/split?range={root['id']}", "POST")
-    eventually("split", lambda: len(ranges()) == 2)
-    left, right = sorted(ranges(), key=lambda r: r["lo"])
+    eventually("split", lambda: len(first_two()) == 2)
+    left, right = first_two()
     eventually("both children led", lambda: all(
         p.leader > 0 for p in admin.list_topics(topic, timeout=10).topics[topic].partitions.values()))
     merge_url = cluster["admin"][leader_of(admin, topic) - 1]
     http(merge_url + f"/ranges/merge?left={left['id']}&right={right['id']}", "POST")
-    eventually("merged", lambda: len(ranges()) == 1 and ranges()[0]["parents"])
-    child = ranges()[0]
+    eventually("merged", lambda: len(first_two()) == 1 and first_two()[0]["parents"])
+    child = first_two()[0]
     primary = leader_of(admin, topic)
     eventually("the merge child taking records", lambda: len(load.acks.acked) > 1200)
     kill_node(cluster["workdir"], primary)
@@ -334,13 +346,15 @@ def test_a_group_coordinator_on_a_split_offsets_range_fails_over_with_its_offset
 
     commit(5)
     url = cluster["admin"][0]
-    eventually("the offsets topic", lambda: len(offsets_ranges(url)) == 1)
-    (root,) = offsets_ranges(url)
+    # The offsets topic starts as one range per broker (three here).
+    eventually("the offsets topic", lambda: len(offsets_ranges(url)) == 3)
+    (root,) = [r for r in offsets_ranges(url) if r["lo"] <= partition < r["hi"]]
+    n = len(offsets_ranges(url))
     segments = http(url + "/segments")
     primary = next(s["replicas"][0] for s in segments
                    if s["range"] == root["id"] and s["sealed_bytes"] is None)
     http(cluster["admin"][primary - 1] + f"/ranges/split?range={root['id']}", "POST")
-    eventually("split", lambda: len(offsets_ranges(url)) == 2)
+    eventually("split", lambda: len(offsets_ranges(url)) == n + 1)
     commit(9)  # into the child, after the parent's history
     child = next(r for r in offsets_ranges(url) if r["lo"] <= partition < r["hi"])
     child_primary = lambda: next(  # noqa: E731

@@ -18,7 +18,7 @@ use tessera_metadata::{
     BrokerRegistration, MetadataImage, MetadataRecord, RangeId, RangeImage, RangeRecord, SegmentId,
     SegmentImage, SegmentOpenRecord, SegmentSealRecord, TopicId, TopicRecord,
 };
-use tessera_replication::{place_replicas, BrokerCandidate, PlacementError};
+use tessera_replication::{place_replicas, place_replicas_led_by, BrokerCandidate, PlacementError};
 use thiserror::Error;
 
 /// Largest partition count a topic may have.
@@ -81,9 +81,12 @@ fn live_brokers(image: &MetadataImage) -> usize {
     image.brokers.values().filter(|b| !b.fenced).count()
 }
 
-/// A new topic: one range over all its partitions (a topic's files follow
-/// its ranges, not its partition count) with its first segment placed on
-/// `replication_factor` live brokers.
+/// A new topic: its partitions in as many ranges as it takes to put a
+/// primary on every live broker ([`initial_blocks`]: one range on a single
+/// broker, so a topic's files follow its ranges, not its partition count),
+/// each range's first segment led by the broker leading the fewest
+/// partitions (as Kafka spreads partition leaders at creation) and
+/// replicated on `replication_factor` live brokers around it.
 pub fn create_topic(
     image: &MetadataImage,
     spec: TopicSpec,
@@ -116,29 +119,118 @@ pub fn create_topic(
     if colliding_name(image, &spec.name) {
         return Err(PlanError::CollidingTopicName(spec.name));
     }
-    let range_id = image.next_range_id();
-    let replicas = place(
+    let mut records = vec![MetadataRecord::CreateTopic(TopicRecord {
+        topic_id: spec.topic_id,
+        name: spec.name,
+        partitions: spec.partitions,
+        replication_factor: spec.replication_factor,
+        configs: spec.configs,
+    })];
+    let blocks = initial_blocks(spec.partitions, live);
+    records.extend(spread_ranges(
         image,
-        SegmentId::new(range_id, 0),
+        spec.topic_id,
+        &blocks,
         spec.replication_factor as usize,
-    )?;
-    Ok(vec![
-        MetadataRecord::CreateTopic(TopicRecord {
-            topic_id: spec.topic_id,
-            name: spec.name,
-            partitions: spec.partitions,
-            replication_factor: spec.replication_factor,
-            configs: spec.configs,
-        }),
-        MetadataRecord::CreateRange(RangeRecord {
+    )?);
+    Ok(records)
+}
+
+/// How a new topic's partitions `[0, partitions)` start out: one contiguous
+/// block per live broker, never more blocks than partitions (one on a
+/// single broker), sizes differing by one at most, the larger ones first.
+pub fn initial_blocks(partitions: u32, live_brokers: usize) -> Vec<(u32, u32)> {
+    let n = (live_brokers.max(1) as u64)
+        .min(u64::from(partitions))
+        .max(1) as u32;
+    let (base, extra) = (partitions / n, partitions % n);
+    let mut lo = 0;
+    (0..n)
+        .map(|i| {
+            let hi = lo + base + u32::from(i < extra);
+            let block = (lo, hi);
+            lo = hi;
+            block
+        })
+        .collect()
+}
+
+/// Partitions each live broker leads: those of the active ranges whose
+/// active segment it is primary of (0 for a live broker leading none).
+pub fn partitions_led(image: &MetadataImage) -> BTreeMap<i32, u64> {
+    let mut led: BTreeMap<i32, u64> = image
+        .brokers
+        .values()
+        .filter(|b| !b.fenced)
+        .map(|b| (b.registration.broker_id, 0))
+        .collect();
+    for range in image.ranges.values().filter(|r| r.active) {
+        if let Some(primary) = image.active_segment(range.id).and_then(|s| s.primary()) {
+            if let Some(n) = led.get_mut(&primary) {
+                *n += u64::from(range.hi - range.lo);
+            }
+        }
+    }
+    led
+}
+
+/// New root ranges for `blocks` of a topic's partitions, ids from the
+/// image's next one: each block's first segment led by a distinct live
+/// broker while there are enough (the one leading the fewest partitions,
+/// counting the blocks placed before it; ties by the segment's rendezvous
+/// order), its followers placed around that primary.
+fn spread_ranges(
+    image: &MetadataImage,
+    topic_id: TopicId,
+    blocks: &[(u32, u32)],
+    replication_factor: usize,
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    let brokers = candidates(image);
+    let mut led = partitions_led(image);
+    let mut leading_this_topic = Vec::new();
+    let mut records = Vec::with_capacity(blocks.len() * 2);
+    for (i, &(lo, hi)) in blocks.iter().enumerate() {
+        let range_id = image.next_range_id() + i as RangeId;
+        let segment = SegmentId::new(range_id, 0);
+        let key = segment.to_string();
+        // The rendezvous order of live brokers for this segment breaks ties.
+        let order = place_replicas(&key, &brokers, led.len().max(1)).unwrap_or_default();
+        let primary = led
+            .iter()
+            .filter(|(b, _)| {
+                !leading_this_topic.contains(*b) || leading_this_topic.len() >= led.len()
+            })
+            .min_by_key(|(b, n)| {
+                (
+                    **n,
+                    order.iter().position(|o| o == *b).unwrap_or(usize::MAX),
+                )
+            })
+            .map(|(b, _)| *b);
+        let replicas = place_replicas_led_by(&key, &brokers, primary, replication_factor)
+            .map_err(placement_error)?;
+        if let Some(&p) = replicas.first() {
+            *led.entry(p).or_default() += u64::from(hi - lo);
+            leading_this_topic.push(p);
+        }
+        records.push(MetadataRecord::CreateRange(RangeRecord {
             range_id,
-            topic_id: spec.topic_id,
-            lo: 0,
-            hi: spec.partitions,
+            topic_id,
+            lo,
+            hi,
             parents: vec![],
-        }),
-        open_segment(SegmentId::new(range_id, 0), replicas, 0),
-    ])
+        }));
+        records.push(open_segment(segment, replicas, 0));
+    }
+    Ok(records)
+}
+
+fn placement_error(e: PlacementError) -> PlanError {
+    match e {
+        PlacementError::NotEnoughBrokers { .. } | PlacementError::InvalidReplicationFactor => {
+            PlanError::InvalidReplicationFactor(e.to_string())
+        }
+    }
 }
 
 /// Kafka refuses a name that differs from an existing one only by '.' vs '_'.
@@ -148,20 +240,6 @@ fn colliding_name(image: &MetadataImage, name: &str) -> bool {
         .topic_names
         .keys()
         .any(|n| n != name && n.replace('.', "_") == normal)
-}
-
-fn place(
-    image: &MetadataImage,
-    segment: SegmentId,
-    replication_factor: usize,
-) -> Result<Vec<i32>, PlanError> {
-    place_replicas(&segment.to_string(), &candidates(image), replication_factor).map_err(
-        |e| match e {
-            PlacementError::NotEnoughBrokers { .. } | PlacementError::InvalidReplicationFactor => {
-                PlanError::InvalidReplicationFactor(e.to_string())
-            }
-        },
-    )
 }
 
 pub fn delete_topic(
@@ -292,57 +370,61 @@ pub fn create_partitions(
             validate_manual_assignment(image, replicas, topic.replication_factor)?;
         }
     }
-    let range_id = image.next_range_id();
-    let segment = SegmentId::new(range_id, 0);
-    let replicas = place(image, segment, topic.replication_factor.max(1) as usize)?;
-    Ok(vec![
-        MetadataRecord::IncreasePartitions {
-            topic_id,
-            partitions: count,
-        },
-        MetadataRecord::CreateRange(RangeRecord {
-            range_id,
-            topic_id,
-            lo: existing,
-            hi: count,
-            parents: vec![],
-        }),
-        open_segment(segment, replicas, 0),
-    ])
+    // The new partitions spread as a new topic's do.
+    let blocks: Vec<(u32, u32)> = initial_blocks(additional, live_brokers(image))
+        .into_iter()
+        .map(|(lo, hi)| (existing + lo, existing + hi))
+        .collect();
+    let mut records = vec![MetadataRecord::IncreasePartitions {
+        topic_id,
+        partitions: count,
+    }];
+    records.extend(spread_ranges(
+        image,
+        topic_id,
+        &blocks,
+        topic.replication_factor.max(1) as usize,
+    )?);
+    Ok(records)
 }
 
-/// The range a topic's uncovered tail `[covered, partitions)` needs: empty
-/// while its active ranges reach its partition count. A CreatePartitions
-/// whose `IncreasePartitions` applied but whose `CreateRange` lost its id
-/// to a concurrent write (plans made on different nodes against one image)
-/// leaves such a tail; its writer covers it with these records.
+/// The ranges a topic's partitions outside every active range need: empty
+/// while its active ranges tile `[0, partitions)`. A creation whose
+/// `CreateTopic` or `IncreasePartitions` applied but some of whose
+/// `CreateRange`s lost their ids to a concurrent write (plans made on
+/// different nodes against one image) leaves such gaps; its writer covers
+/// them with these records.
 pub fn cover_partitions(
     image: &MetadataImage,
     topic_id: TopicId,
 ) -> Result<Vec<MetadataRecord>, PlanError> {
     let topic = image.topics.get(&topic_id).ok_or(PlanError::UnknownTopic)?;
-    let covered = image
+    let mut covered: Vec<(u32, u32)> = image
         .active_ranges(topic_id)
         .iter()
-        .map(|r| r.hi)
-        .max()
-        .unwrap_or(0);
-    if covered >= topic.partitions {
+        .map(|r| (r.lo, r.hi))
+        .collect();
+    covered.sort_unstable();
+    let mut gaps = Vec::new();
+    let mut at = 0;
+    for (lo, hi) in covered {
+        if lo > at {
+            gaps.push((at, lo));
+        }
+        at = at.max(hi);
+    }
+    if at < topic.partitions {
+        gaps.push((at, topic.partitions));
+    }
+    if gaps.is_empty() {
         return Ok(Vec::new());
     }
-    let range_id = image.next_range_id();
-    let segment = SegmentId::new(range_id, 0);
-    let replicas = place(image, segment, topic.replication_factor.max(1) as usize)?;
-    Ok(vec![
-        MetadataRecord::CreateRange(RangeRecord {
-            range_id,
-            topic_id,
-            lo: covered,
-            hi: topic.partitions,
-            parents: vec![],
-        }),
-        open_segment(segment, replicas, 0),
-    ])
+    spread_ranges(
+        image,
+        topic_id,
+        &gaps,
+        topic.replication_factor.max(1) as usize,
+    )
 }
 
 /// Kafka's `validateManualPartitionAssignment` plus the replication factor

@@ -88,6 +88,122 @@ fn a_new_topic_is_one_range_with_one_segment() {
     );
 }
 
+/// Per live broker: the partitions of `topic` it leads.
+fn leaders_of(image: &MetadataImage, topic: TopicId) -> BTreeMap<i32, u32> {
+    let mut led: BTreeMap<i32, u32> = image
+        .brokers
+        .values()
+        .filter(|b| !b.fenced)
+        .map(|b| (b.registration.broker_id, 0))
+        .collect();
+    for r in image.active_ranges(topic) {
+        let primary = image.active_segment(r.id).unwrap().primary().unwrap();
+        *led.get_mut(&primary).unwrap() += r.hi - r.lo;
+    }
+    led
+}
+
+#[test]
+fn a_new_topic_spreads_its_partitions_over_every_live_broker() {
+    let mut image = cluster(3);
+    let s = spec("spread", 4, 3);
+    let id = s.topic_id;
+    let records = create_topic(&image, s).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    let ranges = image.active_ranges(id);
+    let blocks: Vec<(u32, u32)> = ranges.iter().map(|r| (r.lo, r.hi)).collect();
+    assert_eq!(blocks, vec![(0, 2), (2, 3), (3, 4)]);
+    let primaries: BTreeSet<i32> = ranges
+        .iter()
+        .map(|r| image.active_segment(r.id).unwrap().primary().unwrap())
+        .collect();
+    assert_eq!(primaries, BTreeSet::from([1, 2, 3]));
+    for r in &ranges {
+        let seg = image.active_segment(r.id).unwrap();
+        assert_eq!(seg.replicas.len(), 3);
+        assert_eq!(seg.replicas.iter().collect::<BTreeSet<_>>().len(), 3);
+        assert!(r.parents.is_empty());
+    }
+    // Never more ranges than partitions; one range on one broker.
+    let s = spec("two", 2, 1);
+    let id = s.topic_id;
+    let records = create_topic(&image, s).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(image.active_ranges(id).len(), 2);
+    let (image, id) = with_topic(10_000);
+    assert_eq!(image.active_ranges(id).len(), 1);
+}
+
+#[test]
+fn initial_blocks_tile_the_partitions_in_near_equal_parts() {
+    assert_eq!(initial_blocks(1, 5), vec![(0, 1)]);
+    assert_eq!(initial_blocks(7, 1), vec![(0, 7)]);
+    assert_eq!(initial_blocks(7, 3), vec![(0, 3), (3, 5), (5, 7)]);
+    assert_eq!(initial_blocks(50, 3), vec![(0, 17), (17, 34), (34, 50)]);
+    assert_eq!(initial_blocks(3, 0), vec![(0, 3)]);
+}
+
+#[test]
+fn a_gap_a_lost_range_left_is_covered_wherever_it_is() {
+    let mut image = cluster(3);
+    let s = spec("gappy", 9, 2);
+    let id = s.topic_id;
+    let records = create_topic(&image, s).unwrap();
+    // The middle range's records lose their range id to a concurrent write.
+    let lost_middle: Vec<MetadataRecord> = records
+        .iter()
+        .filter(|r| !matches!(r, MetadataRecord::CreateRange(c) if c.lo == 3)
+            && !matches!(r, MetadataRecord::OpenSegment(o) if o.segment.range == records.iter().find_map(|r| match r {
+                MetadataRecord::CreateRange(c) if c.lo == 3 => Some(c.range_id),
+                _ => None,
+            }).unwrap()))
+        .cloned()
+        .collect();
+    assert_eq!(commit(&mut image, &lost_middle), 0);
+    let cover = cover_partitions(&image, id).unwrap();
+    assert_eq!(commit(&mut image, &cover), 0);
+    let mut tiles: Vec<(u32, u32)> = image
+        .active_ranges(id)
+        .iter()
+        .map(|r| (r.lo, r.hi))
+        .collect();
+    tiles.sort_unstable();
+    assert_eq!(tiles, vec![(0, 3), (3, 6), (6, 9)]);
+    assert!(cover_partitions(&image, id).unwrap().is_empty());
+}
+
+proptest! {
+    /// Whatever topics are created, in whatever order, on however many
+    /// brokers: each topic's leaders are spread as Kafka's (each live broker
+    /// leads floor or ceil of its partitions over the brokers), and the
+    /// cluster's partition leaders per broker differ by one at most.
+    #[test]
+    fn creation_keeps_partition_leaders_even(
+        brokers in 1i32..7,
+        topics in proptest::collection::vec((1u32..60, 1i16..4), 1..25),
+    ) {
+        let mut image = cluster(brokers);
+        for (i, (partitions, rf)) in topics.into_iter().enumerate() {
+            let rf = rf.min(brokers as i16);
+            let s = spec(&format!("t{i}"), partitions, rf);
+            let id = s.topic_id;
+            let records = create_topic(&image, s).unwrap();
+            prop_assert_eq!(commit(&mut image, &records), 0);
+            let led = leaders_of(&image, id);
+            let n = (brokers as u32).min(partitions);
+            let (floor, ceil) = (partitions / brokers as u32, partitions.div_ceil(brokers as u32));
+            let leading: Vec<u32> = led.values().copied().filter(|&c| c > 0).collect();
+            prop_assert_eq!(leading.len() as u32, n);
+            for c in &leading {
+                prop_assert!(*c == floor.max(1) || *c == ceil, "{} not in [{}, {}]", c, floor, ceil);
+            }
+            let total = partitions_led(&image);
+            let (lo, hi) = (total.values().min().unwrap(), total.values().max().unwrap());
+            prop_assert!(hi - lo <= 1, "cluster leader counts {:?}", total);
+        }
+    }
+}
+
 #[test]
 fn topic_creation_checks_what_the_image_knows() {
     let (image, _) = with_topic(3);
@@ -429,9 +545,11 @@ fn a_broker_asking_to_stop_is_fenced_at_once_and_stays_fenced() {
     );
 }
 
+/// One range (a one-partition topic: more partitions spread over brokers
+/// as ranges of their own), replicated `rf` times on `brokers`.
 fn replicated_topic(brokers: i32, rf: i16) -> (MetadataImage, RangeId) {
     let mut image = cluster(brokers);
-    let records = create_topic(&image, spec("r", 4, rf)).unwrap();
+    let records = create_topic(&image, spec("r", 1, rf)).unwrap();
     assert_eq!(commit(&mut image, &records), 0);
     let range = *image.ranges.keys().next().unwrap();
     (image, range)
@@ -459,7 +577,7 @@ fn a_quorum_seal_reopens_on_the_holder_with_the_next_epoch() {
         segment: active.id,
         size_bytes: 500,
         spans: vec![PartitionSpan {
-            partition: 2,
+            partition: 0,
             start_offset: 0,
             end_offset: 7,
         }],
@@ -1086,10 +1204,12 @@ fn retention_plans_nothing_for_unknown_or_sealed_ranges() {
 
 /// `topics` RF=`rf` topics created while brokers `1..=initial` were the
 /// only ones, then brokers `initial+1..=total` registered (they joined).
+/// `topics` one-range topics on `initial` brokers, then brokers up to
+/// `total` join.
 fn joined(initial: i32, total: i32, topics: usize, rf: i16) -> MetadataImage {
     let mut image = cluster(initial);
     for i in 0..topics {
-        let records = create_topic(&image, spec(&format!("t{i}"), 4, rf)).unwrap();
+        let records = create_topic(&image, spec(&format!("t{i}"), 1, rf)).unwrap();
         assert_eq!(commit(&mut image, &records), 0);
     }
     for b in initial + 1..=total {

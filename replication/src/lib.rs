@@ -22,7 +22,7 @@ pub mod snapshot_transfer;
 
 pub use follower::{FollowerSegment, Offer, SealAction};
 pub use leading::short_copies;
-pub use placement::{place_replicas, BrokerCandidate, PlacementError};
+pub use placement::{place_replicas, place_replicas_led_by, BrokerCandidate, PlacementError};
 pub use quorum::{
     commit_quorum, committed_across, committed_end, fence_quorum, quorum_size, seal_point,
     FenceReport,

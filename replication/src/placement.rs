@@ -55,6 +55,18 @@ pub fn place_replicas(
     brokers: &[BrokerCandidate],
     replication_factor: usize,
 ) -> Result<Vec<i32>, PlacementError> {
+    place_replicas_led_by(segment_key, brokers, None, replication_factor)
+}
+
+/// [`place_replicas`] with the primary chosen by the caller (a live
+/// candidate; ignored otherwise): it comes first and its rack counts as
+/// used, the followers are placed around it.
+pub fn place_replicas_led_by(
+    segment_key: &str,
+    brokers: &[BrokerCandidate],
+    primary: Option<i32>,
+    replication_factor: usize,
+) -> Result<Vec<i32>, PlacementError> {
     if replication_factor == 0 {
         return Err(PlacementError::InvalidReplicationFactor);
     }
@@ -70,6 +82,10 @@ pub fn place_replicas(
             .total_cmp(&score(segment_key, a))
             .then(a.broker_id.cmp(&b.broker_id))
     });
+    if let Some(at) = primary.and_then(|p| live.iter().position(|b| b.broker_id == p)) {
+        let led_by = live.remove(at);
+        live.insert(0, led_by);
+    }
     let mut chosen: Vec<&BrokerCandidate> = Vec::with_capacity(replication_factor);
     let mut used_racks: Vec<&Option<String>> = Vec::new();
     // First pass: best-scoring broker of each unused rack; second: fill by score.
@@ -106,6 +122,32 @@ mod tests {
             fenced: false,
             load: 0,
         }
+    }
+
+    #[test]
+    fn a_chosen_primary_leads_and_the_followers_spread_from_its_rack() {
+        let b = vec![
+            broker(1, Some("a")),
+            broker(2, Some("a")),
+            broker(3, Some("b")),
+            broker(4, Some("c")),
+        ];
+        for key in ["t/1/0", "t/2/0", "x/9/3"] {
+            let placed = place_replicas_led_by(key, &b, Some(2), 3).unwrap();
+            assert_eq!(placed[0], 2, "{key}");
+            let mut rest = placed[1..].to_vec();
+            rest.sort();
+            assert_eq!(rest, vec![3, 4], "{key}: one per other rack");
+        }
+        // A fenced or unknown primary is not forced in.
+        let mut fenced = b.clone();
+        fenced[1].fenced = true;
+        let placed = place_replicas_led_by("t/1/0", &fenced, Some(2), 2).unwrap();
+        assert!(!placed.contains(&2));
+        assert_eq!(
+            place_replicas_led_by("t/1/0", &b, Some(99), 2).unwrap(),
+            place_replicas("t/1/0", &b, 2).unwrap()
+        );
     }
 
     #[test]

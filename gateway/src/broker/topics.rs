@@ -50,12 +50,26 @@ impl Broker {
             }));
         }
         let outcome = self.controller.write_detailed(records).await?;
-        if !outcome.skipped.is_empty() {
+        if outcome.skipped.contains(&0) {
             // Another broker created the name first (its entry committed
             // between our plan and our write): replay skipped ours.
             return Err(ApiError::TopicAlreadyExists(spec.name));
         }
-        self.await_reconciled(outcome.offset).await?;
+        let mut offset = outcome.offset;
+        if !outcome.skipped.is_empty() {
+            // The topic is ours, but a concurrent write (a plan made on
+            // another node against the same image) took some of our range
+            // ids: the partitions without a range are covered before
+            // answering.
+            for _ in 0..5 {
+                let records = tessera_planner::cover_partitions(&self.image(), spec.topic_id)?;
+                if records.is_empty() {
+                    break;
+                }
+                offset = self.controller.write(records).await?;
+            }
+        }
+        self.await_reconciled(offset).await?;
         self.image()
             .topics
             .get(&spec.topic_id)
