@@ -294,6 +294,7 @@ mod tests {
                         end_offset,
                     })
                     .collect(),
+                leader_epoch: Some(self.image.active_segment(range).unwrap().leader_epoch),
             }
         }
 

@@ -393,15 +393,31 @@ fn run_cluster(
     Ok(())
 }
 
+/// The log's timestamp, followed by `node=N` when the node id is given on
+/// the command line: the nodes of `tessera cluster` share one output, and a
+/// fault is read from which node said what.
+struct NodeTimer(Option<i32>);
+
+impl tracing_subscriber::fmt::time::FormatTime for NodeTimer {
+    fn format_time(&self, w: &mut tracing_subscriber::fmt::format::Writer<'_>) -> std::fmt::Result {
+        tracing_subscriber::fmt::time::SystemTime.format_time(w)?;
+        match self.0 {
+            Some(node) => write!(w, " node={node}"),
+            None => Ok(()),
+        }
+    }
+}
+
 fn main() -> anyhow::Result<()> {
+    let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,openraft=warn")),
         )
+        .with_timer(NodeTimer(cli.node_id))
         .with_writer(std::io::stderr)
         .init();
-    let cli = Cli::parse();
     if let Some(Command::Cluster {
         nodes,
         base_port,

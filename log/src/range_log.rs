@@ -118,6 +118,9 @@ pub struct SealedSegment {
     pub spans: Vec<(u32, i64, i64)>,
     /// The sequence number of the segment that is active now.
     pub next_seq: u32,
+    /// The leader epoch of the log that reports it: its metadata seal is
+    /// for the image's segment of this number at this epoch only.
+    pub leader_epoch: i32,
 }
 
 /// What one append did.
@@ -834,6 +837,7 @@ impl RangeLog {
             size_bytes: active.size,
             spans: active.index.spans(),
             next_seq: active.seq + 1,
+            leader_epoch: self.options.leader_epoch,
         };
         self.write_snapshot(inner, sealed.next_seq);
         Ok(sealed)
@@ -1351,6 +1355,7 @@ impl RangeLog {
                 size_bytes: s.size,
                 spans: s.index.spans(),
                 next_seq: s.seq + 1,
+                leader_epoch: self.options.leader_epoch,
             })
             .collect();
         (sealed, active_seq)
@@ -1417,6 +1422,7 @@ impl RangeLog {
             size_bytes: last.size,
             spans: last.index.spans(),
             next_seq: last.seq + 1,
+            leader_epoch: self.options.leader_epoch,
         };
         self.open_next_segment(&mut inner, &sealed, now_ms())
             .inspect_err(|e| self.latch_failure("reopening the range", e))?;

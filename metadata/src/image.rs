@@ -460,6 +460,7 @@ impl MetadataImage {
                         segment: s.id,
                         size_bytes: seal.size_bytes,
                         spans: seal.spans.clone(),
+                        leader_epoch: Some(s.leader_epoch),
                     }));
                 }
             }

@@ -4,8 +4,9 @@
 //! stable contract: a record is `u16 BE type`, `u16 BE version`, then the
 //! payload with big-endian integers, length-prefixed UTF-8 strings (u16 for
 //! names/keys, u32 for config values), u32-count-prefixed arrays, 16-byte
-//! UUIDs and `Option` as a 0/1 tag byte. All records are version 0 today; a
-//! future version gets a new number and the decoder keeps reading the old.
+//! UUIDs and `Option` as a 0/1 tag byte. Records are version 0 except
+//! `SealSegment` (version 1 adds the leader epoch of the segment it seals);
+//! a new version gets a new number and the decoder keeps reading the old.
 //!
 //! [`MetadataRecord::decode`] also rejects values out of range for their
 //! field (decided by the bytes alone, never by the image), because the
@@ -170,6 +171,12 @@ pub struct SegmentSealRecord {
     pub segment: SegmentId,
     pub size_bytes: u64,
     pub spans: Vec<PartitionSpan>,
+    /// The leader epoch of the segment this seal is for. Replay skips the
+    /// seal when the image's segment of that number is at another epoch: a
+    /// closed log's roll recorded after a failover reused its number would
+    /// otherwise seal the new segment at the old one's size (found by the
+    /// 64 KiB kill test). `None` in version-0 records (applied as before).
+    pub leader_epoch: Option<i32>,
 }
 
 /// One log-cleaning pass over a range's oldest sealed segments, decided
@@ -388,6 +395,16 @@ impl MetadataRecord {
         }
     }
 
+    /// The version [`MetadataRecord::encode`] writes: 1 for a
+    /// `SealSegment` that names its leader epoch, else 0 (readable by
+    /// builds from before version 1).
+    fn version(&self) -> u16 {
+        match self {
+            MetadataRecord::SealSegment(s) if s.leader_epoch.is_some() => 1,
+            _ => 0,
+        }
+    }
+
     /// Encodes the record (current version of its type).
     ///
     /// Infallible; a record whose fields are out of range still encodes,
@@ -396,7 +413,7 @@ impl MetadataRecord {
     pub fn encode(&self) -> Vec<u8> {
         let mut w = Writer(Vec::with_capacity(32));
         w.u16(self.record_type());
-        w.u16(0);
+        w.u16(self.version());
         match self {
             MetadataRecord::NoOp => {}
             MetadataRecord::RegisterBroker(b) => {
@@ -466,6 +483,9 @@ impl MetadataRecord {
                     w.u32(sp.partition);
                     w.i64(sp.start_offset);
                     w.i64(sp.end_offset);
+                }
+                if let Some(epoch) = s.leader_epoch {
+                    w.i32(epoch);
                 }
             }
             MetadataRecord::DeleteSegment { segment } => w.segment(segment),
@@ -582,7 +602,8 @@ impl MetadataRecord {
         if ty > record_type::MAX {
             return Err(RecordDecodeError::UnknownType(ty));
         }
-        if version != 0 {
+        let known = version == 0 || (ty == SEAL_SEGMENT && version == 1);
+        if !known {
             return Err(RecordDecodeError::UnknownVersion {
                 record_type: ty,
                 version,
@@ -706,10 +727,16 @@ impl MetadataRecord {
                         end_offset: r.i64("span end_offset")?,
                     });
                 }
+                let leader_epoch = if version >= 1 {
+                    Some(r.i32("leader_epoch")?)
+                } else {
+                    None
+                };
                 MetadataRecord::SealSegment(SegmentSealRecord {
                     segment,
                     size_bytes,
                     spans,
+                    leader_epoch,
                 })
             }
             DELETE_SEGMENT => MetadataRecord::DeleteSegment {
@@ -938,6 +965,9 @@ impl MetadataRecord {
             }
             MetadataRecord::SealSegment(s) => {
                 check_range_id("segment range", s.segment.range)?;
+                if s.leader_epoch.is_some_and(|e| e < 0) {
+                    return Err(E::invalid("leader_epoch", format!("{:?}", s.leader_epoch)));
+                }
                 if s.size_bytes > i64::MAX as u64 {
                     return Err(E::invalid("size_bytes", s.size_bytes.to_string()));
                 }
@@ -1549,12 +1579,14 @@ pub(crate) mod tests {
                     0u32..MAX_PARTITIONS,
                     (0i64..i64::MAX / 2, 0i64..1 << 40),
                     0..5
-                )
+                ),
+                proptest::option::of(0i32..)
             )
-                .prop_map(|(segment, size_bytes, spans)| {
+                .prop_map(|(segment, size_bytes, spans, leader_epoch)| {
                     MetadataRecord::SealSegment(SegmentSealRecord {
                         segment,
                         size_bytes,
+                        leader_epoch,
                         spans: spans
                             .into_iter()
                             .map(|(partition, (start, len))| PartitionSpan {
@@ -1766,6 +1798,29 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_version_0_seal_decodes_without_a_leader_epoch_and_version_1_with_it() {
+        let seal = |leader_epoch| {
+            MetadataRecord::SealSegment(SegmentSealRecord {
+                segment: SegmentId::new(3, 7),
+                size_bytes: 100,
+                spans: vec![],
+                leader_epoch,
+            })
+        };
+        let v0 = seal(None).encode();
+        assert_eq!(&v0[..4], &[0, record_type::SEAL_SEGMENT as u8, 0, 0]);
+        assert_eq!(MetadataRecord::decode(&v0), Ok(seal(None)));
+        let v1 = seal(Some(9)).encode();
+        assert_eq!(&v1[..4], &[0, record_type::SEAL_SEGMENT as u8, 0, 1]);
+        assert_eq!(v1.len(), v0.len() + 4);
+        assert_eq!(MetadataRecord::decode(&v1), Ok(seal(Some(9))));
+        // Version 1 is the seal's only: other types still refuse it.
+        let mut open = MetadataRecord::SealRange { range_id: 1 }.encode();
+        open[3] = 1;
+        assert!(MetadataRecord::decode(&open).is_err());
+    }
+
+    #[test]
     fn header_errors() {
         assert_eq!(
             MetadataRecord::decode(&[0, 99, 0, 0]),
@@ -1889,6 +1944,7 @@ pub(crate) mod tests {
             MetadataRecord::SealSegment(SegmentSealRecord {
                 segment: SegmentId::new(1, 0),
                 size_bytes: 10,
+                leader_epoch: Some(0),
                 spans: vec![PartitionSpan {
                     partition: 0,
                     start_offset: start,
@@ -1897,6 +1953,12 @@ pub(crate) mod tests {
             })
         };
         rejects(seal(-1, 3));
+        rejects(MetadataRecord::SealSegment(SegmentSealRecord {
+            segment: SegmentId::new(1, 0),
+            size_bytes: 10,
+            spans: vec![],
+            leader_epoch: Some(-1),
+        }));
         rejects(seal(5, 4));
         seal(5, 5).validate().unwrap();
 

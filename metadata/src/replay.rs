@@ -129,6 +129,11 @@ impl MetadataImage {
                 if seg.sealed.is_some() {
                     return Some("segment already sealed");
                 }
+                if s.leader_epoch.is_some_and(|e| e != seg.leader_epoch) {
+                    // A seal of a segment this number once was: a closed
+                    // log's roll, recorded after a failover reused the number.
+                    return Some("seal of another leader epoch than the segment's");
+                }
                 let range = self.ranges.get(&s.segment.range);
                 let spans_ok =
                     range.is_some_and(|r| s.spans.iter().all(|sp| r.contains(sp.partition)));
@@ -533,6 +538,7 @@ mod tests {
                     end_offset,
                 })
                 .collect(),
+            leader_epoch: None,
         })
     }
 
@@ -1001,6 +1007,23 @@ mod tests {
             !last_applies(&with(base(), seal(1, 0, vec![(4, 0, 1)]))),
             "span outside range"
         );
+
+        // A seal names the leader epoch of the segment it is for: the
+        // image's segment 0 is at epoch 0, so a seal written for segment 0
+        // at epoch 3 (a closed log's roll of a number a failover reused)
+        // does not apply, and one at epoch 0 does.
+        let at_epoch = |epoch| match seal(1, 0, vec![(0, 0, 10)]) {
+            MetadataRecord::SealSegment(mut s) => {
+                s.leader_epoch = Some(epoch);
+                MetadataRecord::SealSegment(s)
+            }
+            _ => unreachable!(),
+        };
+        assert!(
+            !last_applies(&with(base(), at_epoch(3))),
+            "seal of another leader epoch"
+        );
+        assert!(last_applies(&with(base(), at_epoch(0))));
     }
 
     #[test]

@@ -64,6 +64,7 @@ fn roll(n: u32) -> Vec<MetadataRecord> {
                 start_offset: n as i64 * 10,
                 end_offset: n as i64 * 10 + 10,
             }],
+            leader_epoch: Some(0),
         }),
         MetadataRecord::OpenSegment(SegmentOpenRecord {
             segment: SegmentId::new(1, n + 1),

@@ -642,7 +642,9 @@ pub fn open_segment(segment: SegmentId, replicas: Vec<i32>, leader_epoch: i32) -
 /// roll keeps leadership where it is, as a Kafka leader keeps its epoch
 /// across segment rolls). Nothing is repeated that the image holds already,
 /// so a roll recorded twice (a crash, or a move racing the roll's own
-/// record) writes it once.
+/// record) writes it once. Seals of a log at another leader epoch than the
+/// range's newest segment are a closed log's (leadership moved since, and
+/// a failover may have reused the numbers): nothing is recorded for them.
 pub fn record_local_segments(
     image: &MetadataImage,
     range: RangeId,
@@ -659,6 +661,12 @@ pub fn record_local_segments(
             newest.leader_epoch,
         )
     };
+    if sealed
+        .iter()
+        .any(|s| s.leader_epoch.is_some_and(|e| e != newest.leader_epoch))
+    {
+        return Vec::new();
+    }
     let mut records = Vec::new();
     let mut opened = std::collections::BTreeSet::new();
     for seal in sealed {
@@ -906,27 +914,28 @@ pub fn seal_by_quorum(
             }
         }
     }
-    Ok(seal_and_open_next(seal, replicas, segment.leader_epoch + 1))
+    Ok(seal_and_open_next(seal, replicas, segment.leader_epoch))
 }
 
-/// A quorum seal of a segment and the opening of the range's next segment
-/// on `replicas` with `leader_epoch` (one metadata entry: nobody sees the
-/// range without an active segment).
+/// A quorum seal of a segment at `sealed_epoch` and the opening of the
+/// range's next segment on `replicas` one epoch up (one metadata entry:
+/// nobody sees the range without an active segment).
 pub(crate) fn seal_and_open_next(
     seal: &QuorumSeal,
     replicas: Vec<i32>,
-    leader_epoch: i32,
+    sealed_epoch: i32,
 ) -> Vec<MetadataRecord> {
     vec![
         MetadataRecord::SealSegment(SegmentSealRecord {
             segment: seal.segment,
             size_bytes: seal.size_bytes,
             spans: seal.spans.clone(),
+            leader_epoch: Some(sealed_epoch),
         }),
         open_segment(
             SegmentId::new(seal.segment.range, seal.segment.seq + 1),
             replicas,
-            leader_epoch,
+            sealed_epoch + 1,
         ),
     ]
 }

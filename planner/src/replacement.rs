@@ -265,7 +265,7 @@ pub fn seal_and_replace(
     Ok(crate::seal_and_open_next(
         seal,
         plan.replicas.clone(),
-        segment.leader_epoch + 1,
+        segment.leader_epoch,
     ))
 }
 

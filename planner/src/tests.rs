@@ -72,6 +72,7 @@ fn seal(range: RangeId, seq: u32, spans: &[(u32, i64, i64)]) -> SegmentSealRecor
                 end_offset,
             })
             .collect(),
+        leader_epoch: None,
     }
 }
 
@@ -389,6 +390,44 @@ fn a_roll_is_recorded_once() {
 }
 
 #[test]
+fn a_closed_logs_roll_never_seals_the_segment_a_failover_opened_with_its_number() {
+    // The sequence of a 64 KiB kill test: the primary's log (epoch 0) rolls
+    // 0 -> 1 -> 2 locally while the metadata quorum is away; a seal by
+    // quorum then seals 0 and opens 1 at epoch 1; the old log's queued
+    // rolls must not seal that new segment 1 at the old segment 1's size.
+    let (mut image, id) = with_topic(2);
+    let range = image.active_ranges(id)[0].id;
+    let first = image.active_segment(range).unwrap();
+    let quorum = seal_by_quorum(
+        &image,
+        &QuorumSeal {
+            segment: first.id,
+            size_bytes: 100,
+            spans: vec![],
+            holder: first.replicas[0],
+        },
+    )
+    .unwrap();
+    assert_eq!(commit(&mut image, &quorum), 0);
+    let reused = image.active_segment(range).unwrap();
+    assert_eq!((reused.id.seq, reused.leader_epoch), (1, 1));
+    let mut old_roll = seal(range, 1, &[(0, 5, 9)]);
+    old_roll.leader_epoch = Some(0);
+    // The planner records nothing for it...
+    assert!(record_local_segments(&image, range, &[old_roll.clone()], Some(2)).is_empty());
+    // ...and the same seal planned on an older image is skipped at replay.
+    let stale = vec![MetadataRecord::SealSegment(old_roll.clone())];
+    assert_eq!(commit(&mut image, &stale), 1);
+    assert!(!image.segments[&reused.id].is_sealed());
+    // The new log's own roll of segment 1 (epoch 1) is recorded.
+    let mut new_roll = old_roll;
+    new_roll.leader_epoch = Some(1);
+    let records = record_local_segments(&image, range, &[new_roll], Some(2));
+    assert_eq!(commit(&mut image, &records), 0);
+    assert!(image.segments[&reused.id].is_sealed());
+}
+
+#[test]
 fn rolls_a_crash_left_unrecorded_are_recorded_in_order() {
     let (mut image, id) = with_topic(2);
     let range = image.active_ranges(id)[0].id;
@@ -660,6 +699,7 @@ fn rolled_replicated_topic() -> (MetadataImage, Arc<SegmentImage>, i32, i32) {
             segment: first.id,
             size_bytes: 100,
             spans: vec![],
+            leader_epoch: None,
         }],
         Some(1),
     );
@@ -748,6 +788,7 @@ fn healing_waits_for_a_spare_broker_and_is_bounded() {
             segment: first.id,
             size_bytes: 1,
             spans: vec![],
+            leader_epoch: None,
         }],
         Some(1),
     );

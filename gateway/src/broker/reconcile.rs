@@ -192,10 +192,17 @@ impl Broker {
                 // A log opened at another leader epoch than the image's
                 // active segment is a zombie's: leadership moved away (and
                 // maybe back) while this broker was not looking.
+                // So is one whose active segment the image has sealed under
+                // it (every seal of a live log's segment fences the log first).
+                let active_sealed_under_it = image
+                    .segments
+                    .get(&SegmentId::new(range.id, log.local_durable_end().0))
+                    .is_some_and(|s| s.is_sealed());
                 let lost = range.active
                     && (!primary_here
                         || log.is_sealed()
-                        || log.leader_epoch() != last.leader_epoch);
+                        || log.leader_epoch() != last.leader_epoch
+                        || active_sealed_under_it);
                 if !lost {
                     if range.active {
                         // segment.bytes / segment.ms (or their broker
@@ -663,6 +670,7 @@ pub(crate) fn seal_of(range: RangeId, s: &SealedSegment) -> SegmentSealRecord {
                 end_offset,
             })
             .collect(),
+        leader_epoch: Some(s.leader_epoch),
     }
 }
 
@@ -748,26 +756,41 @@ async fn record_range_rolls(
         // (The log says whether it is replicated: the image may not show
         // this segment yet when rolls come fast, each one recorded only
         // after the one before it.)
-        if let Some(log) = broker.log_of(range) {
-            if let (true, Some(end)) = (log.is_replicated(), log.position_of(sealed.next_seq, 0)) {
-                drop(broker);
-                loop {
-                    match tokio::time::timeout(ROLL_COMMIT_WARN, log.wait_durable(end)).await {
-                        Ok(Ok(())) => break,
-                        Ok(Err(tessera_log::LogError::NotEnoughReplicasAfterAppend)) => {
-                            // Short of replicas: wait for the commit or the close.
-                            tokio::time::sleep(Duration::from_millis(200)).await;
-                        }
-                        Ok(Err(e)) => {
-                            tracing::info!(range, seq = sealed.seq, error = %e, "rolled segment not committed before its log closed; its seal is left to seal-by-quorum");
-                            continue 'rolls;
-                        }
-                        Err(_) => tracing::warn!(
-                            range,
-                            seq = sealed.seq,
-                            "rolled segment not committed yet; waiting for a quorum of its replicas"
-                        ),
+        // Only the log that rolled is waited on and recorded for: once it
+        // closed, the range's log here (if any) is another one, at a new
+        // epoch that may reuse the rolled segment's number, and its
+        // positions say nothing of this roll. A closed log's segments are
+        // sealed by a quorum, or recorded when a log opens on them again.
+        let Some(log) = broker
+            .log_of(range)
+            .filter(|log| log.leader_epoch() == sealed.leader_epoch)
+        else {
+            tracing::info!(
+                range,
+                seq = sealed.seq,
+                epoch = sealed.leader_epoch,
+                "rolled segment of a log that closed; its seal is left to seal-by-quorum"
+            );
+            continue 'rolls;
+        };
+        if let (true, Some(end)) = (log.is_replicated(), log.position_of(sealed.next_seq, 0)) {
+            drop(broker);
+            loop {
+                match tokio::time::timeout(ROLL_COMMIT_WARN, log.wait_durable(end)).await {
+                    Ok(Ok(())) => break,
+                    Ok(Err(tessera_log::LogError::NotEnoughReplicasAfterAppend)) => {
+                        // Short of replicas: wait for the commit or the close.
+                        tokio::time::sleep(Duration::from_millis(200)).await;
                     }
+                    Ok(Err(e)) => {
+                        tracing::info!(range, seq = sealed.seq, error = %e, "rolled segment not committed before its log closed; its seal is left to seal-by-quorum");
+                        continue 'rolls;
+                    }
+                    Err(_) => tracing::warn!(
+                        range,
+                        seq = sealed.seq,
+                        "rolled segment not committed yet; waiting for a quorum of its replicas"
+                    ),
                 }
             }
         }
@@ -852,6 +875,7 @@ mod tests {
                     end_offset,
                 })
                 .collect(),
+            leader_epoch: Some(0),
         };
         let seals = [
             seal(0, &[(0, 0, 3)]),

@@ -489,6 +489,16 @@ impl Broker {
                 self.replicas.sealed_copies.lock().insert(seg.id);
                 continue;
             }
+            if self
+                .log_of(range)
+                .is_some_and(|l| l.holds_segment(seg.id.seq))
+            {
+                // The open log still writes this file: a copy opened on it
+                // would be a second writer appending to the same file. The
+                // log is closed as lost (its active segment sealed under
+                // it), and the next pass takes the file as a copy.
+                continue;
+            }
             if self.clean_pass_pending(&dir, &seg) {
                 // The image's size is the cleaned one: the copy is compared
                 // with it once the pass is applied here (clean_passes.rs).
