@@ -269,3 +269,63 @@ def test_kafka_python_alter_configs(broker, kp_admin):
     res = KConfigResource(ConfigResourceType.TOPIC, topic, configs={"retention.ms": "later"})
     result = kp_admin.alter_configs([res], incremental=False, raise_on_unknown=False)
     assert kp_errors(result) == [KafkaError.INVALID_CONFIG], result
+
+
+# ---- Kafka's other dynamic broker keys, on a 3-node cluster ---------------
+
+from types import SimpleNamespace  # noqa: E402
+
+from test_cluster import cluster, eventually  # noqa: E402,F401 - the 3-node cluster fixture
+
+
+def test_kafkas_dynamic_broker_keys_are_accepted_stored_and_described_on_a_cluster(cluster):
+    """librdkafka's admin test sets `sasl.kerberos.min.time.before.relogin` on
+    a broker; Kafka accepts every key of its dynamic broker set
+    (`DynamicBrokerConfig`), checked by type, and describes it with its
+    source. Tessera stores them (inert where it has no use for them, as the
+    documentation field says); secrets are described as sensitive, with no
+    value. Before: INVALID_REQUEST "Unknown broker config"."""
+    b = SimpleNamespace(bootstrap=",".join(cluster["bootstrap"]))
+    assert incremental(b, BROKER, "2", [("sasl.kerberos.min.time.before.relogin", SET, "70000")]) is None
+    assert legacy_alter(b, BROKER, "3", {
+        "num.io.threads": "4",
+        "listener.name.plaintext.sasl.jaas.config": "org.example.Login required;",
+    }) is None
+
+    def described(node, key, value):
+        entry = describe(b, BROKER, node).get(key)
+        return entry is not None and entry.value == value and entry
+
+    relogin = eventually("node 2 describes the relogin key",
+                         lambda: described("2", "sasl.kerberos.min.time.before.relogin", "70000"))
+    assert ConfigSource(relogin.source) == ConfigSource.DYNAMIC_BROKER_CONFIG
+    assert not relogin.is_read_only and not relogin.is_sensitive
+    io = eventually("node 3 describes num.io.threads", lambda: described("3", "num.io.threads", "4"))
+    assert ConfigSource(io.source) == ConfigSource.DYNAMIC_BROKER_CONFIG
+    jaas = describe(b, BROKER, "3")["listener.name.plaintext.sasl.jaas.config"]
+    assert jaas.is_sensitive and jaas.value is None, "a secret is never shown"
+    # Node 2's own value; node 1 still has the default.
+    assert value_and_source(describe(b, BROKER, "1"), "sasl.kerberos.min.time.before.relogin") == (
+        "60000",
+        ConfigSource.DEFAULT_CONFIG,
+    )
+    # Checked by type, as Kafka does: INVALID_REQUEST for broker configs.
+    assert_error(incremental(b, BROKER, "2", [("sasl.kerberos.min.time.before.relogin", SET, "soon")]),
+                 KafkaError.INVALID_REQUEST)
+    assert_error(incremental(b, BROKER, "2", [("num.io.threads", SET, "0")]), KafkaError.INVALID_REQUEST)
+
+    # kafka-python, incremental, on node 1.
+    from kafka import KafkaAdminClient
+    from kafka.admin import ConfigResource as KConfigResource
+    from kafka.admin import ConfigResourceType
+
+    kp = KafkaAdminClient(bootstrap_servers=b.bootstrap, request_timeout_ms=30000)
+    try:
+        res = KConfigResource(ConfigResourceType.BROKER, "1",
+                              configs={"transaction.partition.verification.enable": ("SET", "false")})
+        result = kp.alter_configs([res], incremental=True)
+        assert set(kp_errors(result)) == {0}, result
+    finally:
+        kp.close()
+    eventually("node 1 describes the verification key",
+               lambda: described("1", "transaction.partition.verification.enable", "false"))

@@ -103,9 +103,11 @@ fn broker_key_name(key: &str) -> Option<&'static str> {
     static_keys()
         .find(|k| *k == key)
         .or_else(|| dynamic_keys().find(|k| *k == key))
+        .or_else(|| kafka_dynamic_key(key).map(|k| k.name))
 }
 
-/// The broker keys that can be set dynamically.
+/// The broker keys that can be set dynamically and act at once: the
+/// broker synonyms of topic configs.
 pub fn dynamic_keys() -> impl Iterator<Item = &'static str> {
     TOPIC_CONFIGS.iter().filter_map(|k| match k.synonym {
         Synonym::Dynamic(s) => Some(s),
@@ -114,7 +116,375 @@ pub fn dynamic_keys() -> impl Iterator<Item = &'static str> {
 }
 
 pub fn is_dynamic(key: &str) -> bool {
-    dynamic_keys().any(|k| k == key) || crate::tls::is_reloadable(key)
+    dynamic_keys().any(|k| k == key)
+        || crate::tls::is_reloadable(key)
+        || kafka_dynamic_key(key).is_some()
+        || crate::tls::unprefixed(key) != key
+            && kafka_dynamic_key(crate::tls::unprefixed(key)).is_some_and(|k| k.listener)
+}
+
+/// One of Kafka's other dynamic broker keys (see [`KAFKA_DYNAMIC_KEYS`]).
+pub struct KafkaDynamicKey {
+    pub name: &'static str,
+    kind: Kind,
+    default: &'static str,
+    /// A listener or security key (Kafka's `DynamicListenerConfig`): it
+    /// may also be set per listener (`listener.name.<l>.<key>`).
+    listener: bool,
+    /// Set per broker only (Kafka's `PerBrokerConfigs`).
+    per_broker: bool,
+}
+
+const fn key(
+    name: &'static str,
+    kind: Kind,
+    default: &'static str,
+    listener: bool,
+    per_broker: bool,
+) -> KafkaDynamicKey {
+    KafkaDynamicKey {
+        name,
+        kind,
+        default,
+        listener,
+        per_broker,
+    }
+}
+
+/// Kafka's dynamic broker keys (`DynamicBrokerConfig.AllDynamicConfigs`)
+/// beyond the topic-config synonyms and the reloadable TLS files above:
+/// AlterConfigs accepts them (validated by their type), the metadata log
+/// stores them, DescribeConfigs shows them with their source, so tools and
+/// tests written for Kafka run unchanged (librdkafka's admin test sets
+/// `sasl.kerberos.min.time.before.relogin`). Tessera does not act on them:
+/// their documentation says so ([`INERT_DOC`], [`STARTUP_ONLY_DOC`]).
+const KAFKA_DYNAMIC_KEYS: &[KafkaDynamicKey] = &[
+    // DynamicListenerConfig: listeners, SSL and SASL (per broker).
+    key("listeners", Kind::AnyList, "PLAINTEXT://:9092", true, true),
+    key("advertised.listeners", Kind::AnyList, "", true, true),
+    key(
+        "listener.security.protocol.map",
+        Kind::AnyList,
+        "SASL_SSL:SASL_SSL,PLAINTEXT:PLAINTEXT,SSL:SSL,SASL_PLAINTEXT:SASL_PLAINTEXT",
+        true,
+        true,
+    ),
+    key(
+        "principal.builder.class",
+        Kind::Text,
+        "org.apache.kafka.common.security.authenticator.DefaultKafkaPrincipalBuilder",
+        true,
+        true,
+    ),
+    key("ssl.protocol", Kind::Text, "TLSv1.3", true, true),
+    key("ssl.provider", Kind::Text, "", true, true),
+    key("ssl.cipher.suites", Kind::AnyList, "", true, true),
+    key(
+        "ssl.enabled.protocols",
+        Kind::AnyList,
+        "TLSv1.2,TLSv1.3",
+        true,
+        true,
+    ),
+    key("ssl.keystore.password", Kind::Password, "", true, true),
+    key("ssl.key.password", Kind::Password, "", true, true),
+    key("ssl.truststore.password", Kind::Password, "", true, true),
+    key("ssl.keystore.key", Kind::Password, "", true, true),
+    key(
+        "ssl.keystore.certificate.chain",
+        Kind::Password,
+        "",
+        true,
+        true,
+    ),
+    key(
+        "ssl.truststore.certificates",
+        Kind::Password,
+        "",
+        true,
+        true,
+    ),
+    key(
+        "ssl.keymanager.algorithm",
+        Kind::Text,
+        "SunX509",
+        true,
+        true,
+    ),
+    key("ssl.trustmanager.algorithm", Kind::Text, "PKIX", true, true),
+    key(
+        "ssl.endpoint.identification.algorithm",
+        Kind::Text,
+        "https",
+        true,
+        true,
+    ),
+    key(
+        "ssl.secure.random.implementation",
+        Kind::Text,
+        "",
+        true,
+        true,
+    ),
+    key(
+        "ssl.client.auth",
+        Kind::OneOf(&["none", "requested", "required"]),
+        "none",
+        true,
+        true,
+    ),
+    key("ssl.engine.factory.class", Kind::Text, "", true, true),
+    key(
+        "sasl.mechanism.inter.broker.protocol",
+        Kind::Text,
+        "GSSAPI",
+        true,
+        true,
+    ),
+    key("sasl.jaas.config", Kind::Password, "", true, true),
+    key(
+        "sasl.enabled.mechanisms",
+        Kind::AnyList,
+        "GSSAPI",
+        true,
+        true,
+    ),
+    key("sasl.kerberos.service.name", Kind::Text, "", true, true),
+    key(
+        "sasl.kerberos.kinit.cmd",
+        Kind::Text,
+        "/usr/bin/kinit",
+        true,
+        true,
+    ),
+    key(
+        "sasl.kerberos.ticket.renew.window.factor",
+        Kind::AnyDouble,
+        "0.8",
+        true,
+        true,
+    ),
+    key(
+        "sasl.kerberos.ticket.renew.jitter",
+        Kind::AnyDouble,
+        "0.05",
+        true,
+        true,
+    ),
+    key(
+        "sasl.kerberos.min.time.before.relogin",
+        Kind::Long(0),
+        "60000",
+        true,
+        true,
+    ),
+    key(
+        "sasl.kerberos.principal.to.local.rules",
+        Kind::AnyList,
+        "DEFAULT",
+        true,
+        true,
+    ),
+    key(
+        "sasl.login.refresh.window.factor",
+        Kind::AnyDouble,
+        "0.8",
+        true,
+        true,
+    ),
+    key(
+        "sasl.login.refresh.window.jitter",
+        Kind::AnyDouble,
+        "0.05",
+        true,
+        true,
+    ),
+    key(
+        "sasl.login.refresh.min.period.seconds",
+        Kind::Int(0),
+        "60",
+        true,
+        true,
+    ),
+    key(
+        "sasl.login.refresh.buffer.seconds",
+        Kind::Int(0),
+        "300",
+        true,
+        true,
+    ),
+    // Connection limits and network threads: cluster-wide allowed.
+    key("max.connections", Kind::Int(0), "2147483647", true, false),
+    key(
+        "max.connection.creation.rate",
+        Kind::Int(0),
+        "2147483647",
+        true,
+        false,
+    ),
+    key("num.network.threads", Kind::Int(1), "3", true, false),
+    key(
+        "max.connections.per.ip",
+        Kind::Int(0),
+        "2147483647",
+        false,
+        false,
+    ),
+    key(
+        "max.connections.per.ip.overrides",
+        Kind::AnyList,
+        "",
+        false,
+        false,
+    ),
+    // DynamicThreadPool.
+    key("num.io.threads", Kind::Int(1), "8", false, false),
+    key("num.replica.fetchers", Kind::Int(1), "1", false, false),
+    key(
+        "num.recovery.threads.per.data.dir",
+        Kind::Int(1),
+        "2",
+        false,
+        false,
+    ),
+    key("background.threads", Kind::Int(1), "10", false, false),
+    // LogCleaner.
+    key("log.cleaner.threads", Kind::Int(0), "1", false, false),
+    key(
+        "log.cleaner.dedupe.buffer.size",
+        Kind::Long(0),
+        "134217728",
+        false,
+        false,
+    ),
+    key(
+        "log.cleaner.io.buffer.load.factor",
+        Kind::AnyDouble,
+        "0.9",
+        false,
+        false,
+    ),
+    key(
+        "log.cleaner.io.buffer.size",
+        Kind::Int(0),
+        "524288",
+        false,
+        false,
+    ),
+    key(
+        "log.cleaner.io.max.bytes.per.second",
+        Kind::AnyDouble,
+        "1.7976931348623157E308",
+        false,
+        false,
+    ),
+    key(
+        "log.cleaner.backoff.ms",
+        Kind::Long(0),
+        "15000",
+        false,
+        false,
+    ),
+    // Metrics, config providers, producer state.
+    key("metric.reporters", Kind::AnyList, "", false, false),
+    key("config.providers", Kind::AnyList, "", false, false),
+    key(
+        "producer.id.expiration.ms",
+        Kind::Int(1),
+        "86400000",
+        false,
+        false,
+    ),
+    key(
+        "transaction.partition.verification.enable",
+        Kind::Bool,
+        "true",
+        false,
+        false,
+    ),
+    // DynamicRemoteLogConfig (tiered storage, which Tessera does not have).
+    key(
+        "remote.log.index.file.cache.total.size.bytes",
+        Kind::Long(1),
+        "1073741824",
+        false,
+        false,
+    ),
+    key(
+        "remote.fetch.max.wait.ms",
+        Kind::Int(1),
+        "500",
+        false,
+        false,
+    ),
+    key(
+        "remote.log.manager.copy.max.bytes.per.second",
+        Kind::Long(1),
+        "9223372036854775807",
+        false,
+        false,
+    ),
+    key(
+        "remote.log.manager.fetch.max.bytes.per.second",
+        Kind::Long(1),
+        "9223372036854775807",
+        false,
+        false,
+    ),
+    key(
+        "remote.log.reader.threads",
+        Kind::Int(1),
+        "10",
+        false,
+        false,
+    ),
+    key(
+        "remote.log.manager.copier.thread.pool.size",
+        Kind::Int(1),
+        "10",
+        false,
+        false,
+    ),
+    key(
+        "remote.log.manager.expiration.thread.pool.size",
+        Kind::Int(1),
+        "10",
+        false,
+        false,
+    ),
+    key(
+        "remote.log.manager.follower.thread.pool.size",
+        Kind::Int(1),
+        "2",
+        false,
+        false,
+    ),
+    key(
+        "remote.list.offsets.request.timeout.ms",
+        Kind::Long(1),
+        "30000",
+        false,
+        false,
+    ),
+];
+
+/// The documentation of a Kafka dynamic key Tessera has no use for.
+const INERT_DOC: &str = "Kafka's dynamic broker config: accepted, checked and stored so that tools written for Kafka work; Tessera does not use it.";
+
+/// The documentation of a Kafka dynamic key Tessera reads at startup only.
+const STARTUP_ONLY_DOC: &str = "Kafka's dynamic broker config: accepted, checked and stored so that tools written for Kafka work; Tessera reads this key from its static config at startup only, so a dynamic value does not change what the broker does.";
+
+/// One of Kafka's other dynamic broker keys, by name.
+pub fn kafka_dynamic_key(key: &str) -> Option<&'static KafkaDynamicKey> {
+    KAFKA_DYNAMIC_KEYS.iter().find(|k| k.name == key)
+}
+
+/// The keys among `keys` Kafka sets per broker only, never as the
+/// cluster-wide default (`DynamicBrokerConfig.PerBrokerConfigs`).
+pub fn per_broker_only<'a>(keys: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    keys.into_iter()
+        .filter(|k| kafka_dynamic_key(crate::tls::unprefixed(k)).is_some_and(|d| d.per_broker))
+        .collect()
 }
 
 /// The topic config a dynamic broker key is the default of.
@@ -129,7 +499,9 @@ fn topic_of(key: &str) -> Option<&'static crate::topic_config::TopicKey> {
 /// else the default of the topic config it stands for (Kafka's broker
 /// defaults of these keys are the topic defaults).
 pub fn broker_default(key: &str) -> Option<&'static str> {
-    static_default(key).or_else(|| topic_of(key).map(|k| k.default))
+    static_default(key)
+        .or_else(|| topic_of(key).map(|k| k.default))
+        .or_else(|| kafka_dynamic_key(key).map(|k| k.default))
 }
 
 /// Type (Kafka's ConfigType code) and documentation of the keys tessera
@@ -631,10 +1003,23 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
 
 /// Type and documentation of a broker key.
 fn broker_key_info(key: &str) -> (i8, &'static str) {
+    let kafka = kafka_dynamic_key(key);
     if let Some((_, t, doc)) = STATIC_KEYS.iter().find(|(k, _, _)| *k == key) {
-        return (*t, doc);
+        // A key Tessera reads at startup that Kafka can also change at
+        // runtime: its doc says a dynamic value does not act.
+        return (
+            *t,
+            if kafka.is_some() {
+                STARTUP_ONLY_DOC
+            } else {
+                doc
+            },
+        );
     }
-    topic_of(key).map_or((2, ""), |k| (k.kind.config_type(), k.doc))
+    if let Some(k) = topic_of(key) {
+        return (k.kind.config_type(), k.doc);
+    }
+    kafka.map_or((2, ""), |k| (k.kind.config_type(), INERT_DOC))
 }
 
 /// DescribeConfigs of a BROKER resource. `per_broker` (resource name = this
@@ -642,7 +1027,10 @@ fn broker_key_info(key: &str) -> (i8, &'static str) {
 /// otherwise (resource name "") only the cluster-wide dynamic defaults, as
 /// Kafka answers.
 pub fn describe_broker_configs(view: &BrokerView<'_>, per_broker: bool) -> Vec<DescribedConfig> {
-    let mut names: Vec<&'static str> = static_keys().chain(dynamic_keys()).collect();
+    let mut names: Vec<&'static str> = static_keys()
+        .chain(dynamic_keys())
+        .chain(KAFKA_DYNAMIC_KEYS.iter().map(|k| k.name))
+        .collect();
     names.sort_unstable();
     names.dedup();
     let overrides = listener_overrides(view, per_broker);
@@ -666,7 +1054,7 @@ pub fn describe_broker_configs(view: &BrokerView<'_>, per_broker: bool) -> Vec<D
                 source,
                 config_type,
                 read_only: !is_dynamic(name),
-                sensitive: false,
+                sensitive: config_type == Kind::Password.config_type(),
                 synonyms,
                 doc,
             })
@@ -710,7 +1098,7 @@ fn listener_overrides(view: &BrokerView<'_>, per_broker: bool) -> Vec<DescribedC
                 source,
                 config_type,
                 read_only: false,
-                sensitive: false,
+                sensitive: config_type == Kind::Password.config_type(),
                 synonyms,
                 doc,
             }
@@ -731,7 +1119,10 @@ pub fn check_dynamic(key: &str, value: &str) -> Result<(), ApiError> {
             },
         ));
     }
-    let kind = topic_of(key).map_or(Kind::Text, |k| k.kind);
+    let kind = topic_of(key)
+        .map(|k| k.kind)
+        .or_else(|| kafka_dynamic_key(crate::tls::unprefixed(key)).map(|k| k.kind))
+        .unwrap_or(Kind::Text);
     check_value(key, kind, value).map_err(|e| match e {
         ApiError::InvalidConfig(m) => ApiError::InvalidRequest(m),
         other => other,
@@ -740,7 +1131,9 @@ pub fn check_dynamic(key: &str, value: &str) -> Result<(), ApiError> {
 
 /// Whether the dynamic broker key `key` is a list (APPEND/SUBTRACT).
 pub fn is_list(key: &str) -> bool {
-    is_dynamic(key) && topic_of(key).is_some_and(|k| k.kind.is_list())
+    is_dynamic(key)
+        && (topic_of(key).is_some_and(|k| k.kind.is_list())
+            || kafka_dynamic_key(crate::tls::unprefixed(key)).is_some_and(|k| k.kind.is_list()))
 }
 
 /// Validates a broker's whole new set of dynamic configs.
@@ -817,6 +1210,80 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("Cannot update these configs dynamically"));
+    }
+
+    #[test]
+    fn kafkas_other_dynamic_keys_are_accepted_by_type() {
+        // librdkafka's admin test sets this one on a broker.
+        assert!(check_dynamic("sasl.kerberos.min.time.before.relogin", "60000").is_ok());
+        assert!(check_dynamic("listener.name.external.ssl.cipher.suites", "A,B").is_ok());
+        assert!(check_dynamic(
+            "log.cleaner.io.max.bytes.per.second",
+            "1.7976931348623157E308"
+        )
+        .is_ok());
+        assert!(check_dynamic("metric.reporters", "com.example.Reporter").is_ok());
+        assert!(is_list("metric.reporters"));
+        for (k, v) in [
+            ("sasl.kerberos.min.time.before.relogin", "soon"),
+            ("num.io.threads", "0"),
+            ("transaction.partition.verification.enable", "maybe"),
+            ("log.cleaner.io.buffer.load.factor", "-1"),
+            ("ssl.client.auth", "sometimes"),
+            // Only listener keys take a listener prefix.
+            ("listener.name.external.num.io.threads", "4"),
+        ] {
+            let e = check_dynamic(k, v).unwrap_err();
+            assert_eq!(e.code(), 42, "{k}={v}: {e}");
+        }
+        // Listener and security keys are per broker; connection limits
+        // and thread pools may be cluster-wide defaults (Kafka's rule).
+        assert_eq!(
+            per_broker_only([
+                "listeners",
+                "listener.name.external.ssl.protocol",
+                "max.connections",
+                "num.io.threads",
+                "log.retention.ms",
+            ]),
+            vec!["listeners", "listener.name.external.ssl.protocol"]
+        );
+    }
+
+    #[test]
+    fn secrets_are_described_as_sensitive_and_inert_keys_say_so() {
+        let config = BrokerConfig::from_map(&BTreeMap::new()).unwrap();
+        let mut image = MetadataImage::default();
+        for (i, (key, value)) in [
+            ("sasl.kerberos.min.time.before.relogin", "70000"),
+            ("listener.name.external.sasl.jaas.config", "secret"),
+        ]
+        .into_iter()
+        .enumerate()
+        {
+            image.apply(
+                &MetadataRecord::SetBrokerConfig {
+                    broker_id: Some(config.node_id),
+                    key: key.into(),
+                    value: Some(value.into()),
+                },
+                i as i64 + 1,
+            );
+        }
+        let described = describe_broker_configs(&BrokerView::new(&config, &image), true);
+        let get = |name: &str| described.iter().find(|c| c.name == name).unwrap();
+        let relogin = get("sasl.kerberos.min.time.before.relogin");
+        assert_eq!(relogin.value, "70000");
+        assert_eq!(relogin.source, SOURCE_DYNAMIC_BROKER);
+        assert!(!relogin.read_only && !relogin.sensitive);
+        assert_eq!(relogin.doc, INERT_DOC);
+        let jaas = get("listener.name.external.sasl.jaas.config");
+        assert!(jaas.sensitive, "a secret is never shown");
+        assert!(get("ssl.keystore.key").sensitive);
+        // A key Tessera reads at startup says a dynamic value does not act.
+        assert_eq!(get("max.connections").doc, STARTUP_ONLY_DOC);
+        assert!(!get("max.connections").read_only);
+        assert!(get("node.id").read_only);
     }
 
     #[test]

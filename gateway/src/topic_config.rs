@@ -69,6 +69,12 @@ pub(crate) enum Kind {
     ThrottledReplicas,
     /// Free text (versions).
     Text,
+    /// A comma-separated list of any items (class names, cipher suites).
+    AnyList,
+    /// A double of at least 0 (a rate, a factor).
+    AnyDouble,
+    /// A secret (Kafka's PASSWORD type): never shown by DescribeConfigs.
+    Password,
 }
 
 impl Kind {
@@ -79,14 +85,18 @@ impl Kind {
             Kind::OneOf(_) | Kind::Text => 2,
             Kind::Int(_) => 3,
             Kind::Long(_) => 5,
-            Kind::Double => 6,
-            Kind::List(_) | Kind::ThrottledReplicas => 7,
+            Kind::Double | Kind::AnyDouble => 6,
+            Kind::List(_) | Kind::ThrottledReplicas | Kind::AnyList => 7,
+            Kind::Password => 9,
         }
     }
 
     /// Whether IncrementalAlterConfigs may APPEND to / SUBTRACT from it.
     pub(crate) fn is_list(self) -> bool {
-        matches!(self, Kind::List(_) | Kind::ThrottledReplicas)
+        matches!(
+            self,
+            Kind::List(_) | Kind::ThrottledReplicas | Kind::AnyList
+        )
     }
 }
 
@@ -467,7 +477,13 @@ pub(crate) fn check_value(key: &str, kind: Kind, value: &str) -> Result<(), ApiE
                 return Err(bad("must be \"*\" or a list of \"partition:broker\" pairs"));
             }
         }
-        Kind::Text => {}
+        Kind::AnyDouble => {
+            let x = v.parse::<f64>().map_err(|_| bad("expected a double"))?;
+            if !x.is_finite() || x < 0.0 {
+                return Err(bad("value must be at least 0"));
+            }
+        }
+        Kind::Text | Kind::AnyList | Kind::Password => {}
     }
     Ok(())
 }

@@ -133,6 +133,13 @@ impl Broker {
                 })?,
             )),
         };
+        let per_broker = crate::dynamic_config::per_broker_only(change.keys());
+        if broker_id.is_none() && !per_broker.is_empty() {
+            return Err(ApiError::InvalidRequest(format!(
+                "Cannot update these configs at default cluster level, broker id must be specified: Set({})",
+                per_broker.join(", ")
+            )));
+        }
         let records = tessera_planner::alter_broker_configs(&image, broker_id, &wanted);
         if validate_only {
             return Ok(());
