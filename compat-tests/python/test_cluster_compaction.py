@@ -323,3 +323,50 @@ def test_a_child_led_without_its_parents_log_reads_past_segments_the_cleaner_emp
     # offset order.
     assert {r for r in after if r not in before} == {r for r in after if r[2] == b"after-the-split"}
     assert [r[0] for r in after] == sorted(r[0] for r in after)
+
+
+def _produce_one_batch(boot: str, topic: str, records: list[tuple[bytes | None, int]]):
+    """Produces `records` ((key, timestamp ms)) to partition 0 as one batch
+    (idempotence off, a long linger) and returns each record's delivery error."""
+    out: dict[int, KafkaError | None] = {}
+    p = Producer({
+        "bootstrap.servers": boot,
+        "enable.idempotence": False,
+        "linger.ms": 2000,
+        "batch.num.messages": 10000,
+        "retries": 0,
+        "acks": "all",
+    })
+    for i, (key, ts) in enumerate(records):
+        p.produce(topic, value=b"v%d" % i, key=key, partition=0, timestamp=ts,
+                  on_delivery=lambda err, msg, i=i: out.__setitem__(i, err))
+    assert p.flush(60) == 0, "delivery reports never came"
+    return [out[i] for i in range(len(records))]
+
+
+def test_a_batch_with_bad_records_fails_those_records_by_index(cluster):
+    """Issue 24 item 1, as librdkafka's test 0011 checks it: one batch of 100
+    records to a compacted topic, 10 without a key. Kafka refuses the batch
+    with INVALID_RECORD and lists the 10 in the Produce response's
+    record_errors, so librdkafka fails those 10 with INVALID_RECORD and the
+    other 90 with _INVALID_DIFFERENT_RECORD (before: all 100 INVALID_RECORD).
+    A timestamp outside message.timestamp.before.max.ms is INVALID_TIMESTAMP
+    (also listed). On 3 nodes, RF 3."""
+    boot = ",".join(cluster["bootstrap"])
+    now = int(time.time() * 1000)
+    create_replicated(boot, "keyed", 1, 3, {"cleanup.policy": "compact"})
+    keyless = set(range(5, 100, 10))
+    errors = _produce_one_batch(
+        boot, "keyed", [(None if i in keyless else b"k%d" % i, now) for i in range(100)])
+    codes = {i: e.code() if e else None for i, e in enumerate(errors)}
+    assert {i for i, c in codes.items() if c == KafkaError.INVALID_RECORD} == keyless, codes
+    assert all(codes[i] == KafkaError._INVALID_DIFFERENT_RECORD for i in range(100) if i not in keyless), codes
+
+    create_replicated(boot, "recent", 1, 3, {"message.timestamp.before.max.ms": "3600000"})
+    # librdkafka splits a batch by record_errors for INVALID_RECORD only:
+    # against Kafka, as here, an INVALID_TIMESTAMP batch fails whole.
+    errors = _produce_one_batch(boot, "recent", [(b"a", now), (b"b", now - 7_200_000), (b"c", now)])
+    assert [e.code() if e else None for e in errors] == [KafkaError.INVALID_TIMESTAMP] * 3, errors
+    assert _produce_one_batch(boot, "recent", [(b"x", now - 1_800_000)]) == [None]
+    # The broker goes on: a good batch is acknowledged.
+    assert _produce_one_batch(boot, "recent", [(b"d", now)]) == [None]

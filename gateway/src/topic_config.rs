@@ -606,6 +606,21 @@ pub struct EffectiveTopicConfig {
     /// `compression.type` as a batch codec id; `None` for `producer` (the
     /// producer's codec is kept).
     pub compression_codec: Option<i16>,
+    /// `message.timestamp.before.max.ms` / `after.max.ms`: how far a
+    /// CreateTime record's timestamp may be behind / ahead of the clock.
+    pub timestamp_before_max_ms: i64,
+    pub timestamp_after_max_ms: i64,
+}
+
+impl EffectiveTopicConfig {
+    /// What each record of a batch produced to the topic must satisfy.
+    pub fn record_rules(&self) -> tessera_log::validator::RecordRules {
+        tessera_log::validator::RecordRules {
+            require_key: self.compacted,
+            timestamp_bounds: (!self.log_append_time)
+                .then_some((self.timestamp_before_max_ms, self.timestamp_after_max_ms)),
+        }
+    }
 }
 
 /// The codec id of a `compression.type` value (`None`: `producer`).
@@ -634,6 +649,13 @@ impl EffectiveTopicConfig {
                 .unwrap_or(fallback)
         };
         let c = broker.config();
+        // Keys tessera has no field for: the static value, else Kafka's default.
+        let static_num = |key: &str, fallback: i64| {
+            c.explicit
+                .get(key)
+                .and_then(|v| v.trim().parse::<i64>().ok())
+                .unwrap_or(fallback)
+        };
         let ts_type = topic
             .get("message.timestamp.type")
             .map(String::as_str)
@@ -690,6 +712,18 @@ impl EffectiveTopicConfig {
                     .or_else(|| c.explicit.get("compression.type").map(String::as_str))
                     .unwrap_or("producer"),
             ),
+            timestamp_before_max_ms: num(
+                "message.timestamp.before.max.ms",
+                "log.message.timestamp.before.max.ms",
+                static_num("log.message.timestamp.before.max.ms", i64::MAX),
+            )
+            .max(0),
+            timestamp_after_max_ms: num(
+                "message.timestamp.after.max.ms",
+                "log.message.timestamp.after.max.ms",
+                static_num("log.message.timestamp.after.max.ms", i64::MAX),
+            )
+            .max(0),
         }
     }
 }

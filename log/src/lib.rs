@@ -13,6 +13,7 @@ pub mod range_log;
 pub mod records;
 pub mod segment;
 pub mod txn_state;
+pub mod validator;
 
 pub use error::{BatchError, LogError};
 pub use range_log::{

@@ -112,6 +112,11 @@ pub enum ApiError {
     ConcurrentTransactions,
     #[error("invalid record: {0}")]
     InvalidRecord(String),
+    /// Records of a batch that broke a per-record rule (Kafka's
+    /// `RecordValidationException`): INVALID_TIMESTAMP if any is a
+    /// timestamp error, else INVALID_RECORD; Produce v8+ lists them.
+    #[error("{}", tessera_log::validator::batch_message(.0))]
+    RecordErrors(Vec<tessera_log::validator::RecordError>),
     #[error("the transactional id could not be found")]
     TransactionalIdNotFound,
     #[error("{in_sync} in-sync replica(s), fewer than min.insync.replicas {required}")]
@@ -208,6 +213,10 @@ impl ApiError {
             ApiError::InvalidTransactionTimeout => K::InvalidTransactionTimeout,
             ApiError::ConcurrentTransactions => K::ConcurrentTransactions,
             ApiError::InvalidRecord(_) => K::InvalidRecord,
+            ApiError::RecordErrors(errors) if errors.iter().any(|e| e.invalid_timestamp) => {
+                K::InvalidTimestamp
+            }
+            ApiError::RecordErrors(_) => K::InvalidRecord,
             ApiError::TransactionalIdNotFound => K::TransactionalIdNotFound,
             ApiError::NotEnoughReplicas { .. } => K::NotEnoughReplicas,
             ApiError::NotEnoughReplicasAfterAppend => K::NotEnoughReplicasAfterAppend,

@@ -6,7 +6,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use kafka_protocol::messages::produce_response::{PartitionProduceResponse, TopicProduceResponse};
+use kafka_protocol::messages::produce_response::{
+    BatchIndexAndErrorMessage, PartitionProduceResponse, TopicProduceResponse,
+};
 use kafka_protocol::messages::{ProduceRequest, ProduceResponse};
 use kafka_protocol::protocol::StrBytes;
 use tessera_log::{batch, now_ms};
@@ -171,12 +173,24 @@ pub async fn acknowledge(broker: &Arc<Broker>, appended: Appended) -> Option<Pro
 }
 
 fn error_response(index: i32, e: &ApiError) -> PartitionProduceResponse {
+    let record_errors = match e {
+        ApiError::RecordErrors(errors) => errors
+            .iter()
+            .map(|r| {
+                BatchIndexAndErrorMessage::default()
+                    .with_batch_index(r.batch_index)
+                    .with_batch_index_error_message(Some(StrBytes::from_string(r.message.clone())))
+            })
+            .collect(),
+        _ => Vec::new(),
+    };
     PartitionProduceResponse::default()
         .with_index(index)
         .with_error_code(e.code())
         .with_base_offset(-1)
         .with_log_append_time_ms(-1)
         .with_log_start_offset(-1)
+        .with_record_errors(record_errors)
         .with_error_message(e.message().map(StrBytes::from_string))
 }
 
@@ -210,16 +224,16 @@ fn append_partition(
                 "a client may not produce control batches".into(),
             ));
         }
-        if route.config.compacted {
-            // Kafka's LogValidator: a compacted topic takes keyed records only.
-            let keyless = tessera_log::cleaner::decode_records(&records[r.clone()])?
-                .iter()
-                .any(|rec| rec.key.is_none());
-            if keyless {
-                return Err(ApiError::InvalidRecord(format!(
-                    "Compacted topic cannot accept message without key in topic partition {topic}-{partition}."
-                )));
-            }
+        // Kafka's LogValidator: keys on compacted topics, timestamps
+        // within the topic's bounds; the failing records are listed.
+        let errors = tessera_log::validator::record_errors(
+            &records[r.clone()],
+            &route.config.record_rules(),
+            &format!("{topic}-{partition}"),
+            now_ms(),
+        )?;
+        if !errors.is_empty() {
+            return Err(ApiError::RecordErrors(errors));
         }
         if header.is_transactional() {
             // Kafka 3.x: only partitions added to the ongoing transaction.

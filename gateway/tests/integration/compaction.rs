@@ -345,6 +345,18 @@ async fn compacted_topics_keep_the_last_record_of_every_key() {
     let p = &response.responses[0].partition_responses[0];
     assert_eq!(p.error_code, 87, "INVALID_RECORD");
     assert!(p.error_message.as_ref().unwrap().contains("without key"));
+    // Both records are listed, with Kafka's LogValidator messages.
+    let listed: Vec<i32> = p.record_errors.iter().map(|e| e.batch_index).collect();
+    assert_eq!(listed, vec![0, 1]);
+    assert_eq!(
+        p.record_errors[0].batch_index_error_message.as_deref(),
+        Some("Compacted topic cannot accept message without key in topic partition compacted-0.")
+    );
+    assert!(p
+        .error_message
+        .as_deref()
+        .unwrap()
+        .starts_with("One or more records have been rejected due to 2 record errors in total"));
     produce(
         &mut client,
         "compacted",
