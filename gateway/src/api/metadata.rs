@@ -175,6 +175,22 @@ pub fn describe_topic(
             partitions.push(partition);
         }
     }
+    // A partition no active range covers yet (a concurrent creation whose
+    // range ids another plan took, covered moments later) is still listed,
+    // LEADER_NOT_AVAILABLE as Kafka lists a partition without a leader:
+    // the client learns the partition count from the first answer.
+    let covered: std::collections::BTreeSet<i32> =
+        partitions.iter().map(|p| p.partition_index).collect();
+    for p in 0..topic.partitions as i32 {
+        if !covered.contains(&p) {
+            partitions.push(
+                MetadataResponsePartition::default()
+                    .with_partition_index(p)
+                    .with_error_code(ResponseError::LeaderNotAvailable.code())
+                    .with_leader_id(BrokerId(-1)),
+            );
+        }
+    }
     partitions.sort_by_key(|p| p.partition_index);
     MetadataResponseTopic::default()
         .with_name(Some(TopicName(StrBytes::from_string(topic.name.clone()))))
@@ -182,4 +198,63 @@ pub fn describe_topic(
         .with_is_internal(crate::internal_topics::is_internal(&topic.name))
         .with_partitions(partitions)
         .with_topic_authorized_operations(topic_ops)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tessera_metadata::{
+        BrokerRegistration, MetadataRecord, RangeRecord, SegmentId, SegmentOpenRecord, TopicRecord,
+    };
+
+    #[test]
+    fn partitions_no_range_covers_yet_are_listed_without_a_leader() {
+        let topic_id = uuid::Uuid::from_u128(7);
+        let mut image = MetadataImage::default();
+        let records = [
+            MetadataRecord::RegisterBroker(BrokerRegistration {
+                broker_id: 1,
+                incarnation_id: uuid::Uuid::from_u128(1),
+                host: "h".into(),
+                port: 1,
+                rack: None,
+            }),
+            MetadataRecord::UnfenceBroker { broker_id: 1 },
+            MetadataRecord::CreateTopic(TopicRecord {
+                topic_id,
+                name: "t".into(),
+                partitions: 4,
+                replication_factor: 1,
+                configs: Default::default(),
+            }),
+            // Only [0, 2) has a range: [2, 4)'s was taken by another plan.
+            MetadataRecord::CreateRange(RangeRecord {
+                range_id: 1,
+                topic_id,
+                lo: 0,
+                hi: 2,
+                parents: vec![],
+            }),
+            MetadataRecord::OpenSegment(SegmentOpenRecord {
+                segment: SegmentId::new(1, 0),
+                replicas: vec![1],
+                leader_epoch: 0,
+            }),
+        ];
+        for (i, r) in records.iter().enumerate() {
+            image.apply(r, i as i64 + 1);
+        }
+        let topic = image.topics[&topic_id].clone();
+        let described = describe_topic(&image, &topic, 0);
+        let listed: Vec<(i32, i16)> = described
+            .partitions
+            .iter()
+            .map(|p| (p.partition_index, p.error_code))
+            .collect();
+        let lna = ResponseError::LeaderNotAvailable.code();
+        assert_eq!(listed, vec![(0, 0), (1, 0), (2, lna), (3, lna)]);
+        assert!(described.partitions[2..]
+            .iter()
+            .all(|p| p.leader_id.0 == -1));
+    }
 }

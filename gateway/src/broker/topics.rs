@@ -52,7 +52,10 @@ impl Broker {
         let outcome = self.controller.write_detailed(records).await?;
         if outcome.skipped.contains(&0) {
             // Another broker created the name first (its entry committed
-            // between our plan and our write): replay skipped ours.
+            // between our plan and our write): replay skipped ours. This
+            // broker's image is brought up to our entry first, so that a
+            // caller taking the existing topic (auto-creation) finds it.
+            self.await_reconciled(outcome.offset).await?;
             return Err(ApiError::TopicAlreadyExists(spec.name));
         }
         let mut offset = outcome.offset;
