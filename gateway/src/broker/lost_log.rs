@@ -238,7 +238,7 @@ impl Broker {
 
 /// Removes the producer snapshot and the aborted-transaction list that
 /// segment `seq` starts with.
-fn remove_start_files(dir: &Path, seq: u32) -> std::io::Result<()> {
+pub(super) fn remove_start_files(dir: &Path, seq: u32) -> std::io::Result<()> {
     for path in [
         tessera_log::producer_snapshot_file::snapshot_path(dir, seq),
         tessera_log::aborted_index_file::aborted_path(dir, seq),

@@ -527,6 +527,19 @@ impl Broker {
                 SealAction::Complete | SealAction::Truncate { .. } => {
                     if let SealAction::Truncate { size } = action {
                         tracing::info!(segment = %seg.id, size, "truncated a replica past its sealed length");
+                        // The producer state where the next segment starts,
+                        // if this broker wrote one, was taken at the longer
+                        // end (its own roll before a crash: a closed log's
+                        // is dropped by `discard_leftovers`): it counts
+                        // batches the log does not hold, and served to a
+                        // new leader it refuses the producers' retries of
+                        // them (OUT_OF_ORDER_SEQUENCE_NUMBER, seed 8) or
+                        // answers them as duplicates. Fetched again from a
+                        // replica whose copy ended at the seal.
+                        let next = seg.id.seq + 1;
+                        if !self.log_of(range).is_some_and(|l| l.holds_segment(next)) {
+                            super::lost_log::remove_start_files(&dir, next)?;
+                        }
                     }
                     self.replicas.sealed_copies.lock().insert(seg.id);
                 }
