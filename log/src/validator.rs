@@ -51,12 +51,14 @@ impl std::fmt::Display for RecordError {
     }
 }
 
-/// The records of `batch` (one stored batch) that break `rules`, for the
-/// partition named `topic_partition` (`topic-partition`), at broker time `now`.
+/// The records of `batch` (one stored batch) that break `rules`, for
+/// `partition` of `topic`, at broker time `now`. Nothing is decoded or
+/// formatted when the rules cannot fail a record (the produce hot path).
 pub fn record_errors(
     batch_bytes: &[u8],
     rules: &RecordRules,
-    topic_partition: &str,
+    topic: &str,
+    partition: u32,
     now: i64,
 ) -> Result<Vec<RecordError>, BatchError> {
     if !rules.checks_records() || batch::parse_header(batch_bytes)?.is_control() {
@@ -69,7 +71,7 @@ pub fn record_errors(
             errors.push(RecordError {
                 batch_index,
                 message: format!(
-                    "Compacted topic cannot accept message without key in topic partition {topic_partition}."
+                    "Compacted topic cannot accept message without key in topic partition {topic}-{partition}."
                 ),
                 invalid_timestamp: false,
             });
@@ -142,7 +144,7 @@ mod tests {
             require_key: true,
             ..OPEN
         };
-        let errors = record_errors(&b, &rules, "t-0", 10).unwrap();
+        let errors = record_errors(&b, &rules, "t", 0, 10).unwrap();
         assert_eq!(
             errors.iter().map(|e| e.batch_index).collect::<Vec<_>>(),
             vec![1, 3]
@@ -155,7 +157,7 @@ mod tests {
             batch_message(&errors),
             "One or more records have been rejected due to 2 record errors in total, and only showing the first three errors at most: [RecordError(batchIndex=1, message='Compacted topic cannot accept message without key in topic partition t-0.'), RecordError(batchIndex=3, message='Compacted topic cannot accept message without key in topic partition t-0.')]"
         );
-        assert!(record_errors(&b, &OPEN, "t-0", 10).unwrap().is_empty());
+        assert!(record_errors(&b, &OPEN, "t", 0, 10).unwrap().is_empty());
     }
 
     #[test]
@@ -170,7 +172,7 @@ mod tests {
             require_key: false,
             timestamp_bounds: Some((100, 50)),
         };
-        let errors = record_errors(&b, &rules, "t-0", now).unwrap();
+        let errors = record_errors(&b, &rules, "t", 0, now).unwrap();
         assert_eq!(
             errors.iter().map(|e| e.batch_index).collect::<Vec<_>>(),
             vec![0, 2]
@@ -188,7 +190,7 @@ mod tests {
             require_key: false,
             timestamp_bounds: None,
         };
-        assert!(record_errors(&b, &append_time, "t-0", now)
+        assert!(record_errors(&b, &append_time, "t", 0, now)
             .unwrap()
             .is_empty());
     }

@@ -229,7 +229,8 @@ fn append_partition(
         let errors = tessera_log::validator::record_errors(
             &records[r.clone()],
             &route.config.record_rules(),
-            &format!("{topic}-{partition}"),
+            topic,
+            partition,
             now_ms(),
         )?;
         if !errors.is_empty() {
