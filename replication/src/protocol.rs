@@ -112,6 +112,10 @@ pub enum ProtocolError {
     TooLarge(usize),
     #[error("refused by the peer: {0}")]
     Refused(String),
+    /// A producer snapshot taken at another offset than where its segment
+    /// starts (`snapshot_transfer::taken_at_start`).
+    #[error("the producer snapshot was taken at another offset than where the segment starts")]
+    SnapshotNotAtStart,
 }
 
 const HELLO: u8 = 1;

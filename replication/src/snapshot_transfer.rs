@@ -10,11 +10,12 @@
 //! in its range directory, where the range log's reload finds it if this
 //! broker becomes the range's primary.
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::time::Duration;
 
 use tessera_log::aborted_index_file::{self, aborted_path};
-use tessera_log::producer_snapshot_file::{self, snapshot_path};
+use tessera_log::producer_snapshot_file::{self, snapshot_path, SnapshotSection};
 
 use crate::auth::Connector;
 use crate::protocol::{Message, ProtocolError, SegmentKey};
@@ -95,6 +96,24 @@ pub fn snapshot_sources(me: i32, replicas: &[i32], previous_replicas: &[i32]) ->
     sources
 }
 
+/// Whether a producer snapshot was taken where its segment starts: each
+/// partition's offset in it is the one `starts` gives (where the image's
+/// sealed segments before it end; a partition not listed is not checked).
+/// A snapshot taken at a longer end describes batches the log does not
+/// hold: a zombie primary's own roll past the seal a failover committed,
+/// or a copy's roll cut back to its seal (seed 8 of the fault harness). A
+/// leader loading it answers a producer's retry of such a batch as a
+/// duplicate (acknowledged, not stored) or refuses the producer's next
+/// batches as out of order.
+#[must_use]
+pub fn taken_at_start(sections: &[SnapshotSection], starts: &BTreeMap<u32, i64>) -> bool {
+    sections.iter().all(|s| {
+        starts
+            .get(&s.partition)
+            .is_none_or(|&start| start == s.offset)
+    })
+}
+
 /// Serves `ReadSnapshot`: the bytes of `<seq>.snapshot` and `<seq>.aborted`
 /// in the range's directory, or `Refused` when this broker has no snapshot.
 pub fn serve(segment: SegmentKey, dir: &dyn Directory) -> Message {
@@ -126,12 +145,15 @@ pub fn serve(segment: SegmentKey, dir: &dyn Directory) -> Message {
 /// Fetches `<seq>.snapshot` (and `<seq>.aborted`) of `segment` from the
 /// broker at `addr` (connecting with `connector`) and keeps them durably in `range_dir`, the snapshot
 /// last: its presence says the transfer is done. Both are checked before
-/// they are written (a corrupt or truncated reply is an error, never a file).
+/// they are written (a corrupt or truncated reply is an error, never a file),
+/// and a snapshot not taken at the segment's `starts` ([`taken_at_start`])
+/// is refused.
 pub async fn fetch(
     connector: &dyn Connector,
     addr: &str,
     segment: SegmentKey,
     range_dir: &Path,
+    starts: &BTreeMap<u32, i64>,
     timeout: Duration,
 ) -> Result<(), ProtocolError> {
     match call(connector, addr, &Message::ReadSnapshot { segment }, timeout).await? {
@@ -140,8 +162,11 @@ pub async fn fetch(
             bytes,
             aborted,
         } if s == segment => {
-            producer_snapshot_file::decode(&bytes)
+            let sections = producer_snapshot_file::decode(&bytes)
                 .map_err(|_| ProtocolError::Malformed("corrupt producer snapshot"))?;
+            if !taken_at_start(&sections, starts) {
+                return Err(ProtocolError::SnapshotNotAtStart);
+            }
             if !aborted.is_empty() {
                 aborted_index_file::decode(&aborted)
                     .map_err(|_| ProtocolError::Malformed("corrupt aborted transactions"))?;
@@ -161,6 +186,23 @@ pub async fn fetch(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_snapshot_is_kept_only_if_taken_where_the_segment_starts() {
+        let section = |partition, offset| SnapshotSection {
+            partition,
+            offset,
+            rows: Vec::new(),
+        };
+        let starts = BTreeMap::from([(0, 100), (1, 40)]);
+        assert!(taken_at_start(&[], &starts));
+        assert!(taken_at_start(&[section(0, 100), section(1, 40)], &starts));
+        // Partition 2's data was deleted by retention: not checked.
+        assert!(taken_at_start(&[section(0, 100), section(2, 7)], &starts));
+        // Taken past the seal (a longer roll), or before it.
+        assert!(!taken_at_start(&[section(0, 130), section(1, 40)], &starts));
+        assert!(!taken_at_start(&[section(1, 39)], &starts));
+    }
 
     #[test]
     fn only_a_follower_without_the_previous_segment_or_the_snapshot_fetches() {

@@ -382,7 +382,17 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
     // The primary serves `<1>.snapshot`; a segment without one is refused.
     let (addr, _store, task) = follower(a.path().to_path_buf()).await;
     let seg1 = SegmentKey { range: 7, seq: 1 };
-    snapshot_transfer::fetch(&Plaintext, &addr, seg1, b.path(), Duration::from_secs(5))
+    // Taken where segment 1 starts (partition 0 at 9), or refused: a
+    // snapshot from a longer history is never kept.
+    let at = |offset| BTreeMap::from([(0u32, offset)]);
+    let wait = Duration::from_secs(5);
+    for wrong in [8, 10] {
+        let starts = at(wrong);
+        let refused = snapshot_transfer::fetch(&Plaintext, &addr, seg1, b.path(), &starts, wait);
+        assert!(refused.await.is_err(), "start {wrong}");
+        assert!(!snapshot_path(b.path(), 1).exists());
+    }
+    snapshot_transfer::fetch(&Plaintext, &addr, seg1, b.path(), &at(9), wait)
         .await
         .unwrap();
     for path in [snapshot_path, aborted_path] {
@@ -405,7 +415,7 @@ async fn a_follower_without_the_older_segments_fetches_the_producer_snapshot_and
         other => panic!("expected a refusal, got {other:?}"),
     }
     assert!(
-        snapshot_transfer::fetch(&Plaintext, &addr, seg5, c.path(), Duration::from_secs(5))
+        snapshot_transfer::fetch(&Plaintext, &addr, seg5, c.path(), &BTreeMap::new(), wait)
             .await
             .is_err()
     );
@@ -506,6 +516,7 @@ async fn a_replica_that_missed_segments_reloads_from_the_snapshot_after_the_gap(
         &addr,
         SegmentKey { range: 7, seq: 2 },
         b.path(),
+        &BTreeMap::from([(0, 9)]),
         Duration::from_secs(5),
     )
     .await

@@ -42,16 +42,21 @@
 //! copies of older sealed segments short; until then it waits for repairs.
 //!
 //! Producers retry: a client sometimes resends a record not acknowledged
-//! yet, and a primary stores it only if its producer state does not know
-//! it. That state is rebuilt at open as the broker's range log does: from
+//! yet (a recent one, or the oldest: a producer retries its oldest batch
+//! until it is acknowledged), and a primary stores it only if its producer
+//! state does not know it; a retry it knows is answered as a duplicate,
+//! which the producer takes as stored. That state is rebuilt at open as the broker's range log does: from
 //! the newest producer snapshot in its local run of segments, then its
 //! copies. A primary writes the snapshot where its segment starts at open,
 //! and the one where the next starts as its log closes at a fence (kept only
 //! if the seal is at its end); a follower without the segment before its
 //! own fetches the snapshot (`needs_snapshot`), and a node opens only when
 //! `snapshot_needed_to_lead` is satisfied, asking the replicas
-//! `snapshot_sources` names. A segment sealed empty counts as held by every
-//! node. A node that finds no replica with the snapshot resigns: the
+//! `snapshot_sources` names, keeping a fetched snapshot only if it was
+//! taken where the image says the segment starts. A local roll writes the
+//! snapshot where the next segment starts (durable once the rolled segment
+//! is fsynced); a copy cut to its seal drops it. A segment sealed empty
+//! counts as held by every node. A node that finds no replica with the snapshot resigns: the
 //! controller seals its unopened segment preferring any other replica (and
 //! with RF 1 places the next one elsewhere).
 //!
@@ -59,14 +64,16 @@
 //! two different records on any two copies; every replica that finished
 //! its seal holds exactly the sealed size, durably; a read returns the
 //! record at the offset asked for, the one acknowledged there and the one
-//! the final log has there; no record is stored twice; and, after the
+//! the final log has there; no record is stored twice; a retry answered as
+//! a duplicate is held by some copy; and, after the
 //! faults stop, the system settles (every seal completes, new records are
 //! acknowledged). Mutations (seal
 //! at the minimum, ack on the primary's own durable end, a primary resuming
 //! its segment after a restart, a seal reported done before it is fsynced,
 //! a primary leading with a short copy, a primary leading without its
 //! producer snapshot, a roll recorded before its commit, a restart keeping
-//! another epoch's file, acks of an unrecorded roll) show the checker fails
+//! another epoch's file, acks of an unrecorded roll, a fetched snapshot
+//! kept whatever offset it was taken at) show the checker fails
 //! when the protocol is wrong.
 //!
 //! The default sweep is 600 seeds x 2500 steps (a few seconds in a debug
@@ -170,6 +177,9 @@ enum Bug {
     /// A repair read is served from a copy of an older epoch than the
     /// segment's (a zombie primary's unrecorded roll under the same number).
     ReadAnyEpoch,
+    /// A fetched producer snapshot is kept whatever offset it was taken at
+    /// (a zombie primary's own roll serves one taken past the seal).
+    AcceptAnySnapshot,
 }
 
 impl Bug {
@@ -186,6 +196,7 @@ impl Bug {
             "keep-other-epoch-at-restart" => Bug::KeepOtherEpochAtRestart,
             "ack-unrecorded-roll" => Bug::AckUnrecordedRoll,
             "read-any-epoch" => Bug::ReadAnyEpoch,
+            "accept-any-snapshot" => Bug::AcceptAnySnapshot,
             other => panic!("unknown bug {other:?}"),
         }
     }
@@ -480,6 +491,8 @@ impl Node {
         self.copies.remove(&x.seg);
         self.open_copies.remove(&x.seg);
         self.dirty.remove(&x.seg);
+        // With the files it starts with (`lost_log::leftovers`).
+        self.snapshots.remove(&x.seg);
         Some(x)
     }
 
@@ -583,6 +596,10 @@ struct Stats {
     failovers_voluntary: u64,
     seals: u64,
     truncations: u64,
+    /// Producer snapshots a truncation dropped (a roll's at the longer end).
+    snapshots_dropped: u64,
+    /// Fetched producer snapshots refused (taken at another offset).
+    snapshots_refused: u64,
     /// Repair transfers applied (a `Data` message landing on a short copy).
     repairs: u64,
     /// Opens a node put off until its copies of older segments were complete.
@@ -628,6 +645,8 @@ impl Stats {
         self.failovers_voluntary += o.failovers_voluntary;
         self.seals += o.seals;
         self.truncations += o.truncations;
+        self.snapshots_dropped += o.snapshots_dropped;
+        self.snapshots_refused += o.snapshots_refused;
         self.repairs += o.repairs;
         self.lead_waits += o.lead_waits;
         self.reads += o.reads;
@@ -675,6 +694,8 @@ struct Sim {
     read: BTreeMap<u64, u64>,
     /// The ids of `acked`.
     acked_ids: HashSet<u64>,
+    /// Where in `appended` the oldest record not acknowledged is.
+    oldest_unacked: usize,
     stats: Stats,
     violations: Vec<String>,
     trace: bool,
@@ -731,6 +752,7 @@ impl Sim {
             acked: BTreeMap::new(),
             read: BTreeMap::new(),
             acked_ids: HashSet::new(),
+            oldest_unacked: 0,
             stats: Stats {
                 runs: 1,
                 ..Stats::default()
@@ -871,7 +893,17 @@ impl Sim {
             r.primary = None;
         }
         node.dirty.clear();
-        node.next = None;
+        // A roll's producer snapshot is written once the rolled segment is
+        // fsynced: without that, the crash took both.
+        if let Some(x) = node.next.take() {
+            let synced = node
+                .copies
+                .get(&(x.seg - 1))
+                .is_some_and(|r| r.seg.durable >= x.rolled_at);
+            if !synced {
+                node.snapshots.remove(&x.seg);
+            }
+        }
         if self.bug == Bug::ResumeAfterRestart {
             if let Some(p) = node.primary.as_mut() {
                 p.sent_to.iter_mut().for_each(|s| *s = 0);
@@ -914,8 +946,17 @@ impl Sim {
             .map(|(&seg, _)| seg)
             .collect();
         for seg in stale {
-            node.copies.remove(&seg);
+            let r = node.copies.remove(&seg).expect("listed");
             node.open_copies.remove(&seg);
+            // With the files it starts with where the broker removes them
+            // (`discard_unrecorded_segments`, `discard_other_epoch_files`;
+            // the foreign-copy check removes the copy alone).
+            if segs
+                .get(seg)
+                .is_none_or(|m| m.epoch != r.epoch && !r.data.is_empty())
+            {
+                node.snapshots.remove(&seg);
+            }
             if let Some(m) = segs.get(seg) {
                 if matches!(m.state, SegState::Sealed { .. }) && m.replicas.contains(&n) {
                     node.copies.insert(seg, Replica::empty(m.epoch));
@@ -959,6 +1000,24 @@ impl Sim {
                 }
             }
             Msg::SnapshotData { seg, ids } => {
+                // Kept only if taken where the image says the segment
+                // starts (the broker compares each partition's offset in
+                // the file with the image's sealed ends): a zombie
+                // primary's own roll, or a copy's roll past its seal,
+                // describes records the log does not hold. A snapshot here
+                // holds every record before its segment, one per offset,
+                // so its length is the offset it was taken at.
+                if ids.len() as u64 != self.ctrl.segs[seg].base
+                    && self.bug != Bug::AcceptAnySnapshot
+                {
+                    self.stats.snapshots_refused += 1;
+                    trace!(
+                        self,
+                        "node {n} refuses a producer snapshot of segment {seg} taken at {}",
+                        ids.len()
+                    );
+                    return;
+                }
                 if self.nodes[n].snapshots.insert(seg, ids).is_none() {
                     self.stats.snapshot_transfers += 1;
                 }
@@ -1239,6 +1298,7 @@ impl Sim {
             node.copies.remove(&seg);
             node.open_copies.remove(&seg);
             node.dirty.remove(&seg);
+            node.snapshots.remove(&seg);
         }
         let node = &mut self.nodes[n];
         if node.primary.as_ref().is_none_or(|p| p.seg != seg) {
@@ -1442,6 +1502,16 @@ impl Sim {
         if truncated {
             self.stats.truncations += 1;
             trace!(self, "node {n} truncates segment {seg} to {size}");
+            // The producer snapshot where the next segment starts, if this
+            // node's own roll wrote it, counts the records cut: it goes
+            // unless this node's open log starts there (the broker's
+            // `apply_seals`).
+            let node = &mut self.nodes[n];
+            let open_holds_next = node.primary.as_ref().is_some_and(|p| p.seg == seg + 1)
+                || node.next.as_ref().is_some_and(|x| x.seg == seg + 1);
+            if !open_holds_next && node.snapshots.remove(&(seg + 1)).is_some() {
+                self.stats.snapshots_dropped += 1;
+            }
         }
         if done {
             self.outbox.push(out(n, CTRL, Msg::SealDone { seg }));
@@ -1543,18 +1613,33 @@ impl Sim {
         if !self.appending {
             return;
         }
+        // Retries answered as duplicates: (node, record).
+        let mut duplicates = Vec::new();
         for n in 0..NODES {
             if !self.nodes[n].alive || self.nodes[n].primary.is_none() || !self.rng.chance(0.5) {
                 continue;
             }
             // New records, or (sometimes) a retry of one not acknowledged
             // yet: an idempotent producer resending after a timeout.
-            let retry = self
+            // Or the oldest record not acknowledged: a producer retries
+            // its oldest batch until it is acknowledged, however long.
+            while self
                 .appended
-                .len()
-                .checked_sub(1 + self.rng.below(64) as usize)
-                .map(|i| self.appended[i])
-                .filter(|id| self.rng.chance(0.2) && !self.acked_ids.contains(id));
+                .get(self.oldest_unacked)
+                .is_some_and(|id| self.acked_ids.contains(id))
+            {
+                self.oldest_unacked += 1;
+            }
+            let oldest = self.appended.get(self.oldest_unacked).copied();
+            let retry = if self.rng.chance(0.05) {
+                oldest
+            } else {
+                self.appended
+                    .len()
+                    .checked_sub(1 + self.rng.below(64) as usize)
+                    .map(|i| self.appended[i])
+                    .filter(|id| self.rng.chance(0.2) && !self.acked_ids.contains(id))
+            };
             let roll_at = self.roll_at;
             let node = &mut self.nodes[n];
             let p = node.primary.as_mut().expect("checked");
@@ -1568,6 +1653,7 @@ impl Sim {
                     self.stats.retries += 1;
                     if known.contains(&id) {
                         self.stats.duplicates_refused += 1;
+                        duplicates.push((n, id));
                         continue;
                     }
                     vec![id]
@@ -1633,7 +1719,27 @@ impl Sim {
                     "node {n} rolls segment {seg} at {written} to {}",
                     seg + 1
                 );
+                // The broker's `seal_active`: the rolled segment is fsynced,
+                // then the producer snapshot where the next one starts is
+                // written at the local end (longer than a seal a failover
+                // commits if this node crashes before its roll is
+                // recorded). Half the rolls fsync here; the others leave it
+                // to `syncs`, standing for a crash that lands before the
+                // roll's fsync returns (it takes the snapshot too, see
+                // `crash`), which is where recording a roll before its
+                // commit loses records.
+                if self.rng.chance(0.5) {
+                    let node = &mut self.nodes[n];
+                    node.copies
+                        .get_mut(&seg)
+                        .expect("rolled")
+                        .seg
+                        .synced(written);
+                }
                 let node = &mut self.nodes[n];
+                let mut ids: Vec<u64> = next.known.iter().copied().collect();
+                ids.sort_unstable();
+                node.snapshots.insert(seg + 1, ids);
                 node.copy(seg + 1, epoch);
                 node.next = Some(next);
                 self.stats.rolls += 1;
@@ -1642,6 +1748,22 @@ impl Sim {
                 self.pump(n, i);
             }
             self.advance_commit(n);
+        }
+        // A retry answered as a duplicate is answered with the offset the
+        // record was stored at (Kafka's DuplicateSequence): the producer
+        // takes it as stored. A producer state that counts a record no
+        // copy holds (a snapshot taken past what a seal kept) acknowledges
+        // a record that is not in the log.
+        for (n, id) in duplicates {
+            let held = self
+                .nodes
+                .iter()
+                .any(|node| node.copies.values().any(|r| r.data.contains(&id)));
+            if !held {
+                self.violation(format!(
+                    "node {n} answered a retry of record {id} as a duplicate, but no copy holds it"
+                ));
+            }
         }
     }
 
@@ -2440,6 +2562,7 @@ impl Outcome {
             Bug::KeepOtherEpochAtRestart => "keep-other-epoch-at-restart",
             Bug::AckUnrecordedRoll => "ack-unrecorded-roll",
             Bug::ReadAnyEpoch => "read-any-epoch",
+            Bug::AcceptAnySnapshot => "accept-any-snapshot",
         };
         format!(
             "seed {} (rf {}, bug {bug:?}):\n  safety: {:#?}\n  liveness: {:#?}\n  replay: TESSERA_SIM_SEED={} TESSERA_SIM_BUG={name} TESSERA_SIM_FAULTY={} cargo test -p tessera-replication --test simulation replay -- --ignored --nocapture",
@@ -2676,6 +2799,15 @@ fn checker_catches_a_restart_keeping_another_epochs_file() {
 #[test]
 fn checker_catches_acks_of_an_unrecorded_roll() {
     caught(Bug::AckUnrecordedRoll, 0..600, "acknowledged record");
+}
+
+#[test]
+fn checker_catches_a_fetched_snapshot_taken_past_the_seal() {
+    caught(
+        Bug::AcceptAnySnapshot,
+        0..2000,
+        "as a duplicate, but no copy holds it",
+    );
 }
 
 #[test]

@@ -135,16 +135,20 @@ def main(argv=None) -> int:
             history.final = final_read(cluster, args.partitions, logger)
         finally:
             history.save(workdir / "history.json")
-        report = checker.check(history.as_dict())
-        print(checker.render(report, minutes))
         for w in workers:
             if w.error is not None:
                 print(f"worker {w.name} died: {w.error!r}")
+                history.add("workers", {"worker": w.name, "what": "died", "error": repr(w.error)})
+        dead = [w.name for w in workers if w.is_alive()]
+        for name in dead:
+            history.add("workers", {"worker": name, "what": "stuck"})
+        history.save(workdir / "history.json")
+        report = checker.check(history.as_dict())
+        print(checker.render(report, minutes))
         unacked = {w.name: w.unacked for w in workers
                    if isinstance(w, workload.QueueProducer) and w.unacked}
         if unacked:
             print(f"records neither acknowledged nor failed at the end: {unacked}")
-        dead = [w.name for w in workers if w.is_alive()]
         if dead:
             print(f"workers still running (stuck): {dead}; their stacks:", flush=True)
             faulthandler.dump_traceback(all_threads=True)

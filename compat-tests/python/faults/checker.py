@@ -26,6 +26,11 @@ Anomalies (each with its first examples):
                       committed offset that no consumer of the group polled
 * ``unavailable``     after healing, a partition's end offset cannot be had
                       (a liveness failure: the read-back is incomplete)
+* ``client-fatal``    a client could not go on: an idempotent producer got a
+                      fatal error (e.g. librdkafka's "sequence
+                      desynchronization" after OUT_OF_ORDER_SEQUENCE_NUMBER:
+                      the broker's producer state disagrees with what it
+                      acknowledged), or a worker died or was stuck at the end
 
 Outcome-unknown sends (an error, a timeout) are not anomalies when
 missing, only when stored twice or moved.
@@ -39,7 +44,8 @@ from dataclasses import dataclass, field
 
 EXAMPLES = 5
 KINDS = ("lost", "duplicate", "wrong-offset", "aborted-read", "txn-missing",
-         "offset-backwards", "poll-skip", "poll-back", "read-then-gone", "unconsumed", "unavailable")
+         "offset-backwards", "poll-skip", "poll-back", "read-then-gone", "unconsumed", "unavailable",
+         "client-fatal")
 
 
 @dataclass
@@ -113,6 +119,8 @@ def check(history: dict) -> Report:
 
     for u in final.get("unavailable", []):
         r.add("unavailable", u)
+    for w in history.get("workers", []):
+        r.add("client-fatal", w)
 
     # Stored twice.
     for v, places in un_where.items():

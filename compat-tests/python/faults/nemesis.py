@@ -163,8 +163,11 @@ class Nemesis:
                 continue
         return []
 
-    def post(self, path: str) -> str:
-        for n in self.cluster.live():
+    def post(self, path: str, to: int | None = None) -> str:
+        """POSTs to the admin port of node `to` (a range's primary, which
+        alone splits or merges it) if live, else of the first live node."""
+        live = sorted(self.cluster.live(), key=lambda n: n.id != to)
+        for n in live:
             req = urllib.request.Request(n.admin_url(path), method="POST", data=b"")
             try:
                 with urllib.request.urlopen(req, timeout=30) as r:
@@ -275,18 +278,23 @@ class Nemesis:
             r = cands[int(step.pick * len(cands))]
             event["target"] = f"range {r['id']} ({r['topic']} [{r['lo']},{r['hi']}))"
             self.mark(f"split {event['target']}")
-            event["answer"] = self.post(f"/ranges/split?range={r['id']}")
+            event["answer"] = self.post(f"/ranges/split?range={r['id']}", to=r.get("primary"))
         elif kind == "merge":
             active = sorted((r for r in self.ranges() if r["active"]),
                             key=lambda r: (r["topic"], r["lo"]))
+            # Adjacent ranges with the same primary: a merge of ranges led
+            # by different brokers is refused (moving one first is the
+            # scale-out issue's).
             pairs = [(a, b) for a, b in zip(active, active[1:])
-                     if a["topic"] == b["topic"] and a["hi"] == b["lo"]]
+                     if a["topic"] == b["topic"] and a["hi"] == b["lo"]
+                     and a.get("primary") is not None and a.get("primary") == b.get("primary")]
             if not pairs:
                 return None
             a, b = pairs[int(step.pick * len(pairs))]
             event["target"] = f"ranges {a['id']}+{b['id']} ({a['topic']})"
             self.mark(f"merge {event['target']}")
-            event["answer"] = self.post(f"/ranges/merge?left={a['id']}&right={b['id']}")
+            event["answer"] = self.post(f"/ranges/merge?left={a['id']}&right={b['id']}",
+                                        to=a["primary"])
         event["end"] = self.history.now()
         return event
 

@@ -108,6 +108,11 @@ def unavailable(h):
     h["final"]["unavailable"] = [{"topic": T, "p": 1, "error": "unknown partition"}]
 
 
+def client_fatal(h):
+    h["workers"] = [{"worker": "queue-producer-0", "what": "fatal",
+                     "error": "OUT_OF_ORDER_SEQUENCE_NUMBER: sequence desynchronization"}]
+
+
 CASES = {
     "lost": lost,
     "duplicate": duplicate,
@@ -121,6 +126,7 @@ CASES = {
     "read-then-gone": read_then_gone,
     "unconsumed": unconsumed,
     "unavailable": unavailable,
+    "client-fatal": client_fatal,
 }
 
 

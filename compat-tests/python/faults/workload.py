@@ -40,6 +40,8 @@ class History:
         self.polls: list[dict] = []
         self.commits: list[dict] = []
         self.faults: list[dict] = []
+        # Clients that could not go on (a fatal error, a worker that died).
+        self.workers: list[dict] = []
         self.final: dict = {}
 
     def now(self) -> float:
@@ -53,7 +55,7 @@ class History:
     def as_dict(self) -> dict:
         with self.lock:
             return {k: list(getattr(self, k)) for k in
-                    ("acks", "failed", "txns", "polls", "commits", "faults")} | {
+                    ("acks", "failed", "txns", "polls", "commits", "faults", "workers")} | {
                 "final": self.final}
 
     def save(self, path: Path) -> None:
@@ -99,9 +101,24 @@ class QueueProducer(Worker):
         self.unacked = 0
 
     def work(self):
-        p = Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
-                      "acks": "all", "linger.ms": 5, "message.timeout.ms": 180000,
-                      "logger": self.logger})
+        fatal = threading.Event()
+
+        def on_error(err):
+            # An idempotent producer's fatal error is the broker's fault
+            # (its producer state disagrees with what it acknowledged):
+            # recorded as an anomaly, and the work goes on with a new
+            # producer (a new producer id).
+            if err.fatal() and not fatal.is_set():
+                fatal.set()
+                self.history.add("workers", {"worker": self.name, "what": "fatal",
+                                             "error": str(err)})
+
+        def new_producer() -> Producer:
+            return Producer({"bootstrap.servers": self.bootstrap, "enable.idempotence": True,
+                             "acks": "all", "linger.ms": 5, "message.timeout.ms": 180000,
+                             "error_cb": on_error, "logger": self.logger})
+
+        p = new_producer()
 
         sent: dict[str, float] = {}
 
@@ -120,6 +137,10 @@ class QueueProducer(Worker):
             if wait > 0:
                 p.poll(min(0.05, wait))  # never negative: poll(-1) blocks for good
                 continue
+            if fatal.is_set():
+                p.flush(0)  # every message still queued fails with the fatal error
+                p = new_producer()
+                fatal.clear()
             value = f"q:{self.producer}:{seq}:{self.pad}"
             sent[value[:value.rfind(":")]] = self.history.now()
             try:

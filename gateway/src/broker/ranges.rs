@@ -39,6 +39,10 @@ pub struct RangeInfo {
     pub parents: Vec<RangeId>,
     pub segments: usize,
     pub leader_epoch: i32,
+    /// The primary of its newest segment (the leader of its partitions
+    /// while it is active): where a split or merge of it is to be asked.
+    #[serde(default)]
+    pub primary: Option<i32>,
     pub bytes_appended: u64,
 }
 
@@ -105,6 +109,7 @@ impl Broker {
                     parents: r.parents.clone(),
                     segments: segments.len(),
                     leader_epoch: segments.last().map_or(-1, |s| s.leader_epoch),
+                    primary: segments.last().and_then(|s| s.primary()),
                     bytes_appended: self.log_of(r.id).map_or(0, |l| l.bytes_appended()),
                 })
             })

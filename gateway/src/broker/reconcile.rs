@@ -618,7 +618,35 @@ fn seed_from_image(image: &MetadataImage, range: &RangeImage) -> RangeSeed {
 /// image records for the range (those below `below` only, when given) and
 /// its ancestors.
 fn sealed_ends(image: &MetadataImage, range: &RangeImage, below: Option<u32>) -> Vec<i64> {
-    let mut ends = vec![0i64; (range.hi - range.lo) as usize];
+    known_sealed_ends(image, range, below)
+        .into_iter()
+        .map(|e| e.unwrap_or(0))
+        .collect()
+}
+
+/// Where segment `seq` of `range` starts, for each partition the image
+/// still records data of (in the range's sealed segments before `seq` or
+/// its ancestors'): the offset a producer snapshot taken there must carry.
+/// A partition whose data retention deleted is not listed.
+pub(super) fn segment_start_offsets(
+    image: &MetadataImage,
+    range: &RangeImage,
+    seq: u32,
+) -> std::collections::BTreeMap<u32, i64> {
+    known_sealed_ends(image, range, Some(seq))
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, e)| e.map(|e| (range.lo + i as u32, e)))
+        .collect()
+}
+
+/// [`sealed_ends`], `None` for a partition no sealed segment has data of.
+fn known_sealed_ends(
+    image: &MetadataImage,
+    range: &RangeImage,
+    below: Option<u32>,
+) -> Vec<Option<i64>> {
+    let mut ends = vec![None::<i64>; (range.hi - range.lo) as usize];
     let mut stack = vec![range.id];
     let mut seen = BTreeSet::new();
     while let Some(id) = stack.pop() {
@@ -632,7 +660,7 @@ fn sealed_ends(image: &MetadataImage, range: &RangeImage, below: Option<u32>) ->
             for span in seg.sealed.iter().flat_map(|s| &s.spans) {
                 if range.contains(span.partition) {
                     let e = &mut ends[(span.partition - range.lo) as usize];
-                    *e = (*e).max(span.end_offset);
+                    *e = Some(e.map_or(span.end_offset, |e| e.max(span.end_offset)));
                 }
             }
         }

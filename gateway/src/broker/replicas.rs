@@ -19,7 +19,7 @@ use tessera_log::RangeLog;
 use tessera_metadata::{MetadataImage, PartitionSpan, RangeId, SegmentId, SegmentImage};
 use tessera_replication::auth::Connector;
 use tessera_replication::primary::{PeerAddresses, Replication};
-use tessera_replication::protocol::{Message, SegmentKey};
+use tessera_replication::protocol::{Message, ProtocolError, SegmentKey};
 use tessera_replication::replica_store::ReplicaStore;
 use tessera_replication::service::{self, Directory, Refusal};
 use tessera_replication::snapshot_transfer::{self, LocalHistory};
@@ -1052,6 +1052,12 @@ async fn fetch_snapshot_once(
     };
     let previous = id.seq.checked_sub(1).map(replicas_of).unwrap_or_default();
     let node_id = broker.upgrade()?.config.node_id;
+    // Where the segment starts, which the snapshot must have been taken at.
+    let starts = image
+        .ranges
+        .get(&id.range)
+        .map(|range| super::reconcile::segment_start_offsets(image, range, id.seq))
+        .unwrap_or_default();
     let view = View(broker);
     for peer in snapshot_transfer::snapshot_sources(node_id, &replicas_of(id.seq), &previous) {
         if !ask(&peer) {
@@ -1060,8 +1066,13 @@ async fn fetch_snapshot_once(
         let Some(addr) = view.address_of(peer) else {
             continue;
         };
-        match snapshot_transfer::fetch(&*view.connector(), &addr, key(id), dir, timeout).await {
+        match snapshot_transfer::fetch(&*view.connector(), &addr, key(id), dir, &starts, timeout)
+            .await
+        {
             Ok(()) => return Some(peer),
+            Err(ProtocolError::SnapshotNotAtStart) => {
+                tracing::warn!(segment = %id, peer, "refused a producer snapshot taken at another offset than where the segment starts (a roll the image never recorded)")
+            }
             Err(e) => {
                 tracing::debug!(segment = %id, peer, error = %e, "producer snapshot fetch failed")
             }
