@@ -239,9 +239,26 @@ def test_under_replicated_partitions_while_a_follower_is_down(cluster):
     assert p.flush(30) == 0
     eventually(f"{led_here} under-replicated partitions",
                lambda: metric(url, "tessera_under_replicated_partitions") == led_here)
+    # Metadata's ISR, on every live broker, leaves the follower out while
+    # it is still registered and unfenced (Kafka's leader shrinks the ISR
+    # after replica.lag.time.max.ms, whatever the session); before, the
+    # ISR was every unfenced replica, so it stayed in for the session.
+    live = [b for i, b in enumerate(cluster["bootstrap"], start=1) if i != follower]
+
+    def isr_seen(b: str) -> tuple[list[int], list[int]]:
+        md = AdminClient({"bootstrap.servers": b}).list_topics(topic, timeout=10)
+        part = md.topics[topic].partitions[0]
+        return sorted(part.replicas), sorted(part.isrs)
+
+    for b in live:
+        eventually(f"ISR without {follower} seen from {b}",
+                   lambda b=b: follower not in isr_seen(b)[1] and follower in isr_seen(b)[0])
     restart_node(cluster["workdir"], follower, cmd)
     eventually("in sync again", lambda: metric(url, "tessera_under_replicated_partitions") == 0,
                timeout=90)
+    for b in cluster["bootstrap"]:
+        eventually(f"ISR with {follower} again seen from {b}",
+                   lambda b=b: isr_seen(b)[1] == isr_seen(b)[0], timeout=60)
 
 
 @pytest.mark.cluster_overrides({"log.segment.bytes": "1048576"})
@@ -378,3 +395,34 @@ def test_a_group_coordinator_on_a_split_offsets_range_fails_over_with_its_offset
                       lambda: committed(alive_boot) == 9, timeout=90)
     # The new coordinator's broker reconciles everything else too.
     assert leader_of(AdminClient({"bootstrap.servers": alive_boot}), topic) in survivors
+
+
+def test_offline_partitions_while_an_rf1_leader_is_down(cluster):
+    """Kafka's OfflinePartitionsCount: an RF=1 partition whose only broker
+    is down has no leader (nothing can fail it over); every other broker's
+    /metrics counts it until the broker is back."""
+    boot = ",".join(cluster["bootstrap"])
+    topic = "offline"
+    admin = create_replicated(boot, topic, 3, 1, {})
+    parts = admin.list_topics(topic, timeout=10).topics[topic].partitions
+    victim = parts[0].leader
+    down = sum(1 for p in parts.values() if p.leader == victim)
+    others = [i for i in range(1, len(cluster["bootstrap"]) + 1) if i != victim]
+    urls = [cluster["admin"][i - 1] for i in others]
+    for url in urls:
+        eventually("no offline partition", lambda url=url: metric(url, "tessera_offline_partitions") == 0
+                   and "tessera_offline_partitions " in http_text(url + "/metrics"))
+    cmd = kill_node(cluster["workdir"], victim)
+    for url in urls:
+        eventually(f"{down} offline partitions at {url}",
+                   lambda url=url: metric(url, "tessera_offline_partitions") >= down)
+    restart_node(cluster["workdir"], victim, cmd)
+    for url in urls:
+        eventually(f"no offline partition again at {url}",
+                   lambda url=url: metric(url, "tessera_offline_partitions") == 0, timeout=90)
+
+
+def http_text(url: str) -> str:
+    import urllib.request
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return r.read().decode()

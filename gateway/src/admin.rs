@@ -82,6 +82,11 @@ fn render_broker_metrics(broker: &Broker) -> String {
             broker.under_replicated_partitions(),
         ),
         (
+            "tessera_offline_partitions",
+            "Partitions without a live leader, as this broker's metadata image shows them (Kafka's OfflinePartitionsCount).",
+            broker.image().offline_partitions(),
+        ),
+        (
             "tessera_topics",
             "Topics in the metadata image.",
             broker.image().topics.len() as u64,

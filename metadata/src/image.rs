@@ -84,6 +84,10 @@ pub struct SegmentImage {
     pub leader_epoch: i32,
     /// `None` while the segment is active.
     pub sealed: Option<SealInfo>,
+    /// The replicas its primary last reported in sync (Kafka's ISR, from
+    /// `SetSegmentInSync`); `None`: all of them (none reported out of sync
+    /// since the segment opened). Active segments only.
+    pub in_sync: Option<Vec<i32>>,
 }
 
 impl SegmentImage {
@@ -250,6 +254,31 @@ impl MetadataImage {
             .map(|(_, s)| s)
             .find(|s| s.sealed.is_none())
             .cloned()
+    }
+
+    /// Partitions without a live leader (Kafka's `OfflinePartitionsCount`):
+    /// those of active ranges whose active segment's primary is fenced or
+    /// unregistered, or that have no active segment, and those no active
+    /// range covers.
+    pub fn offline_partitions(&self) -> u64 {
+        let mut offline = 0u64;
+        for topic in self.topics.values() {
+            let mut covered = 0u64;
+            for range in self.active_ranges(topic.id) {
+                let width = u64::from(range.hi.min(topic.partitions).saturating_sub(range.lo));
+                covered += width;
+                let led = self.active_segment(range.id).is_some_and(|s| {
+                    s.primary()
+                        .and_then(|p| self.brokers.get(&p))
+                        .is_some_and(|b| !b.fenced)
+                });
+                if !led {
+                    offline += width;
+                }
+            }
+            offline += u64::from(topic.partitions).saturating_sub(covered);
+        }
+        offline
     }
 
     /// The id a new range should get: one above the largest existing.
@@ -455,6 +484,13 @@ impl MetadataImage {
                     replicas: s.replicas.clone(),
                     leader_epoch: s.leader_epoch,
                 }));
+                if let Some(in_sync) = &s.in_sync {
+                    out.push(MetadataRecord::SetSegmentInSync {
+                        segment: s.id,
+                        leader_epoch: s.leader_epoch,
+                        in_sync: in_sync.clone(),
+                    });
+                }
                 if let Some(seal) = &s.sealed {
                     out.push(MetadataRecord::SealSegment(SegmentSealRecord {
                         segment: s.id,

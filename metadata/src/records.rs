@@ -299,6 +299,17 @@ pub enum MetadataRecord {
         segment: SegmentId,
         replicas: Vec<i32>,
     },
+    /// The replicas of an active segment its primary has in sync (Kafka's
+    /// ISR, which a leader changes with AlterPartition): written by the
+    /// primary when a follower falls out of sync for longer than
+    /// `replica.lag.time.max.ms` or catches up again. Replay skips it for
+    /// a sealed segment or another leader epoch, and refuses replicas the
+    /// segment does not have or a set without its primary.
+    SetSegmentInSync {
+        segment: SegmentId,
+        leader_epoch: i32,
+        in_sync: Vec<i32>,
+    },
     /// Upsert of a user's SCRAM credential for one mechanism.
     SetScramCredential(ScramCredentialRecord),
     /// Removes a user's SCRAM credential for one mechanism (replay skips it
@@ -359,8 +370,9 @@ pub mod record_type {
     pub const CLEAN_SEGMENTS: u16 = 21;
     pub const CLIENT_QUOTA: u16 = 22;
     pub const UNREGISTER_BROKER: u16 = 23;
+    pub const SET_SEGMENT_IN_SYNC: u16 = 24;
     /// The largest type number this build reads.
-    pub const MAX: u16 = UNREGISTER_BROKER;
+    pub const MAX: u16 = SET_SEGMENT_IN_SYNC;
 }
 
 impl MetadataRecord {
@@ -386,6 +398,7 @@ impl MetadataRecord {
             MetadataRecord::SetBrokerConfig { .. } => SET_BROKER_CONFIG,
             MetadataRecord::IncreasePartitions { .. } => INCREASE_PARTITIONS,
             MetadataRecord::SetSegmentReplicas { .. } => SET_SEGMENT_REPLICAS,
+            MetadataRecord::SetSegmentInSync { .. } => SET_SEGMENT_IN_SYNC,
             MetadataRecord::SetScramCredential(_) => SET_SCRAM_CREDENTIAL,
             MetadataRecord::RemoveScramCredential { .. } => REMOVE_SCRAM_CREDENTIAL,
             MetadataRecord::CreateAcl { .. } => CREATE_ACL,
@@ -538,6 +551,15 @@ impl MetadataRecord {
             MetadataRecord::SetSegmentReplicas { segment, replicas } => {
                 w.segment(segment);
                 w.replicas(replicas);
+            }
+            MetadataRecord::SetSegmentInSync {
+                segment,
+                leader_epoch,
+                in_sync,
+            } => {
+                w.segment(segment);
+                w.i32(*leader_epoch);
+                w.replicas(in_sync);
             }
             MetadataRecord::SetScramCredential(c) => {
                 w.str16(&c.user);
@@ -778,6 +800,16 @@ impl MetadataRecord {
                 let segment = r.segment()?;
                 let replicas = r.replicas()?;
                 MetadataRecord::SetSegmentReplicas { segment, replicas }
+            }
+            SET_SEGMENT_IN_SYNC => {
+                let segment = r.segment()?;
+                let leader_epoch = r.i32("leader_epoch")?;
+                let in_sync = r.replicas()?;
+                MetadataRecord::SetSegmentInSync {
+                    segment,
+                    leader_epoch,
+                    in_sync,
+                }
             }
             SET_SCRAM_CREDENTIAL => MetadataRecord::SetScramCredential(ScramCredentialRecord {
                 user: r.str16("user")?,
@@ -1091,6 +1123,17 @@ impl MetadataRecord {
             MetadataRecord::SetSegmentReplicas { segment, replicas } => {
                 check_range_id("segment range", segment.range)?;
                 check_replicas(replicas)
+            }
+            MetadataRecord::SetSegmentInSync {
+                segment,
+                leader_epoch,
+                in_sync,
+            } => {
+                check_range_id("segment range", segment.range)?;
+                if *leader_epoch < 0 {
+                    return Err(E::invalid("leader_epoch", "negative".to_string()));
+                }
+                check_replicas(in_sync)
             }
             MetadataRecord::SetScramCredential(c) => {
                 check_len("user", &c.user, 1, MAX_USER_NAME_LEN)?;
@@ -1669,6 +1712,18 @@ pub(crate) mod tests {
                     replicas: replicas.into_iter().collect(),
                 }),
             (
+                arb_segment(),
+                0i32..1000,
+                proptest::collection::btree_set(0i32..1000, 1..5)
+            )
+                .prop_map(|(segment, leader_epoch, in_sync)| {
+                    MetadataRecord::SetSegmentInSync {
+                        segment,
+                        leader_epoch,
+                        in_sync: in_sync.into_iter().collect(),
+                    }
+                }),
+            (
                 arb_nonempty_text(20),
                 1u8..=2,
                 proptest::collection::vec(any::<u8>(), 1..40),
@@ -2046,9 +2101,30 @@ pub(crate) mod tests {
         rejects(increase(0, 5));
         increase(9, MAX_PARTITIONS).validate().unwrap();
         assert_eq!(
-            MetadataRecord::decode(&[0, 24, 0, 0]),
-            Err(RecordDecodeError::UnknownType(24))
+            MetadataRecord::decode(&[0, 25, 0, 0]),
+            Err(RecordDecodeError::UnknownType(25))
         );
+    }
+
+    #[test]
+    fn set_segment_in_sync_codec() {
+        let rec = MetadataRecord::SetSegmentInSync {
+            segment: SegmentId::new(7, 3),
+            leader_epoch: 5,
+            in_sync: vec![1, 3],
+        };
+        rec.validate().unwrap();
+        assert_eq!(MetadataRecord::decode(&rec.encode()), Ok(rec));
+        rejects(MetadataRecord::SetSegmentInSync {
+            segment: SegmentId::new(7, 3),
+            leader_epoch: -1,
+            in_sync: vec![1],
+        });
+        rejects(MetadataRecord::SetSegmentInSync {
+            segment: SegmentId::new(7, 3),
+            leader_epoch: 1,
+            in_sync: vec![],
+        });
     }
 
     #[test]

@@ -158,6 +158,23 @@ impl MetadataImage {
                 None => Some("unknown segment"),
                 Some(s) => fail(s.sealed.is_none(), "segment is active"),
             },
+            // A primary's report of its in-sync replicas: for the segment
+            // it leads now, at its epoch, naming replicas of it only (a
+            // late report of a segment sealed since changes nothing).
+            R::SetSegmentInSync {
+                segment,
+                leader_epoch,
+                in_sync,
+            } => match self.segments.get(segment) {
+                None => Some("unknown segment"),
+                Some(s) if s.sealed.is_some() => Some("segment is sealed"),
+                Some(s) if s.leader_epoch != *leader_epoch => Some("another leader epoch"),
+                Some(s) => fail(
+                    s.primary().is_none_or(|p| !in_sync.contains(&p))
+                        || in_sync.iter().any(|r| !s.replicas.contains(r)),
+                    "in-sync replicas must be replicas of the segment, its primary among them",
+                ),
+            },
             R::SetLogStartOffset {
                 topic_id,
                 partition,
@@ -299,16 +316,19 @@ impl MetadataImage {
                         replicas: s.replicas.clone(),
                         leader_epoch: s.leader_epoch,
                         sealed: None,
+                        in_sync: None,
                     }),
                 );
             }
             R::SealSegment(s) => {
                 if let Some(seg) = self.segments.get_mut(&s.segment) {
-                    Arc::make_mut(seg).sealed = Some(SealInfo {
+                    let seg = Arc::make_mut(seg);
+                    seg.sealed = Some(SealInfo {
                         size_bytes: s.size_bytes,
                         spans: s.spans.clone(),
                         cleaned: None,
                     });
+                    seg.in_sync = None;
                 }
             }
             R::DeleteSegment { segment } => {
@@ -353,6 +373,17 @@ impl MetadataImage {
             R::SetSegmentReplicas { segment, replicas } => {
                 if let Some(seg) = self.segments.get_mut(segment) {
                     Arc::make_mut(seg).replicas = replicas.clone();
+                }
+            }
+            R::SetSegmentInSync {
+                segment, in_sync, ..
+            } => {
+                if let Some(seg) = self.segments.get_mut(segment) {
+                    let seg = Arc::make_mut(seg);
+                    // All replicas in sync is the default, kept as `None`
+                    // so that a snapshot replays to the same image.
+                    let all = in_sync.len() == seg.replicas.len();
+                    seg.in_sync = (!all).then(|| in_sync.clone());
                 }
             }
             R::SetLogStartOffset {
@@ -1036,6 +1067,66 @@ mod tests {
         let (img, applied) = replay(&with(with(base(), seal(1, 0, vec![])), del));
         assert!(applied.iter().all(|a| *a));
         assert!(img.segments.is_empty());
+    }
+
+    #[test]
+    fn offline_partitions_are_those_without_a_live_leader() {
+        // Broker 1 registers fenced: the topic's 4 partitions are offline.
+        let (img, _) = replay(&base());
+        assert_eq!(img.offline_partitions(), 4);
+        let led = with(base(), MetadataRecord::UnfenceBroker { broker_id: 1 });
+        let (img, _) = replay(&led);
+        assert_eq!(img.offline_partitions(), 0);
+        // Two partitions more, no range for them yet.
+        let grown = with(
+            led.clone(),
+            MetadataRecord::IncreasePartitions {
+                topic_id: uuid::Uuid::from_u128(1),
+                partitions: 6,
+            },
+        );
+        assert_eq!(replay(&grown).0.offline_partitions(), 2);
+        // No active segment: its range's partitions have no leader.
+        assert_eq!(
+            replay(&with(led, seal(1, 0, vec![])))
+                .0
+                .offline_partitions(),
+            4
+        );
+    }
+
+    #[test]
+    fn in_sync_replicas_are_reported_for_the_active_segment_at_its_epoch() {
+        let three = vec![
+            broker(1, 1),
+            topic(1, "t", 4),
+            range(1, 1, 0, 4, vec![]),
+            MetadataRecord::OpenSegment(SegmentOpenRecord {
+                segment: SegmentId::new(1, 0),
+                replicas: vec![1, 2, 3],
+                leader_epoch: 4,
+            }),
+        ];
+        let isr = |epoch, in_sync: &[i32]| MetadataRecord::SetSegmentInSync {
+            segment: SegmentId::new(1, 0),
+            leader_epoch: epoch,
+            in_sync: in_sync.to_vec(),
+        };
+        let shrunk = with(three.clone(), isr(4, &[1, 3]));
+        let (img, applied) = replay(&shrunk);
+        assert!(applied.iter().all(|a| *a));
+        assert_eq!(img.segments_of(1)[0].in_sync, Some(vec![1, 3]));
+        assert_snapshot_round_trips(&img);
+        // Back to all three: the default, kept as `None`.
+        let (img, _) = replay(&with(shrunk.clone(), isr(4, &[1, 3, 2])));
+        assert_eq!(img.segments_of(1)[0].in_sync, None);
+        assert!(!last_applies(&with(three.clone(), isr(3, &[1])))); // another epoch
+        assert!(!last_applies(&with(three.clone(), isr(4, &[2, 3])))); // no primary
+        assert!(!last_applies(&with(three.clone(), isr(4, &[1, 7])))); // not a replica
+        let sealed = with(shrunk, seal(1, 0, vec![]));
+        let (img, _) = replay(&sealed);
+        assert_eq!(img.segments_of(1)[0].in_sync, None, "a seal clears it");
+        assert!(!last_applies(&with(sealed, isr(4, &[1])))); // late, sealed
     }
 
     #[test]

@@ -11,7 +11,7 @@
 //! (`decode_committed_value`), which is why the writers look at the
 //! skipped positions.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 
 use tessera_metadata::{
@@ -814,6 +814,43 @@ pub use replacement::{
 
 #[cfg(test)]
 mod tests;
+
+/// The in-sync reports (Kafka's AlterPartition ISR changes) of a primary:
+/// for each active segment `me` leads (`led`, those it ships to the
+/// followers the image names), its replicas minus the followers out of
+/// sync longer than `replica.lag.time.max.ms` (`lagging`), written when
+/// that differs from what the image shows. A set never loses its primary.
+pub fn in_sync_reports(
+    image: &MetadataImage,
+    me: i32,
+    led: &BTreeSet<SegmentId>,
+    lagging: &BTreeSet<(SegmentId, i32)>,
+) -> Vec<MetadataRecord> {
+    let mut out = Vec::new();
+    for id in led {
+        let Some(seg) = image.segments.get(id) else {
+            continue;
+        };
+        if seg.is_sealed() || seg.primary() != Some(me) {
+            continue;
+        }
+        let in_sync: Vec<i32> = seg
+            .replicas
+            .iter()
+            .copied()
+            .filter(|&r| r == me || !lagging.contains(&(*id, r)))
+            .collect();
+        let shown = seg.in_sync.as_ref().unwrap_or(&seg.replicas);
+        if in_sync != *shown {
+            out.push(MetadataRecord::SetSegmentInSync {
+                segment: *id,
+                leader_epoch: seg.leader_epoch,
+                in_sync,
+            });
+        }
+    }
+    out
+}
 
 /// The fencing decisions of the active controller (Kafka's broker
 /// sessions): a broker not heard from within its session is fenced (it

@@ -1721,3 +1721,43 @@ fn follower_replacements_are_bounded_and_count_their_own_load() {
     // Ranges whose primary is 2 are failover's; the others each get 4.
     assert!(all.iter().all(|p| p.to == 4 && p.from == 2));
 }
+
+#[test]
+fn a_primary_reports_its_in_sync_replicas_when_they_change() {
+    let (mut image, range) = replicated_topic(3, 3);
+    let seg = image.active_segment(range).unwrap().clone();
+    let (me, follower) = (seg.replicas[0], seg.replicas[1]);
+    let led = BTreeSet::from([seg.id]);
+    // All in sync, as the image shows: nothing to write; another broker's
+    // segment is not this primary's to report.
+    assert!(in_sync_reports(&image, me, &led, &BTreeSet::new()).is_empty());
+    assert!(in_sync_reports(&image, follower, &led, &BTreeSet::new()).is_empty());
+    // A follower out of sync: the set without it, at the segment's epoch.
+    let lagging = BTreeSet::from([(seg.id, follower)]);
+    let shrink = in_sync_reports(&image, me, &led, &lagging);
+    let expected: Vec<i32> = seg
+        .replicas
+        .iter()
+        .copied()
+        .filter(|&r| r != follower)
+        .collect();
+    assert_eq!(
+        shrink,
+        vec![MetadataRecord::SetSegmentInSync {
+            segment: seg.id,
+            leader_epoch: seg.leader_epoch,
+            in_sync: expected.clone(),
+        }]
+    );
+    assert_eq!(commit(&mut image, &shrink), 0);
+    assert_eq!(image.active_segment(range).unwrap().in_sync, Some(expected));
+    // Written once; caught up again: the whole set.
+    assert!(in_sync_reports(&image, me, &led, &lagging).is_empty());
+    let grow = in_sync_reports(&image, me, &led, &BTreeSet::new());
+    assert_eq!(grow.len(), 1);
+    assert_eq!(commit(&mut image, &grow), 0);
+    assert_eq!(image.active_segment(range).unwrap().in_sync, None);
+    // The primary itself is never reported out of sync.
+    let me_lagging = BTreeSet::from([(seg.id, me)]);
+    assert!(in_sync_reports(&image, me, &led, &me_lagging).is_empty());
+}

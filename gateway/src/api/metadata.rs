@@ -141,8 +141,13 @@ pub fn describe_topic(
                     let live = |id: &i32| image.brokers.get(id).is_some_and(|b| !b.fenced);
                     let replicas: Vec<BrokerId> =
                         seg.replicas.iter().map(|r| BrokerId(*r)).collect();
+                    // The replicas its primary reports in sync (all until
+                    // one falls behind for `replica.lag.time.max.ms`),
+                    // live ones only.
                     let isr: Vec<BrokerId> = seg
-                        .replicas
+                        .in_sync
+                        .as_ref()
+                        .unwrap_or(&seg.replicas)
                         .iter()
                         .filter(|r| live(r))
                         .map(|r| BrokerId(*r))

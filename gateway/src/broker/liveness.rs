@@ -6,6 +6,7 @@
 //! `tessera_planner::broker_liveness`; this module is the clock and the I/O.
 
 use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,7 @@ const HEAL_SEGMENTS_PER_TICK: usize = 16;
 
 /// Heartbeats this broker to the active controller until the broker is gone.
 pub(super) async fn heartbeat(broker: Weak<Broker>) {
+    let reporting = Arc::new(AtomicBool::new(false));
     loop {
         let Some(b) = broker.upgrade() else { return };
         if b.is_shutting_down() {
@@ -42,6 +44,29 @@ pub(super) async fn heartbeat(broker: Weak<Broker>) {
         let lagging = b.out_of_sync_followers(&image);
         if !lagging.is_empty() {
             replace_followers(&b, &image, &lagging);
+        }
+        // Its in-sync replicas, as Metadata shows them on every broker
+        // (Kafka's leader shrinks and expands the ISR with AlterPartition).
+        let reports = tessera_planner::in_sync_reports(
+            &image,
+            b.config.node_id,
+            &b.shipped_segments(&image),
+            &lagging,
+        );
+        // Written beside the heartbeats, never in their way (a quorum
+        // that is away must not cost this broker its session), one write
+        // at a time; a report lost is made again on a later tick.
+        if !reports.is_empty() && !reporting.swap(true, Ordering::AcqRel) {
+            tracing::info!(?reports, "in-sync replicas changed");
+            let (weak, reporting) = (broker.clone(), reporting.clone());
+            tokio::spawn(async move {
+                if let Some(b) = weak.upgrade() {
+                    if let Err(e) = b.controller.write(reports).await {
+                        tracing::debug!(error = %e, "in-sync replicas not recorded");
+                    }
+                }
+                reporting.store(false, Ordering::Release);
+            });
         }
         drop(b);
         tokio::time::sleep(interval).await;

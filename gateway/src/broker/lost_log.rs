@@ -287,6 +287,7 @@ mod tests {
                     replicas: vec![primary, 7, 8],
                     leader_epoch: epoch,
                     sealed,
+                    in_sync: None,
                 }),
             );
         }

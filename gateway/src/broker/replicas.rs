@@ -376,6 +376,24 @@ impl Broker {
         out
     }
 
+    /// The active segments this broker leads and ships to the followers the
+    /// image names (whose in-sync replicas it reports).
+    pub(super) fn shipped_segments(
+        &self,
+        image: &MetadataImage,
+    ) -> std::collections::BTreeSet<SegmentId> {
+        let me = self.config.node_id;
+        self.replicas
+            .shipping
+            .lock()
+            .iter()
+            .filter_map(|(range, r)| {
+                let seg = image.active_segment(*range)?;
+                (seg.primary() == Some(me) && seg.replicas[1..] == *r.followers()).then_some(seg.id)
+            })
+            .collect()
+    }
+
     /// Stops shipping a range (its log closed, or leadership moved).
     pub(super) fn stop_shipping(&self, range: RangeId) {
         if let Some(r) = self.replicas.shipping.lock().remove(&range) {
