@@ -135,6 +135,7 @@ def main(argv=None) -> int:
             history.final = final_read(cluster, args.partitions, logger)
         finally:
             history.save(workdir / "history.json")
+            save_images(cluster, workdir)
         for w in workers:
             if w.error is not None:
                 print(f"worker {w.name} died: {w.error!r}")
@@ -163,7 +164,8 @@ def main(argv=None) -> int:
             keep = Path(f"{workdir}-kept")
         if keep is not None:
             cluster.copy_logs(keep)
-            for f in ("history.json", "report.txt", "faults.json", "clients.log"):
+            for f in ("history.json", "report.txt", "faults.json", "clients.log",
+                      *(p.name for p in workdir.glob("image-node-*.json"))):
                 if (workdir / f).exists():
                     shutil.copy(workdir / f, keep / f)
             print(f"faults: logs kept under {keep}")
@@ -234,6 +236,22 @@ def final_read(cluster, partitions: int, logger) -> dict:
                                  (workload.TXN_GROUP, workload.TXN))
         },
     }
+
+
+def save_images(cluster, workdir: Path) -> None:
+    """Each live node's view of the ranges and segments (with the sealed
+    spans reads look up) after the final read, kept with the logs: what a
+    stuck read or an unreadable history is checked against."""
+    import urllib.request
+    for n in cluster.live():
+        view = {}
+        for what in ("ranges", "segments"):
+            try:
+                with urllib.request.urlopen(n.admin_url(f"/{what}"), timeout=30) as r:
+                    view[what] = json.loads(r.read())
+            except OSError as e:
+                view[what] = f"unavailable: {e}"
+        (workdir / f"image-node-{n.id}.json").write_text(json.dumps(view))
 
 
 def committed_or_unavailable(boot, group, topic, partitions, logger, unavailable) -> dict:

@@ -61,6 +61,10 @@ pub struct SegmentInfo {
     /// The cleaning pass that last rewrote it (0: none); `sealed_bytes`
     /// is its size after that pass.
     pub clean_pass: u64,
+    /// Once sealed: each partition's offsets in it, `[partition, start,
+    /// end)` as the seal recorded them (what reads of its history look up).
+    #[serde(default)]
+    pub spans: Vec<(u32, i64, i64)>,
 }
 
 impl Broker {
@@ -86,6 +90,12 @@ impl Broker {
                     sealed_bytes: s.sealed.as_ref().map(|i| i.size_bytes),
                     local_bytes,
                     clean_pass: s.clean_pass(),
+                    spans: s
+                        .sealed
+                        .iter()
+                        .flat_map(|i| &i.spans)
+                        .map(|sp| (sp.partition, sp.start_offset, sp.end_offset))
+                        .collect(),
                 })
             })
             .collect()

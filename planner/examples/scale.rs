@@ -1,0 +1,494 @@
+//! The scale simulation of issue 23: the real planner (`tessera-planner`)
+//! and the real metadata replay (`tessera-metadata`) driven with a
+//! simulated cluster of brokers in racks, no processes and no network.
+//!
+//! ```text
+//! cargo run --release -p tessera-planner --example scale -- \
+//!     [--brokers 10,100,1000] [--racks 10] [--topics-per-broker 10] \
+//!     [--max-partitions 10000] [--rf 3] [--seed 1] [--csv loads.csv]
+//! ```
+//!
+//! Per cluster size it runs these events, each through the planner calls
+//! the brokers make (creation, split, the controller's leader-balance and
+//! re-placement passes, failover by seal-by-quorum, healing), applying
+//! every record through `decode_committed_value` as a broker would:
+//!
+//! 1. **creation storm**: `topics-per-broker x brokers` topics, partition
+//!    counts Zipf-distributed over `1..=max-partitions`, each with a
+//!    Zipf-distributed load (bytes in per second) spread evenly over its
+//!    partitions;
+//! 2. **hot topic**: the busiest topic's load x10, its ranges split once;
+//! 3. **brokers join**: 10 % more brokers, then controller passes (leader
+//!    balance and re-placement, bounded per pass as in the broker) until
+//!    none plans anything or 50 passes;
+//! 4. **rack lost**: every broker of one rack fenced; each active segment
+//!    whose primary is fenced fails over (seal-by-quorum), then healing;
+//! 5. **brokers removed**: 10 % of the brokers unregistered, then healing.
+//!
+//! Per event it prints the load per live broker (max/mean of bytes in as
+//! primary, of primaries, of replicas of active segments), the segments
+//! newly placed or moved, the metadata records written, the image's size
+//! (its snapshot, `to_records`, encoded) and the time to replay it, and the
+//! planning time per decision. `--csv` writes the max/mean bytes-in ratio
+//! after every step (for docs/SCALE.md's plot).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, Instant};
+
+use tessera_metadata::records::BrokerRegistration;
+use tessera_metadata::{decode_committed_value, MetadataImage, MetadataRecord, RangeId, TopicId};
+use tessera_planner::{
+    create_topic, heal_segments, plan_leader_moves, plan_replacements, seal_and_replace,
+    seal_by_quorum, split_range, QuorumSeal, TopicSpec,
+};
+
+/// Moves one controller pass plans at most (the broker's bound).
+const MOVES_PER_PASS: usize = 8;
+const PASSES: usize = 50;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        // xorshift64*
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    /// Zipf(s = 1.1) over `1..=n` by inverse transform on the
+    /// continuous approximation.
+    fn zipf(&mut self, n: u64) -> u64 {
+        let s = 1.1f64;
+        let u = self.unit();
+        let h = |x: f64| (x.powf(1.0 - s) - 1.0) / (1.0 - s);
+        let total = h(n as f64 + 0.5) - h(0.5);
+        let x = ((u * total + h(0.5)) * (1.0 - s) + 1.0).powf(1.0 / (1.0 - s));
+        (x.round() as u64).clamp(1, n)
+    }
+}
+
+struct Options {
+    brokers: Vec<i32>,
+    racks: i32,
+    topics_per_broker: u32,
+    max_partitions: u64,
+    rf: i16,
+    seed: u64,
+    csv: Option<String>,
+}
+
+fn parse() -> Options {
+    let mut o = Options {
+        brokers: vec![10, 100, 1000],
+        racks: 10,
+        topics_per_broker: 10,
+        max_partitions: 10_000,
+        rf: 3,
+        seed: 1,
+        csv: None,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut i = 0;
+    while i < args.len() {
+        let v = args.get(i + 1).cloned().unwrap_or_default();
+        match args[i].as_str() {
+            "--brokers" => o.brokers = v.split(',').map(|x| x.parse().expect("brokers")).collect(),
+            "--racks" => o.racks = v.parse().expect("racks"),
+            "--topics-per-broker" => o.topics_per_broker = v.parse().expect("topics"),
+            "--max-partitions" => o.max_partitions = v.parse().expect("partitions"),
+            "--rf" => o.rf = v.parse().expect("rf"),
+            "--seed" => o.seed = v.parse().expect("seed"),
+            "--csv" => o.csv = Some(v),
+            other => panic!("unknown argument {other}"),
+        }
+        i += 2;
+    }
+    o
+}
+
+/// The simulated cluster: the image every broker would have, the load of
+/// every topic, and counters of what the planner wrote.
+struct Cluster {
+    image: MetadataImage,
+    load: BTreeMap<TopicId, f64>,
+    records: u64,
+    placed: u64,
+    decisions: u64,
+    planning: Duration,
+    step: u64,
+    csv: Vec<String>,
+    size: i32,
+}
+
+impl Cluster {
+    fn commit(&mut self, records: &[MetadataRecord]) {
+        let offset = self.image.offset + 1;
+        for r in records {
+            if let Some(r) = decode_committed_value(&r.encode(), &self.image, offset)
+                .expect("planner records decode")
+            {
+                if matches!(r, MetadataRecord::OpenSegment(_)) {
+                    self.placed += 1;
+                }
+                self.image.apply(&r, offset);
+                self.records += 1;
+            }
+        }
+        self.image.offset = offset;
+        self.step += 1;
+        if self.step.is_multiple_of(50) {
+            let l = self.loads();
+            self.csv.push(format!(
+                "{},{},{:.3},{:.3}",
+                self.size,
+                self.step,
+                l.bytes.ratio(),
+                l.primaries.ratio()
+            ));
+        }
+    }
+
+    fn plan<T>(&mut self, f: impl FnOnce(&MetadataImage) -> T) -> T {
+        let t = Instant::now();
+        let out = f(&self.image);
+        self.planning += t.elapsed();
+        self.decisions += 1;
+        out
+    }
+
+    fn register(&mut self, id: i32, racks: i32) {
+        let reg = BrokerRegistration {
+            broker_id: id,
+            incarnation_id: uuid::Uuid::from_u128(id as u128 + 1),
+            host: format!("b{id}"),
+            port: 9092,
+            rack: Some(format!("r{}", id % racks)),
+        };
+        self.commit(&[
+            MetadataRecord::RegisterBroker(reg),
+            MetadataRecord::UnfenceBroker { broker_id: id },
+        ]);
+    }
+
+    fn live(&self) -> Vec<i32> {
+        self.image
+            .brokers
+            .values()
+            .filter(|b| !b.fenced)
+            .map(|b| b.registration.broker_id)
+            .collect()
+    }
+
+    fn loads(&self) -> Loads {
+        let live = self.live();
+        let mut bytes: BTreeMap<i32, f64> = live.iter().map(|b| (*b, 0.0)).collect();
+        let mut primaries: BTreeMap<i32, f64> = bytes.clone();
+        let mut replicas: BTreeMap<i32, f64> = bytes.clone();
+        for r in self.image.ranges.values().filter(|r| r.active) {
+            let Some(seg) = self.image.active_segment(r.id) else {
+                continue;
+            };
+            let Some(topic) = self.image.topics.get(&r.topic_id) else {
+                continue;
+            };
+            let per_partition = self.load.get(&r.topic_id).copied().unwrap_or(0.0)
+                / f64::from(topic.partitions.max(1));
+            if let Some(p) = seg.primary() {
+                if let Some(b) = bytes.get_mut(&p) {
+                    *b += per_partition * f64::from(r.hi - r.lo);
+                }
+                if let Some(n) = primaries.get_mut(&p) {
+                    *n += 1.0;
+                }
+            }
+            for rep in &seg.replicas {
+                if let Some(n) = replicas.get_mut(rep) {
+                    *n += 1.0;
+                }
+            }
+        }
+        Loads {
+            bytes: Spread::of(bytes.values()),
+            primaries: Spread::of(primaries.values()),
+            replicas: Spread::of(replicas.values()),
+        }
+    }
+
+    /// One controller pass: leader balance, then re-placement; the number
+    /// of moves made.
+    fn controller_pass(&mut self) -> usize {
+        let moves = self.plan(|img| plan_leader_moves(img, MOVES_PER_PASS));
+        let mut n = 0;
+        for m in moves {
+            let seal = QuorumSeal {
+                segment: m.segment,
+                size_bytes: 0,
+                spans: Vec::new(),
+                holder: m.to,
+            };
+            if let Ok(records) = self.plan(|img| seal_by_quorum(img, &seal)) {
+                self.commit(&records);
+                n += 1;
+            }
+        }
+        let plans = self.plan(|img| plan_replacements(img, MOVES_PER_PASS));
+        for p in plans {
+            let holder = self
+                .image
+                .segments
+                .get(&p.segment)
+                .and_then(|s| s.primary())
+                .unwrap_or(p.from);
+            let seal = QuorumSeal {
+                segment: p.segment,
+                size_bytes: 0,
+                spans: Vec::new(),
+                holder,
+            };
+            if let Ok(records) = self.plan(|img| seal_and_replace(img, &seal, &p)) {
+                self.commit(&records);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Fails over every active segment whose primary is fenced or gone
+    /// (the controller's seal-by-quorum, the first live replica holding
+    /// the end), then heals the sealed copies of `gone`.
+    fn failover_and_heal(&mut self, gone: &BTreeSet<i32>) {
+        let live: BTreeSet<i32> = self.live().into_iter().collect();
+        let orphaned: Vec<_> = self
+            .image
+            .segments
+            .values()
+            .filter(|s| !s.is_sealed() && s.primary().is_some_and(|p| !live.contains(&p)))
+            .filter_map(|s| {
+                let holder = s.replicas.iter().copied().find(|r| live.contains(r))?;
+                Some((s.id, holder))
+            })
+            .collect();
+        for (segment, holder) in orphaned {
+            let seal = QuorumSeal {
+                segment,
+                size_bytes: 0,
+                spans: Vec::new(),
+                holder,
+            };
+            if let Ok(records) = self.plan(|img| seal_by_quorum(img, &seal)) {
+                self.commit(&records);
+            }
+        }
+        loop {
+            let records = self.plan(|img| heal_segments(img, gone, 256));
+            if records.is_empty() {
+                break;
+            }
+            self.commit(&records);
+        }
+    }
+}
+
+#[derive(Clone, Copy)]
+struct Spread {
+    max: f64,
+    mean: f64,
+}
+
+impl Spread {
+    fn of<'a>(values: impl Iterator<Item = &'a f64>) -> Spread {
+        let v: Vec<f64> = values.copied().collect();
+        let max = v.iter().copied().fold(0.0, f64::max);
+        let mean = v.iter().sum::<f64>() / v.len().max(1) as f64;
+        Spread { max, mean }
+    }
+    fn ratio(&self) -> f64 {
+        if self.mean == 0.0 {
+            1.0
+        } else {
+            self.max / self.mean
+        }
+    }
+}
+
+struct Loads {
+    bytes: Spread,
+    primaries: Spread,
+    replicas: Spread,
+}
+
+/// The image's snapshot: its size encoded and the time to replay it.
+fn snapshot_figures(image: &MetadataImage) -> (u64, Duration) {
+    let records = image.to_records();
+    let bytes: u64 = records.iter().map(|r| r.encode().len() as u64).sum();
+    let t = Instant::now();
+    let mut back = MetadataImage::default();
+    for r in &records {
+        if let Some(r) = decode_committed_value(&r.encode(), &back, image.offset).unwrap() {
+            back.apply(&r, image.offset);
+        }
+    }
+    (bytes, t.elapsed())
+}
+
+fn row(c: &mut Cluster, event: &str, before: (u64, u64, u64, Duration), started: Instant) {
+    let l = c.loads();
+    let (bytes, replay) = snapshot_figures(&c.image);
+    let decisions = c.decisions - before.2;
+    let per = (c.planning - before.3)
+        .checked_div(decisions.max(1) as u32)
+        .unwrap_or_default();
+    println!(
+        "| {} | {} | {:.2} | {:.1} / {:.1} | {:.1} / {:.1} | {} | {} | {} | {:.1} MB | {:.0} ms | {:.2} ms | {:.1} s |",
+        c.size,
+        event,
+        l.bytes.ratio(),
+        l.primaries.max,
+        l.primaries.mean,
+        l.replicas.max,
+        l.replicas.mean,
+        c.placed - before.1,
+        c.records - before.0,
+        c.image.ranges.values().filter(|r| r.active).count(),
+        bytes as f64 / 1e6,
+        replay.as_secs_f64() * 1e3,
+        per.as_secs_f64() * 1e3,
+        started.elapsed().as_secs_f64(),
+    );
+}
+
+fn run(o: &Options, brokers: i32, csv: &mut Vec<String>) {
+    let mut rng = Rng(o.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
+    let mut c = Cluster {
+        image: MetadataImage::default(),
+        load: BTreeMap::new(),
+        records: 0,
+        placed: 0,
+        decisions: 0,
+        planning: Duration::ZERO,
+        step: 0,
+        csv: Vec::new(),
+        size: brokers,
+    };
+    for id in 1..=brokers {
+        c.register(id, o.racks);
+    }
+    let mark = |c: &Cluster| (c.records, c.placed, c.decisions, c.planning);
+    let t = Instant::now();
+
+    // 1. creation storm
+    let before = mark(&c);
+    let topics = o.topics_per_broker * brokers as u32;
+    for i in 0..topics {
+        let partitions = rng.zipf(o.max_partitions) as u32;
+        let topic_id = uuid::Uuid::from_u128(u128::from(i) + 1);
+        let spec = TopicSpec {
+            topic_id,
+            name: format!("t{i}"),
+            partitions,
+            replication_factor: o.rf.min(brokers as i16),
+            configs: BTreeMap::new(),
+        };
+        let records = c.plan(|img| create_topic(img, spec)).expect("creation");
+        c.commit(&records);
+        // bytes in per second: Zipf over 1..=10,000 units of 10 KB/s
+        c.load.insert(topic_id, rng.zipf(10_000) as f64 * 10e3);
+    }
+    row(
+        &mut c,
+        &format!("creation storm ({topics} topics)"),
+        before,
+        t,
+    );
+
+    // 2. a hot topic: the busiest x10, its ranges split once
+    let before = mark(&c);
+    // (the busiest topic with a range that can split)
+    let (&hot, _) = c
+        .load
+        .iter()
+        .filter(|(t, _)| c.image.active_ranges(**t).iter().any(|r| r.hi - r.lo > 1))
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .expect("a topic");
+    *c.load.get_mut(&hot).unwrap() *= 10.0;
+    let hot_ranges: Vec<RangeId> = c
+        .image
+        .active_ranges(hot)
+        .iter()
+        .filter(|r| r.hi - r.lo > 1)
+        .map(|r| r.id)
+        .collect();
+    for r in hot_ranges {
+        if let Ok(plan) = c.plan(|img| split_range(img, r, None)) {
+            c.commit(&plan.records);
+        }
+    }
+    row(&mut c, "hot topic x10, split", before, t);
+
+    // 3. brokers join, controller passes
+    let before = mark(&c);
+    let joining = (brokers / 10).max(1);
+    for id in brokers + 1..=brokers + joining {
+        c.register(id, o.racks);
+    }
+    let mut passes = 0;
+    while passes < PASSES && c.controller_pass() > 0 {
+        passes += 1;
+    }
+    row(
+        &mut c,
+        &format!("{joining} brokers join ({passes} passes)"),
+        before,
+        t,
+    );
+
+    // 4. a rack lost
+    let before = mark(&c);
+    let rack: BTreeSet<i32> = c.live().into_iter().filter(|b| b % o.racks == 0).collect();
+    for b in &rack {
+        c.commit(&[MetadataRecord::FenceBroker { broker_id: *b }]);
+    }
+    c.failover_and_heal(&rack);
+    row(
+        &mut c,
+        &format!("rack lost ({} brokers)", rack.len()),
+        before,
+        t,
+    );
+
+    // 5. brokers removed
+    let before = mark(&c);
+    let removed: BTreeSet<i32> = c.live().into_iter().filter(|b| b % 10 == 1).collect();
+    for b in &removed {
+        c.commit(&[MetadataRecord::UnregisterBroker { broker_id: *b }]);
+    }
+    c.failover_and_heal(&removed);
+    row(
+        &mut c,
+        &format!("{} brokers removed", removed.len()),
+        before,
+        t,
+    );
+    csv.append(&mut c.csv);
+}
+
+fn main() {
+    let o = parse();
+    println!(
+        "| brokers | event | bytes in max/mean | primaries max / mean | replicas max / mean | segments placed | records | active ranges | image | replay | planning per decision | elapsed |"
+    );
+    println!(
+        "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
+    );
+    let mut csv = vec!["brokers,step,bytes_max_over_mean,primaries_max_over_mean".to_string()];
+    for &b in &o.brokers {
+        run(&o, b, &mut csv);
+    }
+    if let Some(path) = &o.csv {
+        std::fs::write(path, csv.join("\n") + "\n").expect("csv");
+    }
+}
