@@ -1761,3 +1761,54 @@ fn a_primary_reports_its_in_sync_replicas_when_they_change() {
     let me_lagging = BTreeSet::from([(seg.id, me)]);
     assert!(in_sync_reports(&image, me, &led, &me_lagging).is_empty());
 }
+
+#[test]
+fn failovers_spread_the_replacements_of_a_lost_broker() {
+    // 10 brokers, 150 RF-3 topics; broker 5 is lost. Each segment it
+    // followed gets a replacement at its quorum seal: spread over the
+    // spares (every one taking the lowest-id spare piled them on one).
+    let mut image = cluster(10);
+    for i in 0..150 {
+        let records = create_topic(&image, spec(&format!("t{i}"), 1, 3)).unwrap();
+        assert_eq!(commit(&mut image, &records), 0);
+    }
+    fence(&mut image, 5);
+    let hit: Vec<_> = image
+        .segments
+        .values()
+        .filter(|s| !s.is_sealed() && s.replicas[1..].contains(&5))
+        .cloned()
+        .collect();
+    assert!(
+        hit.len() >= 10,
+        "{} segments followed by broker 5",
+        hit.len()
+    );
+    let mut got: BTreeMap<i32, usize> = BTreeMap::new();
+    for seg in &hit {
+        let q = QuorumSeal {
+            segment: seg.id,
+            size_bytes: 0,
+            spans: vec![],
+            holder: seg.replicas[0],
+        };
+        let records = seal_by_quorum(&image, &q).unwrap();
+        assert_eq!(commit(&mut image, &records), 0);
+        let next = image.active_segment(seg.id.range).unwrap();
+        assert!(!next.replicas.contains(&5));
+        let new: Vec<i32> = next
+            .replicas
+            .iter()
+            .copied()
+            .filter(|r| !seg.replicas.contains(r))
+            .collect();
+        assert_eq!(new.len(), 1, "{:?} -> {:?}", seg.replicas, next.replicas);
+        *got.entry(new[0]).or_default() += 1;
+    }
+    let most = *got.values().max().unwrap();
+    assert!(
+        got.len() >= 4 && most * 3 <= hit.len(),
+        "{got:?} over {} failovers",
+        hit.len()
+    );
+}
