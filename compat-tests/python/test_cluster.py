@@ -154,7 +154,9 @@ def cluster(request):
             return False
 
     try:
-        eventually("every node ready", lambda: all(ready(i) for i in range(nodes)))
+        # Five nodes starting on two busy cores can take over a minute.
+        eventually("every node ready", lambda: all(ready(i) for i in range(nodes)),
+                   timeout=60.0 + 20.0 * max(0, nodes - 3))
         yield info
     finally:
         procguard.kill(proc)
