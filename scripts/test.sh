@@ -157,8 +157,9 @@ fi
 # verdict. Needs root (network namespaces), as CI has. Range splits and
 # merges are left out of this gate: since the harness sends them to the
 # range's primary they succeed during faults, and they expose issue 26's
-# open findings (unreadable history after a move, aborted records in a
-# final read_committed read; docs/RELIABILITY.md, 2026-12-06). Manual runs
+# open finding of unreadable history after a move (docs/RELIABILITY.md,
+# 2026-12-06; the aborted records in a final read_committed read of the
+# same section happen without moves too). Manual runs
 # (`./scripts/faults.sh`, all nemeses by default) keep them.
 FAULTS_CI_DEFAULT=1
 if [ "${FAULTS_CI:-$FAULTS_CI_DEFAULT}" = "1" ]; then
