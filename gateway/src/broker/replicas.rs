@@ -354,18 +354,11 @@ impl Broker {
         &self,
         image: &MetadataImage,
     ) -> std::collections::BTreeSet<(SegmentId, i32)> {
-        let me = self.config.node_id;
         let mut out = std::collections::BTreeSet::new();
-        for (range, r) in self.replicas.shipping.lock().iter() {
-            let Some(seg) = image.active_segment(*range) else {
-                continue;
-            };
-            if seg.primary() != Some(me) || seg.replicas[1..] != *r.followers() {
-                continue;
-            }
+        for (seg, r) in self.shipped_to_image_followers(image) {
             for (f, behind) in r.out_of_sync_for() {
                 tracing::debug!(
-                    range,
+                    range = seg.id.range,
                     follower = f,
                     behind_ms = behind.as_millis() as u64,
                     "follower out of sync"
@@ -382,6 +375,19 @@ impl Broker {
         &self,
         image: &MetadataImage,
     ) -> std::collections::BTreeSet<SegmentId> {
+        self.shipped_to_image_followers(image)
+            .into_iter()
+            .map(|(seg, _)| seg.id)
+            .collect()
+    }
+
+    /// The ranges this broker ships whose active segment, in `image`, it
+    /// leads with the followers it ships to (a stream the image moved past
+    /// is left out).
+    fn shipped_to_image_followers(
+        &self,
+        image: &MetadataImage,
+    ) -> Vec<(Arc<tessera_metadata::SegmentImage>, Arc<Replication>)> {
         let me = self.config.node_id;
         self.replicas
             .shipping
@@ -389,7 +395,8 @@ impl Broker {
             .iter()
             .filter_map(|(range, r)| {
                 let seg = image.active_segment(*range)?;
-                (seg.primary() == Some(me) && seg.replicas[1..] == *r.followers()).then_some(seg.id)
+                (seg.primary() == Some(me) && seg.replicas[1..] == *r.followers())
+                    .then(|| (seg, r.clone()))
             })
             .collect()
     }
