@@ -111,15 +111,27 @@ pub(crate) fn read(dir: &Path, seq: u32) -> Vec<(u32, AbortedTxn)> {
     }
 }
 
+fn seq_of(name: &std::ffi::OsStr) -> Option<u32> {
+    name.to_string_lossy()
+        .strip_suffix(".aborted")
+        .and_then(|stem| stem.parse::<u32>().ok())
+}
+
+/// The segments that have a `<seq>.aborted` file in `dir`, ascending.
+pub(crate) fn list(dir: &Path) -> Result<Vec<u32>, LogError> {
+    let mut seqs = Vec::new();
+    for entry in std::fs::read_dir(dir)? {
+        seqs.extend(seq_of(&entry?.file_name()));
+    }
+    seqs.sort_unstable();
+    Ok(seqs)
+}
+
 /// Deletes the `<seq>.aborted` files whose segment `keep` rejects.
 pub(crate) fn remove_unless(dir: &Path, keep: impl Fn(u32) -> bool) -> Result<(), LogError> {
     for entry in std::fs::read_dir(dir)? {
         let entry = entry?;
-        let name = entry.file_name();
-        let seq = name
-            .to_string_lossy()
-            .strip_suffix(".aborted")
-            .and_then(|stem| stem.parse::<u32>().ok());
+        let seq = seq_of(&entry.file_name());
         if seq.is_some_and(|seq| !keep(seq)) {
             match std::fs::remove_file(entry.path()) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e.into()),

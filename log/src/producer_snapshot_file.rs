@@ -583,7 +583,13 @@ pub(crate) fn reload_range(
         }
     }
     let mut file_kept = vec![false; files.len()];
-    // `<seq>.aborted` files after gaps in the local history, read once.
+    // The `<seq>.aborted` files of local segments (each lists the aborted
+    // transactions of the whole history before its segment), read once.
+    let local_seqs: Vec<u32> = segments.iter().map(|s| s.seq).collect();
+    let aborted_files: Vec<u32> = crate::aborted_index_file::list(dir)?
+        .into_iter()
+        .filter(|seq| local_seqs.contains(seq))
+        .collect();
     let mut history_aborted: HashMap<u32, Vec<(u32, AbortedTxn)>> = HashMap::new();
     let mut producers = Vec::with_capacity(partitions.len());
     let mut txns = Vec::with_capacity(partitions.len());
@@ -651,24 +657,46 @@ pub(crate) fn reload_range(
                     .filter(|&(_, &o)| o == base && producer_snapshot_reload_keeps(o, reload_range))
                     .find_map(|(c, _)| load(c))
             });
-            if let Some(Some((_, open))) = open_there {
+            if let Some(open_there) = open_there {
+                // Without a snapshot there, which transactions are open
+                // after the gap is unknown: carrying those open before it
+                // would date a later abort back to a transaction the gap
+                // closed (the files below list what the gap hides).
                 let aborted = all_txns.aborted().to_vec();
-                all_txns = open;
+                all_txns = open_there.map(|(_, open)| open).unwrap_or_default();
                 all_txns.set_aborted(aborted);
             }
             replay_txns(&mut all_txns, &[entries]);
         }
         let mut aborted = all_txns.aborted().to_vec();
-        // Those of the history no local segment holds: the file where the
-        // local segments resume after the last gap lists them all.
+        // Those of the history no local segment holds: any local
+        // `<seq>.aborted` at or after the last gap lists them all (a
+        // broker that followed a later segment first and received copies
+        // of older ones afterwards has that file, not the one where its
+        // local segments resume after the gap).
         if let Some(after_gap) = gaps.iter().rposition(|&g| g) {
-            let seq = segments[after_gap].seq;
-            let entries = history_aborted
-                .entry(seq)
-                .or_insert_with(|| crate::aborted_index_file::read(dir, seq));
-            aborted.extend(entries.iter().filter(|(q, _)| *q == p).map(|(_, a)| *a));
-            aborted.sort_by_key(|a| (a.last_offset, a.first_offset, a.producer_id));
-            aborted.dedup();
+            let resume = segments[after_gap].seq;
+            let covering: Vec<u32> = aborted_files
+                .iter()
+                .copied()
+                .filter(|&seq| seq >= resume)
+                .collect();
+            if covering.is_empty() {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    partition = p,
+                    seq = resume,
+                    "no aborted-transaction file covers the history before this segment"
+                );
+            }
+            let mut from_files = Vec::new();
+            for seq in covering {
+                let entries = history_aborted
+                    .entry(seq)
+                    .or_insert_with(|| crate::aborted_index_file::read(dir, seq));
+                from_files.extend(entries.iter().filter(|(q, _)| *q == p).map(|(_, a)| *a));
+            }
+            aborted = merge_aborted(from_files, aborted);
         }
         let mut t = reload.txns;
         t.set_aborted(aborted);
@@ -693,6 +721,20 @@ pub(crate) fn reload_range(
         }
     }
     Ok((producers, txns))
+}
+
+/// One entry per abort marker (producer and marker offset), in marker
+/// order: `authoritative`'s (written by a primary that held the whole
+/// history) where both name a marker, `local`'s otherwise.
+fn merge_aborted(authoritative: Vec<AbortedTxn>, local: Vec<AbortedTxn>) -> Vec<AbortedTxn> {
+    let mut by_marker: BTreeMap<(i64, i64), AbortedTxn> = BTreeMap::new();
+    for a in local {
+        by_marker.insert((a.last_offset, a.producer_id), a);
+    }
+    for a in authoritative {
+        by_marker.insert((a.last_offset, a.producer_id), a);
+    }
+    by_marker.into_values().collect()
 }
 
 fn replay_txns(txns: &mut TxnState, segments: &[&[IndexEntry]]) {

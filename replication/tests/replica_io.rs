@@ -551,6 +551,89 @@ async fn a_replica_that_missed_segments_reloads_from_the_snapshot_after_the_gap(
     );
 }
 
+/// A broker that joined a range late (it followed segment 3 and fetched
+/// `<3>.snapshot` and `<3>.aborted`) and then received copies of older
+/// sealed segments, but not of all of them (here not of segment 1, which
+/// holds an abort marker), leads with every aborted transaction of the
+/// history: the one marked in the segment it lacks included (the fault
+/// harness's aborted reads after joins).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_replica_with_repaired_older_copies_keeps_the_aborts_it_does_not_hold() {
+    use tessera_log::batch::testing::{
+        make_control_batch, make_idempotent_batch, make_transactional_batch,
+    };
+    use tessera_log::txn_state::AbortedTxn;
+    use tessera_replication::snapshot_transfer;
+
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = primary_log(a.path());
+    let append = |batch: &mut Vec<u8>| log.append(0, batch, None).unwrap().base_offset;
+    assert_eq!(append(&mut make_idempotent_batch(3, 10, 7, 0, 0)), 0);
+    assert_eq!(append(&mut make_idempotent_batch(2, 11, 7, 1, 0)), 3);
+    // Producer 9's transaction, open at the roll...
+    assert_eq!(append(&mut make_transactional_batch(2, 12, 9, 0, 0)), 5);
+    log.roll().unwrap();
+    // ... aborted in segment 1, which the late replica never holds.
+    assert_eq!(append(&mut make_control_batch(9, 0, false)), 7);
+    log.roll().unwrap();
+    // Segment 2: producer 9 commits one transaction, aborts the next.
+    assert_eq!(append(&mut make_transactional_batch(1, 13, 9, 0, 2)), 8);
+    assert_eq!(append(&mut make_control_batch(9, 0, true)), 9);
+    assert_eq!(append(&mut make_transactional_batch(1, 14, 9, 0, 3)), 10);
+    assert_eq!(append(&mut make_control_batch(9, 0, false)), 11);
+    log.roll().unwrap();
+    assert_eq!(append(&mut make_idempotent_batch(1, 15, 7, 1, 2)), 12);
+    log.roll().unwrap();
+    let expected = vec![
+        AbortedTxn {
+            producer_id: 9,
+            first_offset: 5,
+            last_offset: 7,
+        },
+        AbortedTxn {
+            producer_id: 9,
+            first_offset: 10,
+            last_offset: 11,
+        },
+    ];
+    assert_eq!(log.aborted_transactions(0, 0, 100).unwrap(), expected);
+
+    let (addr, _store, task) = follower(a.path().to_path_buf()).await;
+    snapshot_transfer::fetch(
+        &Plaintext,
+        &addr,
+        SegmentKey { range: 7, seq: 3 },
+        b.path(),
+        &BTreeMap::from([(0, 12)]),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    task.abort();
+    for seq in [0, 2, 3] {
+        sealed_copy(&log, seq, b.path());
+    }
+    let starts = BTreeMap::from([
+        (0, vec![0, 0]),
+        (1, vec![7, 0]),
+        (2, vec![8, 0]),
+        (3, vec![12, 0]),
+        (4, vec![13, 0]),
+    ]);
+    let led = new_primary_log(b.path(), 4, starts.clone());
+    assert_eq!(led.aborted_transactions(0, 0, 100).unwrap(), expected);
+    assert_eq!(
+        led.producer_states(0).unwrap(),
+        log.producer_states(0).unwrap()
+    );
+    // And again after a restart (the fetched files are kept with their
+    // segment).
+    led.close();
+    drop(led);
+    let reopened = new_primary_log(b.path(), 4, starts);
+    assert_eq!(reopened.aborted_transactions(0, 0, 100).unwrap(), expected);
+}
+
 /// Brokers by id: 2 and 3 at the given addresses.
 struct PeerMap(BTreeMap<i32, String>);
 impl PeerAddresses for PeerMap {
