@@ -100,10 +100,27 @@ impl MetadataImage {
                     !parents_ok,
                     "unknown parent range or parent of another topic",
                 )
+                .or_else(|| {
+                    // A child takes over from sealed parents only: a move
+                    // whose SealRange was skipped creates nothing.
+                    fail(
+                        r.parents
+                            .iter()
+                            .any(|p| self.ranges.get(p).is_some_and(|parent| parent.active)),
+                        "parent range not sealed",
+                    )
+                })
             }
             R::SealRange { range_id } => match self.ranges.get(range_id) {
                 None => Some("unknown range"),
-                Some(r) => fail(!r.active, "range already sealed"),
+                Some(r) if !r.active => Some("range already sealed"),
+                // Its last segment's extent must be in the image first (the
+                // move's entry seals it), or the data in it would be in no
+                // sealed segment and no open log: unreadable.
+                Some(r) => fail(
+                    self.active_segment(r.id).is_some(),
+                    "the range's active segment is not sealed",
+                ),
             },
             R::OpenSegment(s) => {
                 let Some(range) = self.ranges.get(&s.segment.range) else {
@@ -962,6 +979,10 @@ mod tests {
             !last_applies(&with(r1.clone(), range(2, 2, 0, 2, vec![1]))),
             "parent of another topic"
         );
+        assert!(
+            !last_applies(&with(r1.clone(), range(2, 1, 0, 2, vec![1]))),
+            "parent not sealed"
+        );
         let split = with(
             with(r1, MetadataRecord::SealRange { range_id: 1 }),
             range(2, 1, 0, 2, vec![1]),
@@ -978,7 +999,14 @@ mod tests {
     #[test]
     fn seal_range_rules() {
         assert!(!last_applies(&[MetadataRecord::SealRange { range_id: 1 }]));
-        let v = with(base(), MetadataRecord::SealRange { range_id: 1 });
+        assert!(
+            !last_applies(&with(base(), MetadataRecord::SealRange { range_id: 1 })),
+            "active segment not sealed"
+        );
+        let v = with(
+            with(base(), seal(1, 0, vec![])),
+            MetadataRecord::SealRange { range_id: 1 },
+        );
         assert!(last_applies(&v));
         assert!(
             !last_applies(&with(v, MetadataRecord::SealRange { range_id: 1 })),

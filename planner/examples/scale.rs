@@ -424,7 +424,22 @@ fn run(o: &Options, brokers: i32, csv: &mut Vec<String>) {
         .collect();
     for r in hot_ranges {
         if let Ok(plan) = c.plan(|img| split_range(img, r, None)) {
-            c.commit(&plan.records);
+            // The primary seals the parent's active segment in the entry.
+            let mut entry: Vec<MetadataRecord> = c
+                .image
+                .active_segment(r)
+                .map(|s| {
+                    MetadataRecord::SealSegment(tessera_metadata::SegmentSealRecord {
+                        segment: s.id,
+                        size_bytes: 0,
+                        spans: vec![],
+                        leader_epoch: Some(s.leader_epoch),
+                    })
+                })
+                .into_iter()
+                .collect();
+            entry.extend(plan.records);
+            c.commit(&entry);
         }
     }
     row(&mut c, "hot topic x10, split", before, t);

@@ -692,6 +692,30 @@ pub fn record_local_segments(
     records
 }
 
+/// The parents of a move whose active segment `seals` leaves unsealed: a
+/// move commits only with every parent's last segment sealed in the same
+/// entry (replay refuses the SealRange otherwise), which a broker can do
+/// only as the primary of those segments at their epoch.
+pub fn parents_left_unsealed(
+    image: &MetadataImage,
+    parents: &[RangeId],
+    seals: &[MetadataRecord],
+) -> Vec<RangeId> {
+    parents
+        .iter()
+        .copied()
+        .filter(|&parent| {
+            image.active_segment(parent).is_some_and(|active| {
+                !seals.iter().any(|r| {
+                    matches!(r, MetadataRecord::SealSegment(s)
+                        if s.segment == active.id
+                            && s.leader_epoch.is_none_or(|e| e == active.leader_epoch))
+                })
+            })
+        })
+        .collect()
+}
+
 fn active_range(image: &MetadataImage, id: RangeId) -> Result<Arc<RangeImage>, PlanError> {
     match image.ranges.get(&id) {
         Some(r) if r.active => Ok(r.clone()),

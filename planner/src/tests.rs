@@ -20,6 +20,33 @@ fn commit(image: &mut MetadataImage, records: &[MetadataRecord]) -> usize {
     skipped
 }
 
+/// A move's records as its primary writes them: each parent's active
+/// segment sealed first (here with no data), then the plan.
+fn move_entry(image: &MetadataImage, plan: &MovePlan) -> Vec<MetadataRecord> {
+    let mut records: Vec<MetadataRecord> = plan
+        .parents
+        .iter()
+        .filter_map(|p| image.active_segment(*p))
+        .map(|s| {
+            MetadataRecord::SealSegment(SegmentSealRecord {
+                segment: s.id,
+                size_bytes: 0,
+                spans: vec![],
+                leader_epoch: Some(s.leader_epoch),
+            })
+        })
+        .collect();
+    assert!(parents_left_unsealed(image, &plan.parents, &records).is_empty());
+    records.extend(plan.records.iter().cloned());
+    records
+}
+
+/// Commits [`move_entry`]; returns how many records were skipped.
+fn commit_move(image: &mut MetadataImage, plan: &MovePlan) -> usize {
+    let entry = move_entry(image, plan);
+    commit(image, &entry)
+}
+
 fn registration(broker_id: i32, rack: Option<&str>) -> BrokerRegistration {
     BrokerRegistration {
         broker_id,
@@ -278,7 +305,28 @@ fn a_split_creates_two_children_one_epoch_up() {
     let root = image.active_ranges(id)[0].id;
     let plan = split_range(&image, root, Some(3)).unwrap();
     assert_eq!(plan.parents, vec![root]);
-    assert_eq!(commit(&mut image, &plan.records), 0);
+    // Without the parent's last segment sealed (a broker that is not its
+    // primary at its epoch), nothing of the move applies.
+    assert_eq!(
+        parents_left_unsealed(&image, &plan.parents, &[]),
+        vec![root]
+    );
+    let mut stale = move_entry(&image, &plan);
+    if let MetadataRecord::SealSegment(s) = &mut stale[0] {
+        s.leader_epoch = Some(7);
+    }
+    assert_eq!(
+        parents_left_unsealed(&image, &plan.parents, &stale),
+        vec![root]
+    );
+    let mut unchanged = image.clone();
+    assert_eq!(
+        commit(&mut unchanged, &plan.records),
+        plan.records.len(),
+        "every record of a move without the seal is skipped"
+    );
+    assert_eq!(unchanged.active_ranges(id).len(), 1);
+    assert_eq!(commit_move(&mut image, &plan), 0);
     let ranges = image.active_ranges(id);
     let bounds: Vec<_> = ranges
         .iter()
@@ -325,10 +373,10 @@ fn a_merge_needs_adjacent_ranges_of_one_topic_on_one_leader() {
     let (mut image, id) = with_topic(9);
     let root = image.active_ranges(id)[0].id;
     let plan = split_range(&image, root, Some(3)).unwrap();
-    commit(&mut image, &plan.records);
+    commit_move(&mut image, &plan);
     let r = image.active_ranges(id);
     let plan = split_range(&image, r[1].id, Some(6)).unwrap();
-    commit(&mut image, &plan.records);
+    commit_move(&mut image, &plan);
     let r = image.active_ranges(id);
     assert_eq!(r.len(), 3);
     assert!(matches!(
@@ -340,7 +388,7 @@ fn a_merge_needs_adjacent_ranges_of_one_topic_on_one_leader() {
         Err(PlanError::InvalidMove(_))
     ));
     let plan = merge_ranges(&image, r[1].id, r[2].id).unwrap();
-    assert_eq!(commit(&mut image, &plan.records), 0);
+    assert_eq!(commit_move(&mut image, &plan), 0);
     let merged = image.active_ranges(id);
     assert_eq!(merged.len(), 2);
     assert_eq!((merged[1].lo, merged[1].hi), (3, 9));
@@ -355,7 +403,7 @@ fn a_merge_needs_adjacent_ranges_of_one_topic_on_one_leader() {
     commit(&mut two, &records);
     let root = two.active_ranges(topic)[0].id;
     let plan = split_range(&two, root, None).unwrap();
-    commit(&mut two, &plan.records);
+    commit_move(&mut two, &plan);
     let r = two.active_ranges(topic);
     let moved = SegmentId::new(r[1].id, 1);
     let other = if two.active_segment(r[0].id).unwrap().replicas == vec![1] {
@@ -517,7 +565,7 @@ proptest! {
             let moved: Vec<u32> = (0..partitions)
                 .filter(|p| plan.parents.contains(&image.active_range_for(id, *p).unwrap().id))
                 .collect();
-            prop_assert_eq!(commit(&mut image, &plan.records), 0);
+            prop_assert_eq!(commit_move(&mut image, &plan), 0);
             let mut covered = 0;
             for r in image.active_ranges(id) {
                 prop_assert_eq!(r.lo, covered);

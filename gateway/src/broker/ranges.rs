@@ -173,6 +173,16 @@ impl Broker {
                 sealed.push((*range, log.clone()));
                 records.extend(local_segment_records(image, *range, &log));
             }
+            let unsealed = tessera_planner::parents_left_unsealed(image, &plan.parents, &records);
+            if !unsealed.is_empty() {
+                // Not their primary at the image's epoch (a failover moved
+                // them on): replay would refuse the move anyway.
+                tracing::warn!(
+                    ?unsealed,
+                    "range move refused: this broker cannot seal the parents' active segments"
+                );
+                return Err(ApiError::NotLeaderOrFollower);
+            }
             records.extend(plan.records);
             self.controller
                 .write_detailed(records)
@@ -188,10 +198,21 @@ impl Broker {
             }
         };
         if !outcome.skipped.is_empty() {
-            // Only possible if the image changed under the admin lock.
-            tracing::error!(skipped = ?outcome.skipped, "range move records were skipped");
+            // The image changed under the admin lock (a failover sealed a
+            // parent's segment first): replay applied none of the move.
+            tracing::warn!(skipped = ?outcome.skipped, "range move records were skipped");
         }
-        self.await_reconciled(outcome.offset).await
+        self.await_reconciled(outcome.offset).await?;
+        let image = self.image();
+        if plan
+            .parents
+            .iter()
+            .any(|p| image.ranges.get(p).is_some_and(|r| r.active))
+        {
+            self.reopen_after_failed_move(&sealed);
+            return Err(ApiError::NotLeaderOrFollower);
+        }
+        Ok(())
     }
 
     /// The move did not commit: every parent it sealed serves again, unless
