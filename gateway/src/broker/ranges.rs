@@ -239,7 +239,8 @@ impl Broker {
     }
 
     /// The log holding `offset` of `partition`: the active range's, or the
-    /// newest ancestor whose data starts at or below the offset.
+    /// newest ancestor whose data starts at or below the offset, among the
+    /// logs open here (see [`route_in_lineage`]).
     pub fn read_route(
         &self,
         image: &MetadataImage,
@@ -247,19 +248,19 @@ impl Broker {
         partition: u32,
         offset: i64,
     ) -> Result<Arc<RangeLog>, ApiError> {
-        let mut range = image
-            .active_range_for(topic.id, partition)
-            .ok_or(ApiError::NotLeaderOrFollower)?;
-        loop {
-            let log = self.log_of(range.id).ok_or(ApiError::NotLeaderOrFollower)?;
-            if offset >= log.base_offset(partition)? {
-                return Ok(log);
-            }
-            match parent_covering(image, &range, partition) {
-                Some(parent) => range = parent,
-                None => return Ok(log),
-            }
+        let mut logs = Vec::new();
+        let mut next = image.active_range_for(topic.id, partition);
+        while let Some(range) = next {
+            logs.push(self.log_of(range.id));
+            next = parent_covering(image, &range, partition);
         }
+        let bases = logs
+            .iter()
+            .map(|log| log.as_ref().map(|l| l.base_offset(partition)).transpose())
+            .collect::<Result<Vec<_>, _>>()?;
+        route_in_lineage(&bases, offset)
+            .and_then(|i| logs[i].clone())
+            .ok_or(ApiError::NotLeaderOrFollower)
     }
 
     /// Every log that holds history of `partition`, oldest first.
@@ -280,6 +281,22 @@ impl Broker {
         out.reverse();
         out
     }
+}
+
+/// Of a partition's ranges from the active one back through its ancestors
+/// (`bases`, newest first: the base offset of each one's log where it is
+/// open here), the one to read `offset` from: the newest open log starting
+/// at or below it; below them all, the oldest open one (its log start
+/// answers). A broker that leads a child without its parents' logs (it
+/// followed the child) may still hold an older ancestor's log open: the
+/// logs missing in between are passed over, not an error (that left
+/// offsets in the older ancestor unreadable to the final read of fault
+/// run seed 9).
+pub(crate) fn route_in_lineage(bases: &[Option<i64>], offset: i64) -> Option<usize> {
+    bases
+        .iter()
+        .position(|base| base.is_some_and(|b| offset >= b))
+        .or_else(|| bases.iter().rposition(Option::is_some))
 }
 
 fn parent_covering(
@@ -392,5 +409,28 @@ pub async fn run_range_policy(broker: Arc<Broker>) {
         let image = broker.image();
         state.retain(|id| image.ranges.get(&id).is_some_and(|r| r.active));
         last.retain(|id, _| image.ranges.get(id).is_some_and(|r| r.active));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::route_in_lineage;
+
+    #[test]
+    fn a_read_routes_to_the_newest_open_log_starting_at_or_below_the_offset() {
+        // Active range at 100, its parent not open here, the grandparent
+        // (from 0) open: offsets below 100 are the grandparent's.
+        let lineage = [Some(100), None, Some(0)];
+        assert_eq!(route_in_lineage(&lineage, 150), Some(0));
+        assert_eq!(route_in_lineage(&lineage, 100), Some(0));
+        assert_eq!(route_in_lineage(&lineage, 50), Some(2));
+        assert_eq!(route_in_lineage(&lineage, 0), Some(2));
+        // Below every open log: the oldest open one answers.
+        assert_eq!(route_in_lineage(&[Some(100), Some(40), None], 10), Some(1));
+        // The active range's log not open here: an open ancestor still
+        // serves what it holds.
+        assert_eq!(route_in_lineage(&[None, Some(10)], 20), Some(1));
+        assert_eq!(route_in_lineage(&[None, None], 5), None);
+        assert_eq!(route_in_lineage(&[], 5), None);
     }
 }
