@@ -435,9 +435,12 @@ def test_a_dead_brokers_sealed_copies_heal_back_to_three(cluster):
     assert p.flush(60) == 0
     assert acks.errors == [] and len(acks.acked) == 20000, acks.errors[:5]
 
-    def sealed(node: int):
-        return [s for s in http(cluster["admin"][node - 1] + "/segments")
+    def sealed_on(admin_url: str):
+        return [s for s in http(admin_url + "/segments")
                 if s["topic"] == topic and s["sealed_bytes"] is not None]
+
+    def sealed(node: int):
+        return sealed_on(cluster["admin"][node - 1])
 
     segments = sealed(1)
     assert len(segments) >= 3, f"expected several rolled segments, got {len(segments)}"
@@ -448,6 +451,7 @@ def test_a_dead_brokers_sealed_copies_heal_back_to_three(cluster):
     victim = active["replicas"][1]
     spares = {n for n in range(1, 6) if n not in active["replicas"]}
     assert all(victim in s["replicas"] for s in segments)
+    victim_cmd = node_cmd(cluster["workdir"], victim)
     os.kill(node_pid(cluster["workdir"], victim), signal.SIGKILL)
     witness = next(n for n in range(1, 6) if n != victim)
 
@@ -465,6 +469,22 @@ def test_a_dead_brokers_sealed_copies_heal_back_to_three(cluster):
 
     eventually("sealed copies healed onto the spare broker", healed, timeout=90)
     assert all(set(s["replicas"]) & spares for s in sealed(witness))
+
+    # The victim comes back: its copies, no longer listed, are deleted once
+    # every listed replica answers that it holds the whole segment (they
+    # all do by now), not before.
+    restart_node(cluster["workdir"], victim, victim_cmd)
+    victim_admin = node_admin_url(victim_cmd)
+
+    def victim_copies():
+        try:
+            mine = sealed_on(victim_admin)
+        except OSError:
+            return None
+        return [s for s in mine if s["local_bytes"] is not None]
+
+    eventually("the victim deleted its replaced copies",
+               lambda: victim_copies() == [], timeout=60)
 
     # Every acknowledged record at its offset, nothing else.
     got = read_back({"bootstrap.servers": boot}, topic, 2)

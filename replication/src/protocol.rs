@@ -34,7 +34,9 @@ pub struct SegmentKey {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Message {
     /// First frame of a stream: who is calling.
-    Hello { from: i32 },
+    Hello {
+        from: i32,
+    },
     /// Primary → follower: stored frames starting at `position` of the
     /// segment, written by the primary's log of leader epoch `epoch` (a
     /// follower takes them only for the segment its image records with
@@ -47,9 +49,15 @@ pub enum Message {
         frames: Bytes,
     },
     /// Follower → primary: the follower's copy is durable up to `durable`.
-    Ack { segment: SegmentKey, durable: u64 },
+    Ack {
+        segment: SegmentKey,
+        durable: u64,
+    },
     /// Follower → primary: not at my end; resend from `end`.
-    Mismatch { segment: SegmentKey, end: u64 },
+    Mismatch {
+        segment: SegmentKey,
+        end: u64,
+    },
     /// The segment is fenced, sealed or unknown here; `retry` when it may
     /// become known (the follower's metadata is behind).
     Refused {
@@ -61,7 +69,10 @@ pub enum Message {
     /// records it with leader epoch `epoch`, and report the durable end. A
     /// replica whose copy or log of that sequence number belongs to another
     /// epoch refuses and changes nothing.
-    Fence { segment: SegmentKey, epoch: i32 },
+    Fence {
+        segment: SegmentKey,
+        epoch: i32,
+    },
     /// The replica's durable end, and per partition the offsets its copy
     /// holds up to there `(partition, start, end exclusive)`.
     Fenced {
@@ -87,9 +98,25 @@ pub enum Message {
         position: u64,
         frames: Bytes,
     },
+    /// Whether the replica holds all `size` bytes of the sealed `segment`
+    /// (leader epoch `epoch`, cleaning pass `pass`, as the asker's image
+    /// records it): asked by a broker healing replaced before it deletes
+    /// its own, no longer listed copy.
+    ReadCopyState {
+        segment: SegmentKey,
+        pass: u64,
+        epoch: i32,
+        size: u64,
+    },
+    CopyState {
+        segment: SegmentKey,
+        complete: bool,
+    },
     /// A follower that does not hold the segments before `segment`: the
     /// producer snapshot where `segment` starts (`<seq>.snapshot`).
-    ReadSnapshot { segment: SegmentKey },
+    ReadSnapshot {
+        segment: SegmentKey,
+    },
     /// The snapshot file's bytes, as its primary wrote them (a file with no
     /// section when no producer had state there), and the aborted
     /// transactions of the history before it (`<seq>.aborted`; empty when
@@ -129,6 +156,8 @@ const READ: u8 = 8;
 const DATA: u8 = 9;
 const READ_SNAPSHOT: u8 = 10;
 const SNAPSHOT_DATA: u8 = 11;
+const READ_COPY_STATE: u8 = 12;
+const COPY_STATE: u8 = 13;
 
 fn put_segment(b: &mut BytesMut, s: &SegmentKey) {
     b.put_u64(s.range);
@@ -224,6 +253,23 @@ impl Message {
             Message::ReadSnapshot { segment } => {
                 b.put_u8(READ_SNAPSHOT);
                 put_segment(&mut b, segment);
+            }
+            Message::ReadCopyState {
+                segment,
+                pass,
+                epoch,
+                size,
+            } => {
+                b.put_u8(READ_COPY_STATE);
+                put_segment(&mut b, segment);
+                b.put_u64(*pass);
+                b.put_i32(*epoch);
+                b.put_u64(*size);
+            }
+            Message::CopyState { segment, complete } => {
+                b.put_u8(COPY_STATE);
+                put_segment(&mut b, segment);
+                b.put_u8(*complete as u8);
             }
             Message::SnapshotData {
                 segment,
@@ -344,6 +390,24 @@ impl Message {
             READ_SNAPSHOT => Message::ReadSnapshot {
                 segment: segment(&mut body)?,
             },
+            READ_COPY_STATE => {
+                let segment = segment(&mut body)?;
+                need(&body, 20)?;
+                Message::ReadCopyState {
+                    segment,
+                    pass: body.get_u64(),
+                    epoch: body.get_i32(),
+                    size: body.get_u64(),
+                }
+            }
+            COPY_STATE => {
+                let segment = segment(&mut body)?;
+                need(&body, 1)?;
+                Message::CopyState {
+                    segment,
+                    complete: body.get_u8() != 0,
+                }
+            }
             SNAPSHOT_DATA => {
                 let segment = segment(&mut body)?;
                 need(&body, 4)?;
@@ -484,6 +548,16 @@ mod tests {
                 frames: Bytes::new(),
             },
             Message::ReadSnapshot { segment: s },
+            Message::ReadCopyState {
+                segment: s,
+                pass: 2,
+                epoch: 5,
+                size: 1 << 20,
+            },
+            Message::CopyState {
+                segment: s,
+                complete: true,
+            },
             Message::SnapshotData {
                 segment: s,
                 bytes: Bytes::from_static(b"\0\x01snapshot"),

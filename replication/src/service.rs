@@ -119,6 +119,15 @@ pub async fn serve<R, W>(
         Message::ReadSnapshot { segment } => {
             let _ = tx.send(crate::snapshot_transfer::serve(segment, &*dir));
         }
+        Message::ReadCopyState {
+            segment,
+            pass,
+            epoch,
+            size,
+        } => {
+            let complete = holds_complete_copy(segment, pass, epoch, size, &store, &*dir);
+            let _ = tx.send(Message::CopyState { segment, complete });
+        }
         other => tracing::info!(?other, "unexpected first replication message"),
     }
     drop(tx);
@@ -446,6 +455,35 @@ pub fn fence(
 }
 
 /// Serves a repair read from this broker's copy (or its own range log).
+/// Whether this broker holds all of the sealed `segment` (leader epoch
+/// `epoch`, cleaning pass `pass`, `size` bytes): sealed in its range log of
+/// that epoch or later, or a copy of exactly that length (a longer one was
+/// never cut to its seal).
+pub fn holds_complete_copy(
+    segment: SegmentKey,
+    pass: u64,
+    epoch: i32,
+    size: u64,
+    store: &ReplicaStore,
+    dir: &dyn Directory,
+) -> bool {
+    if dir.copy_clean_pass(segment) != Some(pass) {
+        return false;
+    }
+    if let Some(log) = dir.primary_log(segment.range) {
+        if log.holds_segment(segment.seq) {
+            return log.leader_epoch() >= epoch && log.holds_sealed(segment.seq);
+        }
+    }
+    let copy = store.get(segment).map(Ok).or_else(|| {
+        let path = dir.range_dir(segment)?;
+        tessera_log::segment::log_path(&path, segment.seq)
+            .exists()
+            .then(|| store.copy(segment, &path))
+    });
+    matches!(copy, Some(Ok(c)) if c.lock().state().written == size)
+}
+
 pub fn read(
     segment: SegmentKey,
     from: u64,

@@ -634,6 +634,95 @@ async fn a_late_replica_with_repaired_older_copies_keeps_the_aborts_it_does_not_
     assert_eq!(reopened.aborted_transactions(0, 0, 100).unwrap(), expected);
 }
 
+/// What a broker that healing dropped from a segment's replica set asks
+/// each listed replica before deleting its own copy: a complete copy, or a
+/// sealed segment of its own log at the segment's epoch, says yes; a short
+/// copy, another cleaning pass, an active segment or a log of an older
+/// epoch say no.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_says_whether_it_holds_a_complete_copy() {
+    let (a, b, c) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let log = primary_log(a.path());
+    for _ in 0..4 {
+        log.append(0, &mut make_batch(2, 1), None).unwrap();
+    }
+    log.roll().unwrap();
+    log.append(0, &mut make_batch(1, 1), None).unwrap();
+    let seg0 = SegmentKey { range: 7, seq: 0 };
+    let seg1 = SegmentKey { range: 7, seq: 1 };
+    let dir = |path: &std::path::Path, leads: Option<Arc<RangeLog>>| FollowerDir {
+        path: path.to_path_buf(),
+        leads,
+    };
+    let size0 = log.sealed_size(0).unwrap();
+    let holds = |key, pass, epoch, d: &FollowerDir| {
+        service::holds_complete_copy(key, pass, epoch, size0, &ReplicaStore::default(), d)
+    };
+    // The primary's own log.
+    let primary = dir(a.path(), Some(log.clone()));
+    assert!(holds(seg0, 0, 0, &primary));
+    assert!(!holds(seg1, 0, 0, &primary), "active");
+    assert!(!holds(seg0, 0, 1, &primary), "a log of an older epoch");
+    assert!(!holds(seg0, 1, 0, &primary), "another cleaning pass");
+    // A complete sealed copy (read back from disk by a fresh store).
+    sealed_copy(&log, 0, b.path());
+    assert!(holds(seg0, 0, 0, &dir(b.path(), None)));
+    assert!(
+        !service::holds_complete_copy(
+            seg0,
+            0,
+            0,
+            size0 - 1,
+            &ReplicaStore::default(),
+            &dir(b.path(), None)
+        ),
+        "longer than the seal"
+    );
+    // A copy sealed but short of the seal (still repairing), and none.
+    let frames = log.frames(0, 0, 1 << 20).unwrap().unwrap().bytes;
+    let first = tessera_log::segment::read_frames(
+        &std::fs::File::open(tessera_log::segment::log_path(a.path(), 0)).unwrap(),
+        0,
+        frames.len() as u64,
+        1,
+    )
+    .unwrap();
+    let store = ReplicaStore::default();
+    let short = store.copy(seg0, c.path()).unwrap();
+    short.lock().append(0, &first).unwrap();
+    assert!(matches!(
+        short.lock().seal(frames.len() as u64).unwrap(),
+        tessera_replication::SealAction::Repair { .. }
+    ));
+    let short_dir = dir(c.path(), None);
+    assert!(!service::holds_complete_copy(
+        seg0, 0, 0, size0, &store, &short_dir
+    ));
+    assert!(!holds(seg1, 0, 0, &short_dir), "no copy at all");
+    // Asked over the replication stream.
+    let (addr, _store, task) = follower(b.path().to_path_buf()).await;
+    let ask = |segment| Message::ReadCopyState {
+        segment,
+        pass: 0,
+        epoch: 0,
+        size: size0,
+    };
+    for (segment, expected) in [(seg0, true), (seg1, false)] {
+        match service::call(&Plaintext, &addr, &ask(segment), Duration::from_secs(5))
+            .await
+            .unwrap()
+        {
+            Message::CopyState { complete, .. } => assert_eq!(complete, expected),
+            other => panic!("expected a copy state, got {other:?}"),
+        }
+    }
+    task.abort();
+}
+
 /// Brokers by id: 2 and 3 at the given addresses.
 struct PeerMap(BTreeMap<i32, String>);
 impl PeerAddresses for PeerMap {

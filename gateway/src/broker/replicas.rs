@@ -475,20 +475,26 @@ impl Broker {
             if !seg.replicas.contains(&me) {
                 // Healing moved this copy elsewhere while this broker was
                 // gone: what is left here (possibly longer than the seal,
-                // never truncated) must not be read as the segment.
-                if !self
+                // never truncated) is not read as the segment, and is
+                // deleted once every listed replica holds all of it (the
+                // new copies may still be repairing, or never get there:
+                // deleting at once lost a cleaned segment of
+                // __consumer_offsets in fault run seed 9).
+                let in_log = self
+                    .log_of(range)
+                    .is_some_and(|l| l.holds_sealed(seg.id.seq));
+                let present = tessera_log::segment::log_path(&dir, seg.id.seq).exists()
+                    || self.replicas.store.get(key(seg.id)).is_some();
+                if in_log || !present {
+                    continue;
+                }
+                if self
                     .replicas
                     .foreign_checked
                     .lock()
                     .insert((seg.id, seg.replicas.clone()))
                 {
-                    continue;
-                }
-                let in_log = self
-                    .log_of(range)
-                    .is_some_and(|l| l.holds_sealed(seg.id.seq));
-                if !in_log && self.replicas.store.discard(key(seg.id), &dir)? {
-                    tracing::info!(segment = %seg.id, "deleted a copy no longer in the segment's replica set");
+                    tokio::spawn(discard_once_replicated(self.weak(), seg.clone(), dir));
                 }
                 continue;
             }
@@ -890,6 +896,67 @@ fn write_repair(
     frames: &[u8],
 ) -> Result<bool, tessera_log::LogError> {
     copy.lock().repair(position, frames)
+}
+
+/// How long a copy healing replaced waits before asking the listed
+/// replicas again whether they hold the segment.
+const FOREIGN_RECHECK: Duration = Duration::from_secs(10);
+
+/// Deletes this broker's copy of `seg`, which its replica set no longer
+/// lists, once every listed replica answers that it holds a complete copy
+/// at the image's cleaning pass; otherwise keeps it and lets a later
+/// reconcile pass ask again.
+async fn discard_once_replicated(broker: Weak<Broker>, seg: Arc<SegmentImage>, dir: PathBuf) {
+    let Some(b) = broker.upgrade() else { return };
+    let me = b.config.node_id;
+    let Some(sealed) = &seg.sealed else { return };
+    let ask = Message::ReadCopyState {
+        segment: key(seg.id),
+        pass: seg.clean_pass(),
+        epoch: seg.leader_epoch,
+        size: sealed.size_bytes,
+    };
+    let mut all_hold = true;
+    for &peer in seg.replicas.iter().filter(|r| **r != me) {
+        let holds = match View(broker.clone()).address_of(peer) {
+            Some(addr) => matches!(
+                service::call(&*b.inter_broker, &addr, &ask, CALL_TIMEOUT).await,
+                Ok(Message::CopyState { complete: true, .. })
+            ),
+            None => false,
+        };
+        if !holds {
+            all_hold = false;
+            break;
+        }
+    }
+    let image = b.image();
+    let unchanged = image
+        .segments
+        .get(&seg.id)
+        .is_some_and(|now| now.replicas == seg.replicas && now.clean_pass() == seg.clean_pass());
+    if all_hold && unchanged {
+        match b.replicas.store.discard(key(seg.id), &dir) {
+            Ok(true) => {
+                tracing::info!(segment = %seg.id, replicas = ?seg.replicas, "deleted a copy no longer in the segment's replica set (every replica holds it)")
+            }
+            Ok(false) => {}
+            Err(e) => {
+                tracing::warn!(segment = %seg.id, error = %e, "could not delete a copy no longer in the segment's replica set")
+            }
+        }
+        return;
+    }
+    drop(b);
+    tracing::debug!(segment = %seg.id, "keeping a copy no longer in the segment's replica set: not every replica holds the segment yet");
+    tokio::time::sleep(FOREIGN_RECHECK).await;
+    if let Some(b) = broker.upgrade() {
+        b.replicas
+            .foreign_checked
+            .lock()
+            .remove(&(seg.id, seg.replicas.clone()));
+        b.request_reconcile();
+    }
 }
 
 /// Copies the missing tail of a sealed segment from another replica, as
