@@ -668,36 +668,38 @@ pub(crate) fn reload_range(
             }
             replay_txns(&mut all_txns, &[entries]);
         }
-        let mut aborted = all_txns.aborted().to_vec();
-        // Those of the history no local segment holds: any local
-        // `<seq>.aborted` at or after the last gap lists them all (a
-        // broker that followed a later segment first and received copies
-        // of older ones afterwards has that file, not the one where its
-        // local segments resume after the gap).
-        if let Some(after_gap) = gaps.iter().rposition(|&g| g) {
-            let resume = segments[after_gap].seq;
-            let covering: Vec<u32> = aborted_files
-                .iter()
-                .copied()
-                .filter(|&seq| seq >= resume)
-                .collect();
-            if covering.is_empty() {
-                tracing::warn!(
-                    dir = %dir.display(),
-                    partition = p,
-                    seq = resume,
-                    "no aborted-transaction file covers the history before this segment"
-                );
-            }
-            let mut from_files = Vec::new();
-            for seq in covering {
-                let entries = history_aborted
-                    .entry(seq)
-                    .or_insert_with(|| crate::aborted_index_file::read(dir, seq));
-                from_files.extend(entries.iter().filter(|(q, _)| *q == p).map(|(_, a)| *a));
-            }
-            aborted = merge_aborted(from_files, aborted);
+        let aborted = all_txns.aborted().to_vec();
+        // Those of the history no local segment holds (before a gap, or
+        // the ancestors' of a child led here without their logs): each
+        // local `<seq>.aborted` lists the whole history before its segment
+        // (a broker that followed a later segment first and received
+        // copies of older ones afterwards has a later file than the one
+        // where its local segments resume after the gap).
+        let resume = gaps
+            .iter()
+            .rposition(|&g| g)
+            .map_or(0, |after_gap| segments[after_gap].seq);
+        let covering: Vec<u32> = aborted_files
+            .iter()
+            .copied()
+            .filter(|&seq| seq >= resume)
+            .collect();
+        if covering.is_empty() && gaps.iter().any(|&g| g) {
+            tracing::warn!(
+                dir = %dir.display(),
+                partition = p,
+                seq = resume,
+                "no aborted-transaction file covers the history before this segment"
+            );
         }
+        let mut from_files = Vec::new();
+        for seq in covering {
+            let entries = history_aborted
+                .entry(seq)
+                .or_insert_with(|| crate::aborted_index_file::read(dir, seq));
+            from_files.extend(entries.iter().filter(|(q, _)| *q == p).map(|(_, a)| *a));
+        }
+        let aborted = merge_aborted(from_files, aborted);
         let mut t = reload.txns;
         t.set_aborted(aborted);
         producers.push(reload.producers);

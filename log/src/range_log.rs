@@ -105,7 +105,11 @@ impl RangeLogOptions {
 pub struct RangeSeed {
     pub next_offsets: Vec<i64>,
     pub producers: Vec<ProducerStates>,
-    /// Open transactions carried over (aborted ones stay with their range).
+    /// Open transactions carried over, and the aborted ones of the
+    /// history: a broker leading the child without its parents' logs
+    /// answers read_committed fetches of that history from the child's
+    /// list, and the child's `<seq>.aborted` files list the whole history
+    /// as their readers expect.
     pub txns: Vec<TxnState>,
 }
 
@@ -1431,7 +1435,8 @@ impl RangeLog {
     }
 
     /// What a child covering `[lo, hi)` (inside this range) inherits: each
-    /// partition's next offset and producer state. Index `p - lo`.
+    /// partition's next offset, producer state and transactions (open and
+    /// aborted). Index `p - lo`.
     pub fn seed_for(&self, lo: u32, hi: u32) -> Result<RangeSeed, LogError> {
         let first = self.index_of(lo)?;
         self.index_of(hi.saturating_sub(1).max(lo))?;
@@ -1443,10 +1448,7 @@ impl RangeLog {
                 .map(|s| s.next_offset)
                 .collect(),
             producers: inner.producers[first..first + n].to_vec(),
-            txns: inner.txns[first..first + n]
-                .iter()
-                .map(TxnState::inherited)
-                .collect(),
+            txns: inner.txns[first..first + n].to_vec(),
         })
     }
 

@@ -126,8 +126,8 @@ impl TxnState {
         }
     }
 
-    /// The state a child range inherits: the open transactions (aborted ones
-    /// stay with the range whose log holds their marker).
+    /// The open transactions alone (what a producer snapshot holds; the
+    /// aborted ones come from the transaction indexes and `.aborted` files).
     pub fn inherited(&self) -> TxnState {
         let view = self.view();
         if view.ongoing.is_empty() {

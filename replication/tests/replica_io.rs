@@ -634,6 +634,83 @@ async fn a_late_replica_with_repaired_older_copies_keeps_the_aborts_it_does_not_
     assert_eq!(reopened.aborted_transactions(0, 0, 100).unwrap(), expected);
 }
 
+/// A split child led by a broker without its parent's log (it followed
+/// the child and fetched `<0>.snapshot` and `<0>.aborted` from the child's
+/// first primary) knows the parent's aborted transactions: the child
+/// inherits them, its files list them, and read_committed fetches of the
+/// parent's offsets drop them (fault run seed 9's aborted reads after
+/// range moves).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_led_without_its_parents_log_knows_their_aborted_transactions() {
+    use tessera_log::batch::testing::{make_control_batch, make_transactional_batch};
+    use tessera_log::txn_state::AbortedTxn;
+    use tessera_replication::snapshot_transfer;
+
+    let (a, b, c) = (
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+        tempfile::tempdir().unwrap(),
+    );
+    let parent = primary_log(a.path());
+    let append = |log: &RangeLog, batch: &mut Vec<u8>| log.append(0, batch, None).unwrap();
+    append(&parent, &mut make_batch(5, 1));
+    assert_eq!(
+        append(&parent, &mut make_transactional_batch(2, 12, 9, 0, 0)).base_offset,
+        5
+    );
+    assert_eq!(
+        append(&parent, &mut make_control_batch(9, 0, false)).base_offset,
+        7
+    );
+    parent.seal().unwrap();
+    let aborted = vec![AbortedTxn {
+        producer_id: 9,
+        first_offset: 5,
+        last_offset: 7,
+    }];
+    assert_eq!(parent.aborted_transactions(0, 0, 100).unwrap(), aborted);
+
+    // The child [0, 2) opens on its first primary with the parent's seed.
+    let seed = parent.seed_for(0, 2).unwrap();
+    let child = RangeLog::open(
+        RangeLogOptions {
+            segment_bytes: 1 << 30,
+            replicated: true,
+            leader_epoch: 1,
+            seed: Some(seed),
+            ..RangeLogOptions::new(c.path(), 0, 2)
+        },
+        tokio::sync::watch::channel(0).0,
+    )
+    .unwrap();
+    assert_eq!(child.aborted_transactions(0, 0, 100).unwrap(), aborted);
+    assert_eq!(append(&child, &mut make_batch(1, 1)).base_offset, 8);
+    child.roll().unwrap();
+
+    // Broker b followed the child from its first segment, fetching what
+    // the history before it needs, and now leads the child's segment 1.
+    let (addr, _store, task) = follower(c.path().to_path_buf()).await;
+    snapshot_transfer::fetch(
+        &Plaintext,
+        &addr,
+        SegmentKey { range: 7, seq: 0 },
+        b.path(),
+        &BTreeMap::from([(0, 8)]),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    task.abort();
+    sealed_copy(&child, 0, b.path());
+    let led = new_primary_log(
+        b.path(),
+        1,
+        BTreeMap::from([(0, vec![8, 0]), (1, vec![9, 0])]),
+    );
+    assert_eq!(led.aborted_transactions(0, 0, 100).unwrap(), aborted);
+    assert_eq!(led.aborted_transactions(0, 8, 100).unwrap(), vec![]);
+}
+
 /// What a broker that healing dropped from a segment's replica set asks
 /// each listed replica before deleting its own copy: a complete copy, or a
 /// sealed segment of its own log at the segment's epoch, says yes; a short

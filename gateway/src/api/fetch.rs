@@ -397,17 +397,24 @@ fn read_partition(
         .with_records(Some(records));
     if read_committed {
         // Aborted transactions overlapping what may be returned, from every
-        // range of the partition's lineage (a marker can land in a child).
-        let mut aborted = Vec::new();
+        // range of the partition's lineage (a marker can land in a child),
+        // once each: a child also lists its ancestors' (it inherits them),
+        // and a client given one twice would drop the producer's next
+        // transaction as well.
+        let mut aborted = std::collections::BTreeSet::new();
         for log in broker.lineage(image, topic, partition) {
             for a in log.aborted_transactions(partition, p.fetch_offset, upper)? {
-                aborted.push(
-                    AbortedTransaction::default()
-                        .with_producer_id(ProducerId(a.producer_id))
-                        .with_first_offset(a.first_offset),
-                );
+                aborted.insert((a.first_offset, a.producer_id));
             }
         }
+        let aborted = aborted
+            .into_iter()
+            .map(|(first_offset, producer_id)| {
+                AbortedTransaction::default()
+                    .with_producer_id(ProducerId(producer_id))
+                    .with_first_offset(first_offset)
+            })
+            .collect();
         data = data.with_aborted_transactions(Some(aborted));
     }
     Ok((data, elsewhere))
