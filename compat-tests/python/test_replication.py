@@ -484,7 +484,8 @@ def test_a_dead_brokers_sealed_copies_heal_back_to_three(cluster):
         return [s for s in mine if s["local_bytes"] is not None]
 
     eventually("the victim deleted its replaced copies",
-               lambda: victim_copies() == [], timeout=60)
+               lambda: victim_copies() == []
+               and not list(Path(cluster["workdir"]).rglob("*.replaced")), timeout=60)
 
     # Every acknowledged record at its offset, nothing else.
     got = read_back({"bootstrap.servers": boot}, topic, 2)

@@ -22,6 +22,13 @@ use crate::protocol::SegmentKey;
 /// `(partition, first offset, end offset exclusive)` of a copy's data.
 pub type Span = (u32, i64, i64);
 
+/// Where a copy file set aside by [`ReplicaStore::set_aside`] is kept.
+fn replaced(path: &Path) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(".replaced");
+    PathBuf::from(name)
+}
+
 fn fenced_path(dir: &Path, seq: u32) -> PathBuf {
     dir.join(format!("{seq:010}.fenced"))
 }
@@ -194,6 +201,61 @@ impl ReplicaStore {
         ] {
             tessera_fs::remove_if_exists(&path)?;
         }
+        if existed {
+            tessera_fs::sync_dir(dir)?;
+        }
+        Ok(existed)
+    }
+
+    /// Moves this broker's copy of `key` in `dir` aside (`.log.replaced`,
+    /// `.idx.replaced`): the segment's replica set no longer lists this
+    /// broker, so nothing may open it as the segment (a range log opened
+    /// here later lists `.log` files only), yet it is kept until the listed
+    /// replicas hold the segment. Returns true when there was a copy.
+    pub fn set_aside(&self, key: SegmentKey, dir: &Path) -> Result<bool, LogError> {
+        self.copies.lock().remove(&key);
+        let log = segment::log_path(dir, key.seq);
+        if !log.exists() {
+            return Ok(false);
+        }
+        let index = segment::index_path(dir, key.seq);
+        if index.exists() {
+            std::fs::rename(&index, replaced(&index))?;
+        }
+        std::fs::rename(&log, replaced(&log))?;
+        tessera_fs::remove_if_exists(&fenced_path(dir, key.seq))?;
+        tessera_fs::sync_dir(dir)?;
+        Ok(true)
+    }
+
+    /// Whether a copy of `key` set aside in `dir` is there.
+    pub fn has_set_aside(key: SegmentKey, dir: &Path) -> bool {
+        replaced(&segment::log_path(dir, key.seq)).exists()
+    }
+
+    /// Puts a copy set aside back (the replica set lists this broker
+    /// again): the seal is then applied to it like to any copy.
+    pub fn restore(&self, key: SegmentKey, dir: &Path) -> Result<bool, LogError> {
+        let log = segment::log_path(dir, key.seq);
+        if log.exists() || !replaced(&log).exists() {
+            return Ok(false);
+        }
+        let index = segment::index_path(dir, key.seq);
+        if replaced(&index).exists() {
+            std::fs::rename(replaced(&index), &index)?;
+        }
+        std::fs::rename(replaced(&log), &log)?;
+        tessera_fs::sync_dir(dir)?;
+        Ok(true)
+    }
+
+    /// Deletes a copy of `key` set aside in `dir`. Returns true when there
+    /// was one.
+    pub fn discard_set_aside(key: SegmentKey, dir: &Path) -> Result<bool, LogError> {
+        let log = replaced(&segment::log_path(dir, key.seq));
+        let existed = log.exists();
+        tessera_fs::remove_if_exists(&replaced(&segment::index_path(dir, key.seq)))?;
+        tessera_fs::remove_if_exists(&log)?;
         if existed {
             tessera_fs::sync_dir(dir)?;
         }

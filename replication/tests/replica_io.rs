@@ -634,6 +634,42 @@ async fn a_late_replica_with_repaired_older_copies_keeps_the_aborts_it_does_not_
     assert_eq!(reopened.aborted_transactions(0, 0, 100).unwrap(), expected);
 }
 
+/// A copy healing dropped from the replica set is set aside (no `.log`
+/// file a range log or a copy would open), put back if the set lists the
+/// broker again, and deleted only on request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replaced_copy_is_set_aside_restored_or_deleted() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = primary_log(a.path());
+    log.append(0, &mut make_batch(3, 1), None).unwrap();
+    log.roll().unwrap();
+    sealed_copy(&log, 0, b.path());
+    let seg0 = SegmentKey { range: 7, seq: 0 };
+    let path = tessera_log::segment::log_path(b.path(), 0);
+    let bytes = std::fs::read(&path).unwrap();
+    let store = ReplicaStore::default();
+    store.copy(seg0, b.path()).unwrap();
+    assert!(store.set_aside(seg0, b.path()).unwrap());
+    assert!(!path.exists() && store.get(seg0).is_none());
+    assert!(ReplicaStore::has_set_aside(seg0, b.path()));
+    assert!(
+        !store.set_aside(seg0, b.path()).unwrap(),
+        "nothing left to set aside"
+    );
+    assert!(store.restore(seg0, b.path()).unwrap());
+    assert_eq!(std::fs::read(&path).unwrap(), bytes);
+    assert!(!ReplicaStore::has_set_aside(seg0, b.path()));
+    assert!(store.set_aside(seg0, b.path()).unwrap());
+    assert!(ReplicaStore::discard_set_aside(seg0, b.path()).unwrap());
+    assert!(!ReplicaStore::has_set_aside(seg0, b.path()) && !path.exists());
+    assert!(!store.restore(seg0, b.path()).unwrap());
+    assert_eq!(
+        std::fs::read_dir(b.path()).unwrap().count(),
+        0,
+        "no file of the copy left"
+    );
+}
+
 /// A split child led by a broker without its parent's log (it followed
 /// the child and fetched `<0>.snapshot` and `<0>.aborted` from the child's
 /// first primary) knows the parent's aborted transactions: the child

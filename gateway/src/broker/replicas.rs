@@ -441,7 +441,9 @@ impl Broker {
             };
             match (stem.parse::<u32>(), ext) {
                 (Ok(seq), "log") if seq < first => old.push(seq),
-                (Ok(seq), "snapshot" | "aborted") if seq < first => {
+                (Ok(seq), "snapshot" | "aborted" | "log.replaced" | "idx.replaced")
+                    if seq < first =>
+                {
                     std::fs::remove_file(entry.path())?;
                 }
                 _ => {}
@@ -483,9 +485,13 @@ impl Broker {
                 let in_log = self
                     .log_of(range)
                     .is_some_and(|l| l.holds_sealed(seg.id.seq));
-                let present = tessera_log::segment::log_path(&dir, seg.id.seq).exists()
-                    || self.replicas.store.get(key(seg.id)).is_some();
-                if in_log || !present {
+                if in_log {
+                    continue;
+                }
+                if self.replicas.store.set_aside(key(seg.id), &dir)? {
+                    tracing::info!(segment = %seg.id, replicas = ?seg.replicas, "set aside a copy no longer in the segment's replica set (deleted once the listed replicas hold the segment)");
+                }
+                if !ReplicaStore::has_set_aside(key(seg.id), &dir) {
                     continue;
                 }
                 if self
@@ -497,6 +503,9 @@ impl Broker {
                     tokio::spawn(discard_once_replicated(self.weak(), seg.clone(), dir));
                 }
                 continue;
+            }
+            if self.replicas.store.restore(key(seg.id), &dir)? {
+                tracing::info!(segment = %seg.id, "the replica set lists this broker again: its copy set aside is back");
             }
             if seg.replicas == [me] {
                 // The only copy is this broker's own log segment: no peer
@@ -936,7 +945,7 @@ async fn discard_once_replicated(broker: Weak<Broker>, seg: Arc<SegmentImage>, d
         .get(&seg.id)
         .is_some_and(|now| now.replicas == seg.replicas && now.clean_pass() == seg.clean_pass());
     if all_hold && unchanged {
-        match b.replicas.store.discard(key(seg.id), &dir) {
+        match ReplicaStore::discard_set_aside(key(seg.id), &dir) {
             Ok(true) => {
                 tracing::info!(segment = %seg.id, replicas = ?seg.replicas, "deleted a copy no longer in the segment's replica set (every replica holds it)")
             }
