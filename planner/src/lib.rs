@@ -1012,6 +1012,31 @@ pub(crate) fn seal_and_open_next(
     ]
 }
 
+/// A broker that kept a complete copy of a sealed segment whose replica
+/// set no longer lists it (healing replaced it), when none of the listed
+/// replicas holds the segment (`lacking` is all of them: their copies are
+/// still empty, or their brokers died too): it takes the place of the
+/// first listed replica in `lacking` again, so the segment is readable
+/// and the others repair from it. `None` when it is listed, the segment is
+/// not sealed, or some listed replica is not in `lacking`.
+pub fn reinstate_copy(
+    image: &MetadataImage,
+    segment: SegmentId,
+    me: i32,
+    lacking: &[i32],
+) -> Option<MetadataRecord> {
+    let seg = image.segments.get(&segment)?;
+    if !seg.is_sealed() || seg.replicas.contains(&me) || seg.replicas.is_empty() {
+        return None;
+    }
+    if !seg.replicas.iter().all(|r| lacking.contains(r)) {
+        return None;
+    }
+    let mut replicas = seg.replicas.clone();
+    replicas[0] = me;
+    Some(MetadataRecord::SetSegmentReplicas { segment, replicas })
+}
+
 /// Healing: every sealed segment with a copy on a broker in `gone` (fenced
 /// for longer than the heal delay) or on a broker that is not registered
 /// any more (UnregisterBroker: the operator said it is gone, so its copies

@@ -775,6 +775,33 @@ fn healing_replaces_the_copies_of_a_gone_broker_on_sealed_segments_only() {
 }
 
 #[test]
+fn a_replaced_copy_is_reinstated_only_when_no_listed_replica_holds_the_segment() {
+    let (mut image, first, victim, spare) = rolled_replicated_topic();
+    fence(&mut image, victim);
+    let gone: std::collections::BTreeSet<i32> = [victim].into();
+    let healed = heal_segments(&image, &gone, 10);
+    assert_eq!(commit(&mut image, &healed), 0);
+    let listed = image.segments[&first.id].replicas.clone();
+    // Some listed replica holds it: the others repair from it.
+    assert_eq!(reinstate_copy(&image, first.id, victim, &[spare]), None);
+    // None does: the victim's copy takes the first one's place.
+    assert_eq!(
+        reinstate_copy(&image, first.id, victim, &listed),
+        Some(MetadataRecord::SetSegmentReplicas {
+            segment: first.id,
+            replicas: [vec![victim], listed[1..].to_vec()].concat(),
+        })
+    );
+    // Listed brokers and active segments are never reinstated.
+    assert_eq!(reinstate_copy(&image, first.id, listed[0], &listed), None);
+    let active = image.active_segment(first.id.range).unwrap();
+    assert_eq!(
+        reinstate_copy(&image, active.id, victim, &active.replicas),
+        None
+    );
+}
+
+#[test]
 fn an_unregistered_broker_is_gone_at_once_for_healing_and_failover() {
     let (mut image, first, victim, spare) = rolled_replicated_topic();
     let range = first.id.range;

@@ -230,7 +230,12 @@ impl ReplicaStore {
 
     /// Whether a copy of `key` set aside in `dir` is there.
     pub fn has_set_aside(key: SegmentKey, dir: &Path) -> bool {
-        replaced(&segment::log_path(dir, key.seq)).exists()
+        Self::set_aside_path(key, dir).exists()
+    }
+
+    /// Where the copy of `key` set aside in `dir` is.
+    pub fn set_aside_path(key: SegmentKey, dir: &Path) -> PathBuf {
+        replaced(&segment::log_path(dir, key.seq))
     }
 
     /// Puts a copy set aside back (the replica set lists this broker

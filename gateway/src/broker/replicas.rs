@@ -925,7 +925,7 @@ async fn discard_once_replicated(broker: Weak<Broker>, seg: Arc<SegmentImage>, d
         epoch: seg.leader_epoch,
         size: sealed.size_bytes,
     };
-    let mut all_hold = true;
+    let mut lacking = Vec::new();
     for &peer in seg.replicas.iter().filter(|r| **r != me) {
         let holds = match View(broker.clone()).address_of(peer) {
             Some(addr) => matches!(
@@ -935,8 +935,7 @@ async fn discard_once_replicated(broker: Weak<Broker>, seg: Arc<SegmentImage>, d
             None => false,
         };
         if !holds {
-            all_hold = false;
-            break;
+            lacking.push(peer);
         }
     }
     let image = b.image();
@@ -944,7 +943,17 @@ async fn discard_once_replicated(broker: Weak<Broker>, seg: Arc<SegmentImage>, d
         .segments
         .get(&seg.id)
         .is_some_and(|now| now.replicas == seg.replicas && now.clean_pass() == seg.clean_pass());
-    if all_hold && unchanged {
+    if unchanged && !lacking.is_empty() && set_aside_copy_complete(&seg, &dir) {
+        // No listed replica has the segment and this broker does: it takes
+        // a listed place again (the others then repair from it).
+        if let Some(record) = tessera_planner::reinstate_copy(&image, seg.id, me, &lacking) {
+            tracing::warn!(segment = %seg.id, ?lacking, "no listed replica holds the segment: this broker's copy, set aside by healing, is listed again");
+            if let Err(e) = b.controller.write(vec![record]).await {
+                tracing::warn!(segment = %seg.id, error = %e, "could not list this broker's copy again");
+            }
+        }
+    }
+    if lacking.is_empty() && unchanged {
         match ReplicaStore::discard_set_aside(key(seg.id), &dir) {
             Ok(true) => {
                 tracing::info!(segment = %seg.id, replicas = ?seg.replicas, "deleted a copy no longer in the segment's replica set (every replica holds it)")
@@ -965,6 +974,24 @@ async fn discard_once_replicated(broker: Weak<Broker>, seg: Arc<SegmentImage>, d
             .lock()
             .remove(&(seg.id, seg.replicas.clone()));
         b.request_reconcile();
+    }
+}
+
+/// Whether the copy of `seg` set aside in `dir` holds the whole segment as
+/// the image records it: every byte up to the seal (an uncleaned copy
+/// longer than the seal is cut to it when listed again), or the cleaned
+/// bytes themselves (size and CRC) for a segment a cleaning pass rewrote.
+fn set_aside_copy_complete(seg: &SegmentImage, dir: &std::path::Path) -> bool {
+    let Some(sealed) = &seg.sealed else {
+        return false;
+    };
+    let path = ReplicaStore::set_aside_path(key(seg.id), dir);
+    match sealed.cleaned {
+        None => std::fs::metadata(&path).is_ok_and(|m| m.len() >= sealed.size_bytes),
+        Some(cleaned) => {
+            tessera_log::clean_pass::file_digest(&path).ok()
+                == Some((sealed.size_bytes, cleaned.crc32c))
+        }
     }
 }
 
