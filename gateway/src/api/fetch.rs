@@ -508,7 +508,7 @@ fn read_log(
                     partition,
                     offset = from,
                     error = %e,
-                    "an offset below the active range's base in no sealed segment's span and no open ancestor log"
+                    "an offset below the active range's base that no log open here holds (no open log of the partition's lineage starts at or below it)"
                 )
             })?
     };
