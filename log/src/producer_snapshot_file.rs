@@ -583,12 +583,14 @@ pub(crate) fn reload_range(
         }
     }
     let mut file_kept = vec![false; files.len()];
-    // The `<seq>.aborted` files of local segments (each lists the aborted
-    // transactions of the whole history before its segment), read once.
-    let local_seqs: Vec<u32> = segments.iter().map(|s| s.seq).collect();
+    // The `<seq>.aborted` files up to the segment after the newest local
+    // one (each lists the aborted transactions of the whole history before
+    // its segment; one fetched before leading may be of a segment this
+    // broker holds no copy of, e.g. one sealed empty), read once.
+    let newest_local = segments.last().map_or(0, |s| s.seq);
     let aborted_files: Vec<u32> = crate::aborted_index_file::list(dir)?
         .into_iter()
-        .filter(|seq| local_seqs.contains(seq))
+        .filter(|&seq| seq <= newest_local.saturating_add(1))
         .collect();
     let mut history_aborted: HashMap<u32, Vec<(u32, AbortedTxn)>> = HashMap::new();
     let mut producers = Vec::with_capacity(partitions.len());
@@ -675,25 +677,26 @@ pub(crate) fn reload_range(
         // (a broker that followed a later segment first and received
         // copies of older ones afterwards has a later file than the one
         // where its local segments resume after the gap).
-        let resume = gaps
-            .iter()
-            .rposition(|&g| g)
-            .map_or(0, |after_gap| segments[after_gap].seq);
-        let covering: Vec<u32> = aborted_files
-            .iter()
-            .copied()
-            .filter(|&seq| seq >= resume)
-            .collect();
-        if covering.is_empty() && gaps.iter().any(|&g| g) {
-            tracing::warn!(
-                dir = %dir.display(),
-                partition = p,
-                seq = resume,
-                "no aborted-transaction file covers the history before this segment"
-            );
+        // Every file's entries are history: all of them are taken. One
+        // written after the local segment before the last gap covers the
+        // gap (the segments between it and the gap's end that are not
+        // here hold none of the partition's data, or it would say so).
+        if let Some(after_gap) = gaps.iter().rposition(|&g| g) {
+            let before_gap = after_gap.checked_sub(1).map(|i| segments[i].seq);
+            if !aborted_files
+                .iter()
+                .any(|&seq| before_gap.is_none_or(|before| seq > before))
+            {
+                tracing::warn!(
+                    dir = %dir.display(),
+                    partition = p,
+                    seq = segments[after_gap].seq,
+                    "no aborted-transaction file covers the history before this segment"
+                );
+            }
         }
         let mut from_files = Vec::new();
-        for seq in covering {
+        for &seq in &aborted_files {
             let entries = history_aborted
                 .entry(seq)
                 .or_insert_with(|| crate::aborted_index_file::read(dir, seq));

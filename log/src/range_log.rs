@@ -496,8 +496,13 @@ impl RangeLog {
             options.seed.is_some() || options.remote_history.is_some(),
             options.remote_history.as_ref(),
         )?;
-        let local: Vec<u32> = segments.iter().map(|s| s.seq).collect();
-        aborted_index_file::remove_unless(&options.dir, |seq| local.contains(&seq))?;
+        // Files past the segment after the newest local one are another
+        // incarnation's (a closed log's rolls); those before it are the
+        // history's (retention removes them with their segments).
+        let newest_local = segments.last().map_or(0, |s| s.seq);
+        aborted_index_file::remove_unless(&options.dir, |seq| {
+            seq <= newest_local.saturating_add(1)
+        })?;
         let active = segments.last().unwrap();
         if options.replicated && !options.sealed && active.size == 0 {
             // A follower of this new segment that lacks the older ones

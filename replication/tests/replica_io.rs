@@ -670,6 +670,68 @@ async fn a_replaced_copy_is_set_aside_restored_or_deleted() {
     );
 }
 
+/// A broker that fetched `<2>.aborted` before leading (segment 2 holds no
+/// data of partition 0 and this broker no copy of it: in fault run seed 9
+/// it was sealed empty) keeps that file and its entries, the only list of
+/// the history's aborts it has ("no aborted-transaction file covers" on a
+/// late replica, and aborted records read).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_aborted_list_fetched_at_an_empty_segment_it_holds_no_copy_of_is_kept() {
+    use tessera_log::aborted_index_file::aborted_path;
+    use tessera_log::batch::testing::{make_control_batch, make_transactional_batch};
+    use tessera_log::txn_state::AbortedTxn;
+    use tessera_replication::snapshot_transfer;
+
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = primary_log(a.path());
+    let append = |batch: &mut Vec<u8>| log.append(0, batch, None).unwrap().base_offset;
+    assert_eq!(append(&mut make_transactional_batch(2, 12, 9, 0, 0)), 0);
+    assert_eq!(append(&mut make_control_batch(9, 0, false)), 2);
+    log.roll().unwrap();
+    assert_eq!(append(&mut make_batch(1, 1)), 3);
+    assert_eq!(log.roll().unwrap().unwrap().next_seq, 2);
+    // Segment 2 holds partition 1 only; segment 3 partition 0 again.
+    log.append(1, &mut make_batch(1, 1), None).unwrap();
+    assert_eq!(log.roll().unwrap().unwrap().next_seq, 3);
+    assert_eq!(append(&mut make_batch(1, 1)), 4);
+    assert_eq!(log.roll().unwrap().unwrap().next_seq, 4);
+    let aborted = vec![AbortedTxn {
+        producer_id: 9,
+        first_offset: 0,
+        last_offset: 2,
+    }];
+
+    let (addr, _store, task) = follower(a.path().to_path_buf()).await;
+    snapshot_transfer::fetch(
+        &Plaintext,
+        &addr,
+        SegmentKey { range: 7, seq: 2 },
+        b.path(),
+        &BTreeMap::from([(0, 4)]),
+        Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    task.abort();
+    sealed_copy(&log, 3, b.path());
+    let starts = || {
+        BTreeMap::from([
+            (0, vec![0, 0]),
+            (1, vec![3, 0]),
+            (2, vec![4, 0]),
+            (3, vec![4, 1]),
+            (4, vec![5, 1]),
+        ])
+    };
+    let led = new_primary_log(b.path(), 4, starts());
+    assert_eq!(led.aborted_transactions(0, 0, 100).unwrap(), aborted);
+    assert!(aborted_path(b.path(), 2).exists(), "kept for the next open");
+    led.close();
+    drop(led);
+    let reopened = new_primary_log(b.path(), 4, starts());
+    assert_eq!(reopened.aborted_transactions(0, 0, 100).unwrap(), aborted);
+}
+
 /// A split child led by a broker without its parent's log (it followed
 /// the child and fetched `<0>.snapshot` and `<0>.aborted` from the child's
 /// first primary) knows the parent's aborted transactions: the child
