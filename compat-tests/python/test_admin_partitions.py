@@ -344,3 +344,35 @@ def test_cluster_create_partitions_and_delete_records_off_the_leader(cluster):
         k.close()
     for b in boot:
         assert offsets(type("B", (), {"bootstrap": b})(), topic, p) == (2, 5)
+
+
+def test_cluster_manual_replica_assignments_are_followed(cluster):
+    """CreateTopics and CreatePartitions with a replica list per partition
+    (librdkafka's admin test does both, alternating [1,2,3] and [3,2,1]):
+    Metadata on every node reports each partition on its list in the
+    client's order, led by its first broker (Kafka's preferred leader), and
+    every partition takes records."""
+    from confluent_kafka.admin import NewTopic
+
+    from test_cluster import eventually  # noqa: F811
+
+    boot = cluster["bootstrap"]
+    topic = unique_topic("assigned")
+    forward, backward = [1, 2, 3], [3, 2, 1]
+    lists = [forward if p % 2 == 0 else backward for p in range(5)]
+    a = admin(type("B", (), {"bootstrap": boot[1]})())
+    a.create_topics([NewTopic(topic, 3, replica_assignment=lists[:3])],
+                    request_timeout=TIMEOUT)[topic].result(TIMEOUT)
+    a.create_partitions([NewPartitions(topic, 5, replica_assignment=lists[3:])],
+                        request_timeout=TIMEOUT)[topic].result(TIMEOUT)
+
+    def as_asked(b):
+        md = admin(type("B", (), {"bootstrap": b})()).list_topics(topic, timeout=10).topics[topic]
+        got = {p: (list(m.replicas), m.leader) for p, m in md.partitions.items()}
+        return got == {p: (lists[p], lists[p][0]) for p in range(5)} or got
+
+    for b in boot:
+        eventually(f"the assignments as asked, seen from {b}", lambda b=b: as_asked(b) is True)
+    any_node = type("B", (), {"bootstrap": ",".join(boot)})()
+    for p in range(5):
+        assert produce(any_node, topic, p, 3) == [0, 1, 2]

@@ -16,6 +16,7 @@ import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -425,3 +426,102 @@ def test_a_transaction_across_nodes(cluster):
     (tp,) = g.committed([TopicPartition(source, 0)], timeout=20)
     assert tp.offset == 11
     g.close()
+
+
+def java_string_hash(s: str) -> int:
+    h = 0
+    for ch in s:
+        h = (31 * h + ord(ch)) & 0xFFFFFFFF
+    return h - (1 << 32) if h >= 1 << 31 else h
+
+
+def offset_fetch_v1(group: str, topic: str, partition: int) -> bytes:
+    """An OffsetFetch v1 request frame (header v1, correlation id 9)."""
+    def string(s: str) -> bytes:
+        return struct.pack(">h", len(s)) + s.encode()
+
+    body = string(group) + struct.pack(">i", 1) + string(topic) + struct.pack(">ii", 1, partition)
+    msg = struct.pack(">hhi", 9, 1, 9) + string("zombie-test") + body
+    return struct.pack(">i", len(msg)) + msg
+
+
+def read_offset_fetch_v1(s: socket.socket) -> tuple[int, int]:
+    """(committed offset, error code) of the one partition answered."""
+    def recv(n: int) -> bytes:
+        buf = b""
+        while len(buf) < n:
+            chunk = s.recv(n - len(buf))
+            assert chunk, "connection closed"
+            buf += chunk
+        return buf
+
+    body = recv(struct.unpack(">i", recv(4))[0])
+    assert struct.unpack(">i", body[:4])[0] == 9
+    at = 4
+    assert struct.unpack(">i", body[at:at + 4])[0] == 1
+    at += 4
+    (name_len,) = struct.unpack(">h", body[at:at + 2])
+    at += 2 + name_len
+    assert struct.unpack(">i", body[at:at + 4])[0] == 1
+    at += 4
+    _, offset = struct.unpack(">iq", body[at:at + 12])
+    at += 12
+    (meta_len,) = struct.unpack(">h", body[at:at + 2])
+    at += 2 + max(meta_len, 0)
+    (error,) = struct.unpack(">h", body[at:at + 2])
+    return offset, error
+
+
+def test_a_paused_coordinator_does_not_answer_from_its_stale_cache(cluster):
+    """A group coordinator paused (SIGSTOP) past its broker session is
+    fenced and its `__consumer_offsets` partition fails over; the group
+    commits newer offsets at the new coordinator. An OffsetFetch that
+    reached the paused node is answered when it wakes, before its metadata
+    image has caught up: it must not be the stale offset from its cache
+    (the fault harness saw consumers rewind that way, seed 9). Kafka's
+    answer is NOT_COORDINATOR (the client finds the new coordinator) or the
+    current offset."""
+    boot = cluster["bootstrap"]
+    topic, group = "zombie-coordinator", "zombie-coordinator-group"
+    create(",".join(boot), topic, 1)
+    c = Consumer({"bootstrap.servers": ",".join(boot), "group.id": group,
+                  "enable.auto.commit": False})
+    eventually("first commit", lambda: c.commit(
+        offsets=[TopicPartition(topic, 0, 10)], asynchronous=False) is not None)
+    c.close()
+    a = admin_client(",".join(boot))
+    coordinator = a.describe_consumer_groups([group])[group].result(30).coordinator.id
+    partition = abs(java_string_hash(group)) % 50
+    others = [b for i, b in enumerate(boot) if i + 1 != coordinator]
+    pid = node_pid(cluster["workdir"], coordinator)
+    zombie = socket.create_connection(tuple(boot[coordinator - 1].rsplit(":", 1)), timeout=60)
+    # Warm the connection (and check the stale value is what it serves).
+    zombie.sendall(offset_fetch_v1(group, topic, 0))
+    assert read_offset_fetch_v1(zombie) == (10, 0)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        rest = admin_client(",".join(others))
+        eventually(
+            "the coordinator partition failed over",
+            lambda: rest.list_topics("__consumer_offsets", timeout=5)
+            .topics["__consumer_offsets"].partitions[partition].leader not in (coordinator, -1),
+            timeout=60,
+        )
+        c = Consumer({"bootstrap.servers": ",".join(others), "group.id": group,
+                      "enable.auto.commit": False})
+        eventually("a commit at the new coordinator", lambda: c.commit(
+            offsets=[TopicPartition(topic, 0, 20)], asynchronous=False) is not None)
+        c.close()
+        # Queued in the paused node's socket: served as soon as it wakes.
+        zombie.sendall(offset_fetch_v1(group, topic, 0))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    offset, error = read_offset_fetch_v1(zombie)
+    zombie.close()
+    assert (offset, error) in ((20, 0), (-1, 16)), (offset, error)
+    # Once caught up, every node agrees on the new offset.
+    for b in boot:
+        g = Consumer({"bootstrap.servers": b, "group.id": group})
+        eventually(f"the new offset through {b}", lambda g=g: g.committed(
+            [TopicPartition(topic, 0)], timeout=10)[0].offset == 20)
+        g.close()

@@ -275,6 +275,12 @@ impl Broker {
         broker.reconcile().await?;
         tokio::spawn(reconcile::follow_images(broker.clone()));
         tokio::spawn(reconcile::record_rolls(broker.clone(), roll_rx));
+        // Coordinators answer only with a confirmed-current image: confirm
+        // it once before serving (the loop renews it from here on).
+        let interval = Duration::from_millis(broker.config.broker_heartbeat_interval_ms.max(1));
+        if let Err(e) = broker.controller.renew_read_lease(interval).await {
+            tracing::debug!(error = %e, "metadata read lease not confirmed at start");
+        }
         liveness::start(&broker);
         tokio::spawn(retention::enforce(Arc::downgrade(&broker)));
         tokio::spawn(cleaner::run(Arc::downgrade(&broker)));

@@ -239,6 +239,9 @@ pub struct Controller {
     shut_down: AtomicBool,
     /// Writes still to fail on purpose (fault-injection tests only).
     failing_writes: std::sync::atomic::AtomicU32,
+    /// When the last confirmed read point that this node's image caught up
+    /// to was asked for (see [`Controller::renew_read_lease`]).
+    read_lease_from: Mutex<Option<Instant>>,
 }
 
 impl std::fmt::Debug for Controller {
@@ -397,6 +400,7 @@ impl Controller {
             lock: Mutex::new(Some(lock)),
             shut_down: AtomicBool::new(false),
             failing_writes: std::sync::atomic::AtomicU32::new(0),
+            read_lease_from: Mutex::new(None),
         };
         if let Err(e) = controller.join_quorum(listener, cfg.start_timeout).await {
             controller.shutdown().await;
@@ -794,6 +798,34 @@ impl Controller {
     pub async fn catch_up(&self) -> Result<Arc<MetadataImage>, MetadataError> {
         self.catch_up_within(CATCH_UP_TIMEOUT, false).await?;
         Ok(self.image())
+    }
+
+    /// Asks the leader for a read point and waits (at most `limit`) until
+    /// this node's image holds it; on success the image is known to have
+    /// been current at the moment of the ask, which [`Controller::image_is_fresh`]
+    /// then vouches for during a lease. A node woken from a pause (SIGSTOP,
+    /// a stalled VM) or cut off from the quorum cannot renew, so it stops
+    /// acting on leadership its image may no longer give it (a zombie
+    /// coordinator answering from its stale cache).
+    pub async fn renew_read_lease(&self, limit: Duration) -> Result<(), MetadataError> {
+        let asked = Instant::now();
+        self.catch_up_within(limit, false).await?;
+        let mut from = self.read_lease_from.lock();
+        if from.is_none_or(|t| t < asked) {
+            *from = Some(asked);
+        }
+        Ok(())
+    }
+
+    /// True when this node's image was confirmed current less than `lease`
+    /// ago, or when this node is the only voter (its image is the quorum's).
+    pub fn image_is_fresh(&self, lease: Duration) -> bool {
+        if self.voter_ids() == BTreeSet::from([self.node_id]) && self.learner_address.is_none() {
+            return true;
+        }
+        self.read_lease_from
+            .lock()
+            .is_some_and(|t| t.elapsed() < lease)
     }
 
     /// Appends one raft entry carrying `records` and returns its offset

@@ -95,6 +95,19 @@ pub fn create_topic(
     image: &MetadataImage,
     spec: TopicSpec,
 ) -> Result<Vec<MetadataRecord>, PlanError> {
+    create_topic_assigned(image, spec, None)
+}
+
+/// [`create_topic`], or with the client's replica list for every
+/// partition (CreateTopics' manual assignment): then the partitions go in
+/// one range per run of partitions with the same list, each range on its
+/// list in the client's order (the first live broker of it leads, as
+/// Kafka's preferred leader), so Metadata reports what was asked.
+pub fn create_topic_assigned(
+    image: &MetadataImage,
+    spec: TopicSpec,
+    assignments: Option<&[Vec<i32>]>,
+) -> Result<Vec<MetadataRecord>, PlanError> {
     if spec.partitions == 0 {
         return Err(PlanError::InvalidPartitions(
             "number of partitions must be larger than 0".into(),
@@ -130,6 +143,20 @@ pub fn create_topic(
         replication_factor: spec.replication_factor,
         configs: spec.configs,
     })];
+    if let Some(assignments) = assignments {
+        if assignments.len() != spec.partitions as usize {
+            return Err(PlanError::InvalidReplicaAssignment(format!(
+                "{} partition(s) but {} assignment(s)",
+                spec.partitions,
+                assignments.len()
+            )));
+        }
+        for replicas in assignments {
+            validate_manual_assignment(image, replicas, spec.replication_factor)?;
+        }
+        records.extend(assigned_ranges(image, spec.topic_id, 0, assignments));
+        return Ok(records);
+    }
     let blocks = initial_blocks(spec.partitions, live);
     records.extend(spread_ranges(
         image,
@@ -138,6 +165,43 @@ pub fn create_topic(
         spec.replication_factor as usize,
     )?);
     Ok(records)
+}
+
+/// Ranges for partitions `first..` whose replica lists the client gave
+/// (validated): one range per run of consecutive partitions with the same
+/// list, its first segment on that list in the client's order, except that
+/// a fenced first broker gives way to the first live one (the leader).
+fn assigned_ranges(
+    image: &MetadataImage,
+    topic_id: TopicId,
+    first: u32,
+    assignments: &[Vec<i32>],
+) -> Vec<MetadataRecord> {
+    let mut records = Vec::new();
+    let mut lo = 0usize;
+    while lo < assignments.len() {
+        let mut hi = lo + 1;
+        while hi < assignments.len() && assignments[hi] == assignments[lo] {
+            hi += 1;
+        }
+        let range_id = image.next_range_id() + (records.len() / 2) as RangeId;
+        let mut replicas = assignments[lo].clone();
+        let live = |b: &i32| image.brokers.get(b).is_some_and(|r| !r.fenced);
+        if let Some(at) = replicas.iter().position(live) {
+            let leader = replicas.remove(at);
+            replicas.insert(0, leader);
+        }
+        records.push(MetadataRecord::CreateRange(RangeRecord {
+            range_id,
+            topic_id,
+            lo: first + lo as u32,
+            hi: first + hi as u32,
+            parents: vec![],
+        }));
+        records.push(open_segment(SegmentId::new(range_id, 0), replicas, 0));
+        lo = hi;
+    }
+    records
 }
 
 /// How a new topic's partitions `[0, partitions)` start out: one contiguous
@@ -336,8 +400,8 @@ pub fn alter_broker_configs(
 /// `assignments`, if given, are the client's replica lists for the new
 /// partitions: validated as Kafka validates them (one per new partition,
 /// non-empty, registered brokers, no duplicates, the topic's replication
-/// factor, not all fenced), but placement stays ours: a range's replicas
-/// are per segment, not per partition.
+/// factor, not all fenced) and followed: the new partitions go in ranges
+/// on those lists (see [`create_topic_assigned`]).
 pub fn create_partitions(
     image: &MetadataImage,
     topic_id: TopicId,
@@ -374,15 +438,19 @@ pub fn create_partitions(
             validate_manual_assignment(image, replicas, topic.replication_factor)?;
         }
     }
+    let mut records = vec![MetadataRecord::IncreasePartitions {
+        topic_id,
+        partitions: count,
+    }];
+    if let Some(assignments) = assignments {
+        records.extend(assigned_ranges(image, topic_id, existing, assignments));
+        return Ok(records);
+    }
     // The new partitions spread as a new topic's do.
     let blocks: Vec<(u32, u32)> = initial_blocks(additional, live_brokers(image))
         .into_iter()
         .map(|(lo, hi)| (existing + lo, existing + hi))
         .collect();
-    let mut records = vec![MetadataRecord::IncreasePartitions {
-        topic_id,
-        partitions: count,
-    }];
     records.extend(spread_ranges(
         image,
         topic_id,

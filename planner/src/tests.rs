@@ -1094,13 +1094,70 @@ fn create_partitions_validates_manual_assignments_like_kafka() {
         create_partitions(&fenced, id, 3, Some(&[vec![1, 2]])),
         Err(PlanError::InvalidReplicaAssignment(_))
     ));
-    // A valid assignment is accepted; placement is still ours (RF 2 on live brokers).
-    let records = create_partitions(&image, id, 4, Some(&[vec![3, 1], vec![2, 3]])).unwrap();
-    let MetadataRecord::OpenSegment(open) = &records[2] else {
+    // A valid assignment is followed: each new partition on its list, in
+    // the client's order (librdkafka's admin test reads it back from
+    // Metadata), one range per run of equal lists.
+    let records = create_partitions(
+        &image,
+        id,
+        6,
+        Some(&[vec![3, 1], vec![2, 3], vec![2, 3], vec![1, 2]]),
+    )
+    .unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(image.topics[&id].partitions, 6);
+    let placed: Vec<(u32, u32, Vec<i32>)> = image
+        .active_ranges(id)
+        .iter()
+        .filter(|r| r.lo >= 2)
+        .map(|r| {
+            (
+                r.lo,
+                r.hi,
+                image.active_segment(r.id).unwrap().replicas.clone(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        placed,
+        vec![(2, 3, vec![3, 1]), (3, 5, vec![2, 3]), (5, 6, vec![1, 2])]
+    );
+    // A fenced first broker gives way to the next (the leader comes first).
+    let records = create_partitions(&fenced_one(&image, 1), id, 7, Some(&[vec![1, 2]])).unwrap();
+    let MetadataRecord::OpenSegment(open) = records.last().unwrap() else {
         panic!("{records:?}")
     };
-    assert_eq!(open.replicas.len(), 2);
+    assert_eq!(open.replicas, vec![2, 1]);
+}
+
+fn fenced_one(image: &MetadataImage, broker_id: i32) -> MetadataImage {
+    let mut fenced = image.clone();
+    commit(&mut fenced, &[MetadataRecord::FenceBroker { broker_id }]);
+    fenced
+}
+
+#[test]
+fn create_topic_follows_manual_assignments() {
+    let mut image = cluster(3);
+    let s = spec("assigned", 4, 3);
+    let id = s.topic_id;
+    let lists = [vec![1, 2, 3], vec![3, 2, 1], vec![1, 2, 3], vec![3, 2, 1]];
+    let records = create_topic_assigned(&image, s, Some(&lists)).unwrap();
     assert_eq!(commit(&mut image, &records), 0);
+    let ranges = image.active_ranges(id);
+    assert_eq!(ranges.len(), 4);
+    for (p, r) in ranges.iter().enumerate() {
+        assert_eq!((r.lo, r.hi), (p as u32, p as u32 + 1));
+        let seg = image.active_segment(r.id).unwrap();
+        assert_eq!(seg.replicas, lists[p]);
+        assert_eq!(seg.primary(), Some(lists[p][0]));
+    }
+    // Lists that disagree with the partition count are refused.
+    let s = spec("short", 2, 3);
+    assert!(matches!(
+        create_topic_assigned(&image, s, Some(&lists[..1])),
+        Err(PlanError::InvalidReplicaAssignment(_))
+    ));
 }
 
 #[test]

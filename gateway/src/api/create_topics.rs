@@ -133,14 +133,22 @@ async fn create_one(
             "number of partitions must be larger than 0".into(),
         ));
     }
+    let assignments = (!topic.assignments.is_empty()).then(|| {
+        topic
+            .assignments
+            .iter()
+            .map(|a| a.broker_ids.iter().map(|b| b.0).collect())
+            .collect()
+    });
     broker
-        .create_topic(
+        .create_topic_assigned(
             NewTopic {
                 name: topic.name.0.to_string(),
                 partitions: partitions as u32,
                 replication_factor,
                 configs,
             },
+            assignments,
             validate_only,
         )
         .await

@@ -184,6 +184,11 @@ impl PartitionWriter for Broker {
         topic: &TopicImage,
         partition: i32,
     ) -> Result<i32, ApiError> {
+        // A zombie (paused, or cut off from the quorum) may lead here only
+        // in its stale image: it coordinates nothing until confirmed.
+        if !self.image_is_fresh() {
+            return Err(ApiError::NotLeaderOrFollower);
+        }
         self.route(image, topic, partition).map(|r| r.leader_epoch)
     }
 

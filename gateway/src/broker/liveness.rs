@@ -283,8 +283,47 @@ fn balance_leaders(b: &Broker, image: &tessera_metadata::MetadataImage) {
     }
 }
 
-/// Starts both loops.
+/// Renews the metadata read lease every heartbeat interval (see
+/// [`Broker::image_is_fresh`]): asks the metadata leader for a read point
+/// and waits for this node's image to reach it.
+pub(super) async fn renew_read_lease(broker: Weak<Broker>) {
+    loop {
+        let Some(b) = broker.upgrade() else { return };
+        let interval = Duration::from_millis(b.config.broker_heartbeat_interval_ms.max(1));
+        let controller = b.controller.clone();
+        drop(b);
+        if let Err(e) = controller.renew_read_lease(interval).await {
+            tracing::debug!(error = %e, "metadata read lease not renewed");
+        }
+        tokio::time::sleep(interval).await;
+    }
+}
+
+impl Broker {
+    /// How long a confirmed-current image vouches for this broker's
+    /// leadership of coordinator partitions: less than a broker session,
+    /// so a broker that has not renewed stops coordinating before the
+    /// controller can have fenced it and moved its partitions (a failover),
+    /// and at least one heartbeat interval.
+    fn read_lease(&self) -> Duration {
+        let interval = self.config.broker_heartbeat_interval_ms.max(1);
+        let session = self.config.broker_session_timeout_ms;
+        Duration::from_millis(session.saturating_sub(interval).max(interval))
+    }
+
+    /// False while this broker's image may be stale: its last confirmed
+    /// read point is older than the lease (it was paused, or is cut off
+    /// from the metadata quorum). Coordinators then answer NOT_COORDINATOR
+    /// until the image is confirmed again, instead of answering from state
+    /// another broker may have taken over.
+    pub(crate) fn image_is_fresh(&self) -> bool {
+        self.controller.image_is_fresh(self.read_lease())
+    }
+}
+
+/// Starts both loops and the read lease's renewal.
 pub(super) fn start(broker: &Arc<Broker>) {
+    tokio::spawn(renew_read_lease(Arc::downgrade(broker)));
     tokio::spawn(heartbeat(Arc::downgrade(broker)));
     tokio::spawn(fence_expired_sessions(Arc::downgrade(broker)));
 }

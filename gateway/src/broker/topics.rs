@@ -29,6 +29,17 @@ impl Broker {
         topic: NewTopic,
         validate_only: bool,
     ) -> Result<Arc<TopicImage>, ApiError> {
+        self.create_topic_assigned(topic, None, validate_only).await
+    }
+
+    /// [`Broker::create_topic`] with the client's replica list for each
+    /// partition, if it gave them (CreateTopics' manual assignment).
+    pub async fn create_topic_assigned(
+        &self,
+        topic: NewTopic,
+        assignments: Option<Vec<Vec<i32>>>,
+        validate_only: bool,
+    ) -> Result<Arc<TopicImage>, ApiError> {
         validate_topic_name(&topic.name)?;
         let _guard = self.admin.lock().await;
         let image = self.image();
@@ -39,7 +50,8 @@ impl Broker {
             replication_factor: topic.replication_factor,
             configs: topic.configs,
         };
-        let records = tessera_planner::create_topic(&image, spec.clone())?;
+        let records =
+            tessera_planner::create_topic_assigned(&image, spec.clone(), assignments.as_deref())?;
         if validate_only {
             return Ok(Arc::new(TopicImage {
                 id: spec.topic_id,
