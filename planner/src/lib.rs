@@ -697,6 +697,20 @@ pub fn allocate_producer_ids(image: &MetadataImage, broker_id: i32, count: i32) 
     }
 }
 
+/// True when `node` has led range `range` without interruption since
+/// leader epoch `since`: every segment of it at a later epoch has `node` as
+/// primary. A coordinator loaded at `since` keeps its state then (a seal by
+/// quorum that kept the primary, say); otherwise another broker may have
+/// led and changed it while this broker's image jumped over that, and the
+/// coordinator loads its partition again.
+pub fn led_throughout(image: &MetadataImage, range: RangeId, since: i32, node: i32) -> bool {
+    image
+        .segments_of(range)
+        .iter()
+        .filter(|s| s.leader_epoch > since)
+        .all(|s| s.primary() == Some(node))
+}
+
 /// A segment of `range` opened at `seq` on `replicas` (the first is the primary).
 pub fn open_segment(segment: SegmentId, replicas: Vec<i32>, leader_epoch: i32) -> MetadataRecord {
     MetadataRecord::OpenSegment(SegmentOpenRecord {

@@ -687,6 +687,52 @@ fn a_quorum_seal_reopens_on_the_holder_with_the_next_epoch() {
 }
 
 #[test]
+fn a_leader_led_throughout_only_while_no_other_broker_led_a_later_segment() {
+    let (mut image, range) = replicated_topic(3, 3);
+    let first = image.active_segment(range).unwrap();
+    let (leader, other) = (first.primary().unwrap(), first.replicas[1]);
+    assert!(led_throughout(&image, range, first.leader_epoch, leader));
+    // A quorum seal onto the other replica: the first leader did not lead
+    // throughout; the new one did from its own epoch on.
+    fence(&mut image, leader);
+    let q = QuorumSeal {
+        segment: first.id,
+        size_bytes: 10,
+        spans: vec![PartitionSpan {
+            partition: 0,
+            start_offset: 0,
+            end_offset: 1,
+        }],
+        holder: other,
+    };
+    let records = seal_by_quorum(&image, &q).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    let second = image.active_segment(range).unwrap();
+    assert!(!led_throughout(&image, range, first.leader_epoch, leader));
+    assert!(led_throughout(&image, range, second.leader_epoch, other));
+    // Back to the first leader (its image may jump straight here from its
+    // own first epoch): still not led throughout by it, so it reloads.
+    let alive: std::collections::BTreeSet<i32> = image.brokers.keys().copied().collect();
+    let records = broker_liveness(&image, &alive, &none(), true);
+    commit(&mut image, &records);
+    fence(&mut image, other);
+    let q = QuorumSeal {
+        segment: second.id,
+        size_bytes: 10,
+        spans: vec![PartitionSpan {
+            partition: 0,
+            start_offset: 1,
+            end_offset: 2,
+        }],
+        holder: leader,
+    };
+    let records = seal_by_quorum(&image, &q).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(image.active_segment(range).unwrap().primary(), Some(leader));
+    assert!(!led_throughout(&image, range, first.leader_epoch, leader));
+}
+
+#[test]
 fn a_quorum_seal_replaces_fenced_replicas_with_live_brokers() {
     let (mut image, range) = replicated_topic(4, 3);
     let active = image.active_segment(range).unwrap();

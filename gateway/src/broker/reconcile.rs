@@ -71,8 +71,16 @@ struct Reconciled {
 
 #[derive(Default)]
 struct Led {
-    groups: BTreeSet<i32>,
-    txns: BTreeSet<i32>,
+    groups: BTreeMap<i32, Leadership>,
+    txns: BTreeMap<i32, Leadership>,
+}
+
+/// The range and leader epoch an internal partition was led at when its
+/// coordinator state was loaded (or last seen still led without a break).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Leadership {
+    range: RangeId,
+    epoch: i32,
 }
 
 impl Broker {
@@ -477,12 +485,11 @@ impl Broker {
             let led = self.reconciler.led.lock();
             (led.groups.clone(), led.txns.clone())
         };
-        let lost: Vec<i32> = groups_before.difference(&groups).copied().collect();
+        let (lost, gained) = self.coordinator_changes(image, &groups_before, &groups);
         if !lost.is_empty() {
             self.groups.unload_partitions(&lost);
         }
         let mut groups = groups;
-        let gained: Vec<i32> = groups.difference(&groups_before).copied().collect();
         // All at once, else one partition at a time: one whose history
         // cannot be read now keeps only its own groups without a coordinator (NOT_COORDINATOR)
         // until the next pass (at most `RECONCILE_AT_LEAST_EVERY` away)
@@ -496,12 +503,11 @@ impl Broker {
             }
         }
         self.reconciler.led.lock().groups = groups;
-        let lost: Vec<i32> = txns_before.difference(&txns).copied().collect();
+        let (lost, gained) = self.coordinator_changes(image, &txns_before, &txns);
         if !lost.is_empty() {
             self.txns.unload_partitions(&lost);
         }
         let mut txns = txns;
-        let gained: Vec<i32> = txns.difference(&txns_before).copied().collect();
         if !gained.is_empty() && self.txns.load_partitions(self, &gained).await.is_err() {
             for p in gained {
                 if let Err(e) = self.txns.load_partitions(self, &[p]).await {
@@ -514,13 +520,52 @@ impl Broker {
         Ok(())
     }
 
+    /// The coordinator partitions to unload (no longer led here, or led
+    /// again after another broker may have led them: a new range, or a
+    /// later segment with another primary) and to load (newly led, or led
+    /// again), between what was loaded and what `image` says.
+    fn coordinator_changes(
+        &self,
+        image: &MetadataImage,
+        before: &BTreeMap<i32, Leadership>,
+        now: &BTreeMap<i32, Leadership>,
+    ) -> (Vec<i32>, Vec<i32>) {
+        let me = self.config.node_id;
+        let kept = |p: &i32, was: &Leadership| {
+            now.get(p).is_some_and(|is| {
+                is.range == was.range
+                    && tessera_planner::led_throughout(image, is.range, was.epoch, me)
+            })
+        };
+        let lost: Vec<i32> = before
+            .iter()
+            .filter(|(p, was)| !kept(p, was))
+            .map(|(p, _)| *p)
+            .collect();
+        let gained: Vec<i32> = now
+            .keys()
+            .filter(|p| !before.contains_key(p) || lost.contains(p))
+            .copied()
+            .collect();
+        (lost, gained)
+    }
+
     /// The partitions of internal topic `name` this broker leads in `image`.
-    fn led_partitions(&self, image: &MetadataImage, name: &str) -> BTreeSet<i32> {
+    fn led_partitions(&self, image: &MetadataImage, name: &str) -> BTreeMap<i32, Leadership> {
         let Some(topic) = image.topic_by_name(name) else {
-            return BTreeSet::new();
+            return BTreeMap::new();
         };
         (0..topic.partitions as i32)
-            .filter(|p| self.route(image, topic, *p).is_ok())
+            .filter_map(|p| {
+                let route = self.route(image, topic, p).ok()?;
+                Some((
+                    p,
+                    Leadership {
+                        range: route.range_id,
+                        epoch: route.leader_epoch,
+                    },
+                ))
+            })
             .collect()
     }
 }
