@@ -695,3 +695,48 @@ async fn a_learner_that_left_is_removed_from_the_membership() {
     c.node(leader).write(vec![topic(1, "after")]).await.unwrap();
     c.stop_all().await;
 }
+
+/// The read lease a broker's coordinators rely on: no node's image is
+/// vouched for before it renews; a renewal on the leader and on a follower
+/// (through the leader's read index) vouches for the lease's length only; a
+/// voter left without a quorum cannot renew, so its lease runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_read_lease_needs_a_quorum_and_runs_out() {
+    let mut c = Cluster::new(3, 1000);
+    c.start_all().await;
+    let leader = c.wait_leader().await;
+    let follower = *c.running().iter().find(|id| **id != leader).unwrap();
+    let lease = Duration::from_secs(3600);
+    for id in [leader, follower] {
+        assert!(
+            !c.node(id).image_is_fresh(lease),
+            "node {id} fresh before renewing"
+        );
+        c.node(id)
+            .renew_read_lease(Duration::from_secs(10))
+            .await
+            .unwrap();
+        assert!(c.node(id).image_is_fresh(lease), "node {id} renewed");
+        assert!(
+            !c.node(id).image_is_fresh(Duration::ZERO),
+            "node {id}: a lease runs out"
+        );
+    }
+    // Alone, the follower cannot confirm a read point.
+    let others: Vec<u64> = c
+        .running()
+        .into_iter()
+        .filter(|id| *id != follower)
+        .collect();
+    for id in others {
+        c.stop(id).await;
+    }
+    assert!(c
+        .node(follower)
+        .renew_read_lease(Duration::from_secs(2))
+        .await
+        .is_err());
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(!c.node(follower).image_is_fresh(Duration::from_millis(50)));
+    c.stop_all().await;
+}
