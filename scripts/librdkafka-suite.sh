@@ -12,7 +12,8 @@
 # in the environment picks sub-tests, as librdkafka's runner does.
 #
 # The cluster runs the way upstream runs its suite: three brokers,
-# num.partitions=4, auto-create on, and an authorizer with
+# num.partitions=4, auto-create on, Kafka's other defaults (the tests
+# count rebalances that group.initial.rebalance.delay.ms=3000 makes one), and an authorizer with
 # allow.everyone.if.no.acl.found=true so the ACL tests run. Add
 # `-- -o auto.create.topics.enable=false` for the auto-create-off group.
 set -euo pipefail
@@ -38,8 +39,7 @@ port_free() { ! (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
 base=$((20000 + RANDOM % 20000))
 until port_free $base && port_free $((base + 1)) && port_free $((base + 2)); do base=$((base + 3)); done
 work=$(mktemp -d /tmp/tessera-librdkafka-XXXXXX)
-"$bin" -o num.partitions=4 -o group.initial.rebalance.delay.ms=0 \
-    -o broker.heartbeat.interval.ms=500 -o broker.session.timeout.ms=3000 \
+"$bin" -o num.partitions=4 \
     -o authorizer.class.name=org.apache.kafka.metadata.authorizer.StandardAuthorizer \
     -o allow.everyone.if.no.acl.found=true "${extra[@]}" \
     cluster --nodes 3 --base-port $base --admin-base-port $((base + 100)) \
