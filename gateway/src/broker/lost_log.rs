@@ -87,7 +87,25 @@ pub(crate) fn leftovers(
         let own_sealed = recorded.is_some_and(|r| {
             r.is_sealed() && r.leader_epoch == log.epoch && r.primary() == Some(log.broker)
         });
-        if s.seq > log.recorded_active && !own_sealed {
+        // Recorded and still open, as this broker's at the log's epoch, with
+        // the segment before it sealed where this log ended it: the image's
+        // segment is this log's own roll (a seal by quorum in flight may
+        // take this very copy as its source: seed 4 lost a segment whose
+        // only copy its primary deleted here). A re-placement's segment of
+        // that number follows a seal at another size.
+        let own_open = recorded.is_some_and(|r| {
+            !r.is_sealed() && r.leader_epoch == log.epoch && r.primary() == Some(log.broker)
+        }) && s.seq > 0
+            && local.iter().any(|prev| {
+                prev.seq + 1 == s.seq
+                    && prev.sealed
+                    && image
+                        .segments
+                        .get(&SegmentId::new(range, prev.seq))
+                        .and_then(|p| p.sealed.as_ref().map(|i| (p.clean_pass(), i.size_bytes)))
+                        == Some((0, prev.size))
+            });
+        if s.seq > log.recorded_active && !own_sealed && !own_open {
             out.segments.insert(s.seq);
             out.snapshots.insert(s.seq);
             continue;
@@ -361,6 +379,23 @@ mod tests {
         // (answered by this log, at 300) sealed it and opened 6 elsewhere,
         // all before the log learned of the record (recorded_active 4).
         let image = image(&[(4, 2, 3, Some(1000)), (5, 2, 3, Some(300)), (6, 3, 4, None)]);
+        let found = leftovers(
+            &image,
+            RANGE,
+            lost(4),
+            &local(&[(4, 1000, true), (5, 300, false)]),
+        );
+        assert_eq!(found, Leftovers::default());
+    }
+
+    #[test]
+    fn a_recorded_roll_still_open_stays_before_the_log_heard() {
+        // The log rolled 4 -> 5 at 1000; the roll was recorded (4 sealed at
+        // 1000, 5 open for this broker at the log's epoch) before the log
+        // heard so (recorded_active 4). A seal by quorum of 5 may take this
+        // copy as its source: it stays (fault run seed 4 lost segment 2/94
+        // when its primary deleted it here).
+        let image = image(&[(4, 2, 3, Some(1000)), (5, 2, 3, None)]);
         let found = leftovers(
             &image,
             RANGE,
