@@ -269,6 +269,16 @@ class Reader:
             self.at += size
 
 
+def recv_exact(s: socket.socket, n: int) -> bytes:
+    """Exactly `n` bytes from `s` (a closed connection fails the test)."""
+    buf = b""
+    while len(buf) < n:
+        chunk = s.recv(n - len(buf))
+        assert chunk, "connection closed"
+        buf += chunk
+    return buf
+
+
 def flexible_request(bootstrap: str, api_key: int, version: int, body: bytes) -> Reader:
     """One request with header v2 (client id "t"); the response body after
     header v1."""
@@ -277,16 +287,8 @@ def flexible_request(bootstrap: str, api_key: int, version: int, body: bytes) ->
         msg = struct.pack(">hhih", api_key, version, 7, 1) + b"t" + uvarint(0) + body
         s.sendall(struct.pack(">i", len(msg)) + msg)
 
-        def recv(n: int) -> bytes:
-            buf = b""
-            while len(buf) < n:
-                chunk = s.recv(n - len(buf))
-                assert chunk, "connection closed"
-                buf += chunk
-            return buf
-
-        size = struct.unpack(">i", recv(4))[0]
-        r = Reader(recv(size))
+        size = struct.unpack(">i", recv_exact(s, 4))[0]
+        r = Reader(recv_exact(s, size))
     assert r.take(">i") == 7
     r.tagged_fields()
     return r

@@ -447,15 +447,9 @@ def offset_fetch_v1(group: str, topic: str, partition: int) -> bytes:
 
 def read_offset_fetch_v1(s: socket.socket) -> tuple[int, int]:
     """(committed offset, error code) of the one partition answered."""
-    def recv(n: int) -> bytes:
-        buf = b""
-        while len(buf) < n:
-            chunk = s.recv(n - len(buf))
-            assert chunk, "connection closed"
-            buf += chunk
-        return buf
+    from helpers import recv_exact
 
-    body = recv(struct.unpack(">i", recv(4))[0])
+    body = recv_exact(s, struct.unpack(">i", recv_exact(s, 4))[0])
     assert struct.unpack(">i", body[:4])[0] == 9
     at = 4
     assert struct.unpack(">i", body[at:at + 4])[0] == 1
