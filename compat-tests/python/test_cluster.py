@@ -519,3 +519,101 @@ def test_a_paused_coordinator_does_not_answer_from_its_stale_cache(cluster):
         eventually(f"the new offset through {b}", lambda g=g: g.committed(
             [TopicPartition(topic, 0)], timeout=10)[0].offset == 20)
         g.close()
+
+
+def fetch_v4(topic: str, partition: int, offset: int, correlation: int) -> bytes:
+    """A Fetch v4 request frame (header v1) for one partition, no wait."""
+    def string(s: str) -> bytes:
+        return struct.pack(">h", len(s)) + s.encode()
+
+    body = (struct.pack(">iiiib", -1, 0, 1, 1 << 20, 0) + struct.pack(">i", 1) + string(topic)
+            + struct.pack(">iiqi", 1, partition, offset, 1 << 20))
+    msg = struct.pack(">hhi", 1, 4, correlation) + string("zombie-test") + body
+    return struct.pack(">i", len(msg)) + msg
+
+
+def list_offsets_v1_latest(topic: str, partition: int, correlation: int) -> bytes:
+    """A ListOffsets v1 request frame (header v1) for the latest offset."""
+    def string(s: str) -> bytes:
+        return struct.pack(">h", len(s)) + s.encode()
+
+    body = struct.pack(">i", -1) + struct.pack(">i", 1) + string(topic) + struct.pack(">iiq", 1, partition, -1)
+    msg = struct.pack(">hhi", 2, 1, correlation) + string("zombie-test") + body
+    return struct.pack(">i", len(msg)) + msg
+
+
+def read_partition_answer(s: socket.socket, correlation: int, throttle: bool) -> tuple[int, bytes]:
+    """(error code, the bytes after it) of the one partition a Fetch v4
+    (`throttle`) or ListOffsets v1 response answers."""
+    from helpers import recv_exact
+
+    body = recv_exact(s, struct.unpack(">i", recv_exact(s, 4))[0])
+    assert struct.unpack(">i", body[:4])[0] == correlation
+    at = 8 if throttle else 4
+    assert struct.unpack(">i", body[at:at + 4])[0] == 1
+    at += 4
+    (name_len,) = struct.unpack(">h", body[at:at + 2])
+    at += 2 + name_len
+    assert struct.unpack(">i", body[at:at + 4])[0] == 1
+    at += 8  # count, partition index
+    (error,) = struct.unpack(">h", body[at:at + 2])
+    return error, body[at + 2:]
+
+
+def test_a_paused_primary_does_not_send_consumers_back_to_the_beginning(cluster):
+    """A partition's primary is paused (SIGSTOP) past its broker session;
+    another broker leads and the log grows past where the paused one
+    stopped. A Fetch (at an offset the log now has) and a ListOffsets that
+    reached the paused node are answered when it wakes, before its image has
+    caught up. Its log ends where it stopped: OFFSET_OUT_OF_RANGE there
+    made the fault harness's consumer reset to the beginning and read
+    everything again (seed 4), and its latest offset is stale. Kafka's
+    answer from a broker that no longer leads is NOT_LEADER_OR_FOLLOWER:
+    the client refreshes its metadata and goes to the leader."""
+    boot = cluster["bootstrap"]
+    topic = "zombie-leader"
+    a = admin_client(",".join(boot))
+    a.create_topics([NewTopic(topic, 1, 3)], request_timeout=30)[topic].result(30)
+    meta = eventually("a leader", lambda: (t := a.list_topics(topic, timeout=10).topics.get(topic))
+                      is not None and t.error is None and t.partitions[0].leader > 0 and t)
+    leader = meta.partitions[0].leader
+    p = Producer({"bootstrap.servers": ",".join(boot), "acks": "all"})
+    for i in range(100):
+        p.produce(topic, value=f"{i}".encode(), partition=0)
+    assert p.flush(30) == 0
+    pid = node_pid(cluster["workdir"], leader)
+    others = [b for i, b in enumerate(boot) if i + 1 != leader]
+    zombie = socket.create_connection(tuple(boot[leader - 1].rsplit(":", 1)), timeout=60)
+    zombie.sendall(fetch_v4(topic, 0, 0, 1))
+    assert read_partition_answer(zombie, 1, throttle=True)[0] == 0
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        rest = admin_client(",".join(others))
+        eventually("the partition failed over", lambda: rest.list_topics(topic, timeout=5)
+                   .topics[topic].partitions[0].leader not in (leader, -1), timeout=60)
+        p = Producer({"bootstrap.servers": ",".join(others), "acks": "all"})
+        for i in range(100, 200):
+            p.produce(topic, value=f"{i}".encode(), partition=0)
+        assert p.flush(60) == 0
+        # Queued in the paused node's socket: served as soon as it wakes.
+        zombie.sendall(fetch_v4(topic, 0, 150, 2) + list_offsets_v1_latest(topic, 0, 3))
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    fetch_error, _ = read_partition_answer(zombie, 2, throttle=True)
+    list_error, rest_of = read_partition_answer(zombie, 3, throttle=False)
+    zombie.close()
+    _, latest = struct.unpack(">qq", rest_of[:16])
+    assert fetch_error == 6, f"Fetch past the paused node's log: error {fetch_error}"
+    assert (list_error, latest) in ((6, -1), (0, 200)), (list_error, latest)
+    # Every record is still there, in order, from the new leader.
+    c = Consumer({"bootstrap.servers": ",".join(boot), "group.id": "zombie-leader-check",
+                  "auto.offset.reset": "earliest", "enable.auto.commit": False})
+    c.assign([TopicPartition(topic, 0, 0)])
+    seen = []
+    deadline = time.monotonic() + 60
+    while len(seen) < 200 and time.monotonic() < deadline:
+        m = c.poll(0.5)
+        if m is not None and not m.error():
+            seen.append((m.offset(), m.value().decode()))
+    c.close()
+    assert seen == [(i, f"{i}") for i in range(200)], seen[:5]

@@ -625,3 +625,66 @@ def test_kcat_balanced_consumer(broker_factory):
     p.flush()
     again = run()
     assert sorted(again) == sorted(b"more-%d" % i for i in range(30))
+
+
+def test_a_join_waiting_when_the_coordinator_reloads_its_partition_is_answered(broker_factory):
+    """A member's JoinGroup is waiting for the group's other member to
+    rejoin when the group's `__consumer_offsets` range is split (the
+    coordinator unloads and reloads the group's partition). Kafka answers
+    the waiting JoinGroup NOT_COORDINATOR and the client joins again; the
+    group then forms with both members. Before, the waiting request held
+    the unloaded group alive and was never answered: the joiner stayed out
+    of the group until its request timed out (max.poll.interval.ms, 5
+    minutes; and a commit queued behind it waited as long, the fault
+    harness's "stuck in commit")."""
+    from confluent_kafka import ConsumerGroupState
+    from confluent_kafka.admin import AdminClient
+    from test_elastic_ranges import admin_call
+    from test_replica_sets import kafka_partition_for
+
+    broker = broker_factory(overrides=FAST)
+    topic = unique_topic("reload")
+    create_topic(broker, topic, partitions=4)
+    group = unique_topic("rg")
+    first = Consumer({
+        "bootstrap.servers": broker.bootstrap, "group.id": group, "client.id": "first",
+        "auto.offset.reset": "earliest", "enable.auto.commit": False,
+        "session.timeout.ms": 6000, "heartbeat.interval.ms": 300,
+    })
+    first.subscribe([topic])
+    joiner = None
+    try:
+        wait_for(lambda: first.poll(0.2) is None and len(first.assignment()) == 4, 30,
+                 "the first member to own every partition")
+        # The first member's application stops polling: it cannot rejoin,
+        # so the joiner's JoinGroup waits (up to the first member's
+        # rebalance timeout, max.poll.interval.ms, 5 minutes).
+        joiner = GroupMember(broker, group, topic, None, "joiner")
+        joiner.start()
+        admin = AdminClient({"bootstrap.servers": broker.bootstrap})
+
+        def preparing():
+            [future] = admin.describe_consumer_groups([group]).values()
+            return future.result(10).state == ConsumerGroupState.PREPARING_REBALANCING
+
+        wait_for(preparing, 30, "the group to wait for its members to join")
+        time.sleep(1)  # the joiner's JoinGroup is waiting in the coordinator
+
+        offsets = kafka_partition_for(group, 50)
+        [rng] = [r for r in admin_call(broker, "GET", "/ranges")
+                 if r["topic"] == "__consumer_offsets" and r["active"]
+                 and r["lo"] <= offsets < r["hi"]]
+        admin_call(broker, "POST", f"/ranges/split?range={rng['id']}")
+
+        # The first member polls again and rejoins the reloaded group; the
+        # joiner, answered, joins it too.
+        def both_own_some():
+            first.poll(0.1)
+            return len(first.assignment()) in (1, 2, 3) and joiner.snapshot()
+
+        wait_for(both_own_some, 60, "the joiner to be in the group with the first member")
+        assert len(first.assignment()) + len(joiner.snapshot()) == 4
+    finally:
+        first.close()
+        if joiner is not None:
+            joiner.stop()

@@ -289,6 +289,37 @@ pub struct GroupSlot {
     /// `i64::MAX` when no timer is due.
     next_deadline: AtomicI64,
     ticking: AtomicBool,
+    /// Set once the slot leaves the coordinator (its partition unloaded or
+    /// reloaded, the group removed): nothing will ever answer its waiters,
+    /// whose requests hold the slot alive while they wait.
+    gone: AtomicBool,
+    gone_notify: Notify,
+}
+
+impl GroupSlot {
+    fn mark_gone(&self) {
+        self.gone.store(true, Ordering::Release);
+        self.gone_notify.notify_waiters();
+    }
+
+    /// A JoinGroup's or SyncGroup's answer, or NOT_COORDINATOR when the
+    /// slot leaves the coordinator first: Kafka answers the requests
+    /// waiting in a group whose partition moves away so, and the client
+    /// finds the new coordinator (a waiter left here waited for ever).
+    async fn reply<T>(&self, mut rx: oneshot::Receiver<T>) -> Result<T, ApiError> {
+        let gone = self.gone_notify.notified();
+        tokio::pin!(gone);
+        gone.as_mut().enable();
+        if !self.gone.load(Ordering::Acquire) {
+            tokio::select! {
+                biased;
+                reply = &mut rx => return reply.map_err(|_| ApiError::RebalanceInProgress),
+                _ = gone => {}
+            }
+        }
+        // Gone: an answer sent before it still counts.
+        rx.try_recv().map_err(|_| ApiError::NotCoordinator)
+    }
 }
 
 pub struct GroupEntry {
@@ -428,6 +459,8 @@ impl GroupCoordinator {
             })),
             next_deadline: AtomicI64::new(deadline),
             ticking: AtomicBool::new(false),
+            gone: AtomicBool::new(false),
+            gone_notify: Notify::new(),
         })
     }
 
@@ -475,6 +508,7 @@ impl GroupCoordinator {
     /// Removes a group's slot (its entry is marked so holders look again).
     fn remove_slot(&self, slot: &Arc<GroupSlot>, entry: &mut GroupEntry) {
         entry.removed = true;
+        slot.mark_gone();
         let mut groups = self.groups.lock();
         if groups
             .get(&slot.group_id)
@@ -589,8 +623,9 @@ impl GroupCoordinator {
             return JoinResult::error(member_id, e);
         }
         drop(entry);
-        rx.await
-            .unwrap_or_else(|_| JoinResult::error(member_id, ApiError::RebalanceInProgress))
+        slot.reply(rx)
+            .await
+            .unwrap_or_else(|e| JoinResult::error(member_id, e))
     }
 
     /// SyncGroup: answers when the leader's assignment is persisted (or at once).
@@ -640,8 +675,7 @@ impl GroupCoordinator {
             return SyncResult::error(e);
         }
         drop(entry);
-        rx.await
-            .unwrap_or_else(|_| SyncResult::error(ApiError::RebalanceInProgress))
+        slot.reply(rx).await.unwrap_or_else(SyncResult::error)
     }
 
     pub async fn heartbeat<W: PartitionWriter + ?Sized>(
@@ -868,6 +902,8 @@ impl GroupCoordinator {
         self.keep_open_txn_offsets(open_txns);
         let mut groups = self.groups.lock();
         let loaded = states.len();
+        // What was loaded here before is replaced by what the log says.
+        drop_groups_of(&mut groups, partitions);
         for (id, state) in states {
             groups.insert(id.clone(), self.new_slot(&id, state, true));
         }
@@ -893,7 +929,7 @@ impl GroupCoordinator {
         self.loaded.remove(partitions);
         let mut groups = self.groups.lock();
         let before = groups.len();
-        groups.retain(|id, _| !partitions.contains(&partition_for(id, OFFSETS_TOPIC_PARTITIONS)));
+        drop_groups_of(&mut groups, partitions);
         tracing::info!(
             partitions = partitions.len(),
             groups = before - groups.len(),
@@ -976,6 +1012,18 @@ impl GroupCoordinator {
     }
 }
 
+/// Drops the groups that hash to `partitions`; requests waiting in them
+/// are answered NOT_COORDINATOR.
+fn drop_groups_of(groups: &mut HashMap<String, Arc<GroupSlot>>, partitions: &[i32]) {
+    groups.retain(|id, slot| {
+        let keep = !partitions.contains(&partition_for(id, OFFSETS_TOPIC_PARTITIONS));
+        if !keep {
+            slot.mark_gone();
+        }
+        keep
+    });
+}
+
 async fn run_timers<H: GroupHost>(host: Weak<H>) {
     loop {
         let (next, due) = {
@@ -1032,6 +1080,104 @@ async fn tick_group<H: GroupHost>(host: &H, slot: &Arc<GroupSlot>) {
 
 #[cfg(test)]
 pub(crate) mod tests {
+    use std::collections::BTreeMap;
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Arc;
+
+    use bytes::Bytes;
+    use kafka_protocol::records::Record;
+    use tessera_metadata::{MetadataImage, MetadataRecord, TopicImage, TopicRecord};
+    use tessera_server_common::coordinator::PartitionWriter;
+    use tessera_server_common::error::ApiError;
+    use tessera_server_common::internal_topics::{CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS};
+
+    /// An in-memory [`PartitionWriter`] with `__consumer_offsets` and a
+    /// 3-partition `orders` topic, whose appends can be made to fail.
+    pub(crate) struct MemoryWriter {
+        image: Arc<MetadataImage>,
+        pub(crate) fail_appends: AtomicBool,
+        pub(crate) appends: AtomicUsize,
+    }
+
+    impl MemoryWriter {
+        pub(crate) fn new() -> MemoryWriter {
+            let mut image = MetadataImage::default();
+            for (i, (name, partitions)) in
+                [(CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS), ("orders", 3)]
+                    .into_iter()
+                    .enumerate()
+            {
+                image.apply(
+                    &MetadataRecord::CreateTopic(TopicRecord {
+                        topic_id: uuid::Uuid::from_u128(i as u128 + 1),
+                        name: name.to_string(),
+                        partitions,
+                        replication_factor: 1,
+                        configs: BTreeMap::new(),
+                    }),
+                    i as i64,
+                );
+            }
+            MemoryWriter {
+                image: Arc::new(image),
+                fail_appends: AtomicBool::new(false),
+                appends: AtomicUsize::new(0),
+            }
+        }
+
+        fn append(&self) -> Result<i64, ApiError> {
+            if self.fail_appends.load(Ordering::SeqCst) {
+                return Err(ApiError::NotLeaderOrFollower);
+            }
+            Ok(self.appends.fetch_add(1, Ordering::SeqCst) as i64)
+        }
+    }
+
+    impl PartitionWriter for MemoryWriter {
+        fn image(&self) -> Arc<MetadataImage> {
+            self.image.clone()
+        }
+
+        fn check_leader(&self, _: &MetadataImage, _: &TopicImage, _: i32) -> Result<i32, ApiError> {
+            Ok(0)
+        }
+
+        async fn ensure_internal_topic(
+            &self,
+            name: &str,
+            _: u32,
+        ) -> Result<Arc<TopicImage>, ApiError> {
+            self.image
+                .topic_by_name(name)
+                .cloned()
+                .ok_or(ApiError::CoordinatorNotAvailable)
+        }
+
+        async fn append_records(
+            &self,
+            _: &TopicImage,
+            _: i32,
+            _: &[(Option<Bytes>, Option<Bytes>)],
+        ) -> Result<i64, ApiError> {
+            self.append()
+        }
+
+        async fn append_transactional(
+            &self,
+            _: &TopicImage,
+            _: i32,
+            _: i64,
+            _: i16,
+            _: &[(Option<Bytes>, Option<Bytes>)],
+        ) -> Result<i64, ApiError> {
+            self.append()
+        }
+
+        async fn read_records(&self, _: &TopicImage, _: i32) -> Result<Vec<Record>, ApiError> {
+            Ok(Vec::new())
+        }
+    }
+
     /// Kafka's defaults for the group keys (the broker's config table is
     /// where production values come from).
     pub(crate) fn config() -> super::GroupConfig {
@@ -1047,6 +1193,85 @@ pub(crate) mod tests {
             offset_metadata_max_bytes: 4096,
             offsets_retention_minutes: 10_080,
             offsets_retention_check_interval_ms: 600_000,
+        }
+    }
+
+    fn join_request() -> crate::classic::JoinRequest {
+        crate::classic::JoinRequest {
+            member_id: String::new(),
+            group_instance_id: None,
+            client_id: "client".into(),
+            client_host: "/127.0.0.1".into(),
+            session_timeout_ms: 10_000,
+            rebalance_timeout_ms: 300_000,
+            protocol_type: "consumer".into(),
+            protocols: vec![crate::classic::Protocol {
+                name: "range".into(),
+                metadata: Bytes::from_static(b"r"),
+            }],
+            requires_known_member_id: false,
+            supports_skip_assignment: false,
+            new_member_id: String::new(),
+        }
+    }
+
+    /// A JoinGroup waiting for its join phase to end (here the initial
+    /// rebalance delay of a new group, whose timer this test never runs)
+    /// when the group's `__consumer_offsets` partition is unloaded is
+    /// answered NOT_COORDINATOR, and so is one waiting when the partition
+    /// is loaded again over it: the client finds the coordinator again.
+    /// Before, the waiting request held the unloaded group alive and was
+    /// never answered (fault run seed 4: a consumer's JoinGroup, and its
+    /// offset commit queued behind it, waited for the rest of the run).
+    #[tokio::test]
+    async fn a_join_waiting_when_its_partition_moves_away_gets_not_coordinator() {
+        let writer = Arc::new(MemoryWriter::new());
+        let coordinator = Arc::new(super::GroupCoordinator::new(&config()));
+        let partition =
+            tessera_server_common::internal_topics::partition_for("g", OFFSETS_TOPIC_PARTITIONS);
+        coordinator
+            .load_partitions(&*writer, &[partition])
+            .await
+            .unwrap();
+        for reload in [false, true] {
+            let join = tokio::spawn({
+                let (coordinator, writer) = (coordinator.clone(), writer.clone());
+                async move { coordinator.join_group(&*writer, "g", join_request()).await }
+            });
+            // The member waits in the join phase.
+            loop {
+                let groups = coordinator.list_groups().await;
+                if groups
+                    .iter()
+                    .any(|g| g.group_id == "g" && g.state == "PreparingRebalance")
+                {
+                    break;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            }
+            if reload {
+                coordinator
+                    .load_partitions(&*writer, &[partition])
+                    .await
+                    .unwrap();
+            } else {
+                coordinator.unload_partitions(&[partition]);
+            }
+            // A guard against a hang, not a timing: the answer is immediate.
+            let answer = tokio::time::timeout(std::time::Duration::from_secs(60), join)
+                .await
+                .expect("the waiting JoinGroup is answered")
+                .unwrap();
+            assert!(
+                matches!(answer.error, Some(ApiError::NotCoordinator)),
+                "reload {reload}: {answer:?}"
+            );
+            if !reload {
+                coordinator
+                    .load_partitions(&*writer, &[partition])
+                    .await
+                    .unwrap();
+            }
         }
     }
 }

@@ -392,111 +392,13 @@ mod tests {
     /// The coordinator seen through an in-memory [`PartitionWriter`] whose
     /// appends can be made to fail.
     mod through_a_writer {
-        use std::collections::BTreeMap;
-        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-        use std::sync::Arc;
-
-        use bytes::Bytes;
-        use kafka_protocol::records::Record;
-        use tessera_metadata::{MetadataImage, MetadataRecord, TopicImage, TopicRecord};
+        use std::sync::atomic::Ordering;
 
         use crate::offsets::{CommitRequest, PartitionCommit};
+        use crate::tests::MemoryWriter;
         use crate::GroupCoordinator;
-        use tessera_server_common::coordinator::PartitionWriter;
         use tessera_server_common::error::ApiError;
-        use tessera_server_common::internal_topics::{
-            partition_for, CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS,
-        };
-
-        struct MemoryWriter {
-            image: Arc<MetadataImage>,
-            fail_appends: AtomicBool,
-            appends: AtomicUsize,
-        }
-
-        impl MemoryWriter {
-            fn new() -> MemoryWriter {
-                let mut image = MetadataImage::default();
-                for (i, (name, partitions)) in
-                    [(CONSUMER_OFFSETS, OFFSETS_TOPIC_PARTITIONS), ("orders", 3)]
-                        .into_iter()
-                        .enumerate()
-                {
-                    image.apply(
-                        &MetadataRecord::CreateTopic(TopicRecord {
-                            topic_id: uuid::Uuid::from_u128(i as u128 + 1),
-                            name: name.to_string(),
-                            partitions,
-                            replication_factor: 1,
-                            configs: BTreeMap::new(),
-                        }),
-                        i as i64,
-                    );
-                }
-                MemoryWriter {
-                    image: Arc::new(image),
-                    fail_appends: AtomicBool::new(false),
-                    appends: AtomicUsize::new(0),
-                }
-            }
-
-            fn append(&self) -> Result<i64, ApiError> {
-                if self.fail_appends.load(Ordering::SeqCst) {
-                    return Err(ApiError::NotLeaderOrFollower);
-                }
-                Ok(self.appends.fetch_add(1, Ordering::SeqCst) as i64)
-            }
-        }
-
-        impl PartitionWriter for MemoryWriter {
-            fn image(&self) -> Arc<MetadataImage> {
-                self.image.clone()
-            }
-
-            fn check_leader(
-                &self,
-                _: &MetadataImage,
-                _: &TopicImage,
-                _: i32,
-            ) -> Result<i32, ApiError> {
-                Ok(0)
-            }
-
-            async fn ensure_internal_topic(
-                &self,
-                name: &str,
-                _: u32,
-            ) -> Result<Arc<TopicImage>, ApiError> {
-                self.image
-                    .topic_by_name(name)
-                    .cloned()
-                    .ok_or(ApiError::CoordinatorNotAvailable)
-            }
-
-            async fn append_records(
-                &self,
-                _: &TopicImage,
-                _: i32,
-                _: &[(Option<Bytes>, Option<Bytes>)],
-            ) -> Result<i64, ApiError> {
-                self.append()
-            }
-
-            async fn append_transactional(
-                &self,
-                _: &TopicImage,
-                _: i32,
-                _: i64,
-                _: i16,
-                _: &[(Option<Bytes>, Option<Bytes>)],
-            ) -> Result<i64, ApiError> {
-                self.append()
-            }
-
-            async fn read_records(&self, _: &TopicImage, _: i32) -> Result<Vec<Record>, ApiError> {
-                Ok(Vec::new())
-            }
-        }
+        use tessera_server_common::internal_topics::{partition_for, OFFSETS_TOPIC_PARTITIONS};
 
         fn commit(offset: i64) -> CommitRequest {
             CommitRequest {

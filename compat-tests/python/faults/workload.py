@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import threading
 import time
@@ -172,11 +173,19 @@ class GroupConsumer(Worker):
             self.commit(c)
             self.next = {}
 
-        c = Consumer({"bootstrap.servers": self.bootstrap, "group.id": self.group,
-                      "auto.offset.reset": "earliest", "enable.auto.commit": False,
-                      "isolation.level": "read_committed" if self.committed else "read_uncommitted",
-                      "session.timeout.ms": 10000, "heartbeat.interval.ms": 1000,
-                      "logger": self.logger})
+        conf = {"bootstrap.servers": self.bootstrap, "group.id": self.group,
+                "auto.offset.reset": "earliest", "enable.auto.commit": False,
+                "isolation.level": "read_committed" if self.committed else "read_uncommitted",
+                "session.timeout.ms": 10000, "heartbeat.interval.ms": 1000,
+                "logger": self.logger}
+        debug = os.environ.get("FAULTS_CONSUMER_DEBUG")
+        if debug:
+            # librdkafka's own stderr logger writes from its threads; the Python
+            # logger is served from consume() and goes quiet when the
+            # application thread blocks, which is what this is for.
+            conf["debug"] = debug
+            del conf["logger"]
+        c = Consumer(conf)
         c.subscribe([self.topic], on_assign=on_assign, on_revoke=on_revoke)
         last_commit = time.monotonic()
         try:

@@ -321,7 +321,7 @@ fn read_partition(
         .log_start
         .max(image.log_start_offset(topic.id, partition));
     if p.fetch_offset < offsets.log_start || p.fetch_offset > offsets.log_end {
-        return Err(ApiError::OffsetOutOfRange);
+        return Err(broker.offset_out_of_range());
     }
     // read_committed consumers see nothing at or past the last stable offset.
     let upper = if read_committed {
@@ -555,10 +555,15 @@ fn follower_partition(
     let partition = p.partition as u32;
     let log_start = image.log_start_offset(topic.id, partition);
     if p.fetch_offset < log_start {
-        return Err(ApiError::OffsetOutOfRange);
+        return Err(broker.offset_out_of_range());
     }
     let limit = (p.partition_max_bytes.max(0) as usize).min(*remaining);
-    let read = broker.follower_read(image, topic, partition, p.fetch_offset, limit)?;
+    let read = broker
+        .follower_read(image, topic, partition, p.fetch_offset, limit)
+        .map_err(|e| match e {
+            ApiError::OffsetOutOfRange => broker.offset_out_of_range(),
+            e => e,
+        })?;
     let records = if read.records.len() <= limit || first_in_response {
         read.records
     } else {

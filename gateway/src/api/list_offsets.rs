@@ -29,6 +29,11 @@ pub async fn handle(
     request: ListOffsetsRequest,
 ) -> ListOffsetsResponse {
     let image = broker.image();
+    // A broker whose image may be stale (paused, or cut off from the
+    // metadata quorum) may have lost the lead: its log's start and end are
+    // not the partition's, and a consumer resetting its position to them
+    // would read again or skip. It sends the client to the leader instead.
+    let fresh = broker.image_is_fresh();
     // leader_epoch exists from v4 on.
     let with_epoch = ctx.version() >= 4;
     let read_committed = request.isolation_level == 1;
@@ -64,6 +69,7 @@ pub async fn handle(
                             "partition listed more than once".into(),
                         )),
                         None => Err(ApiError::UnknownTopicOrPartition),
+                        Some(_) if !fresh => Err(ApiError::NotLeaderOrFollower),
                         Some(t) => broker
                             .route(&image, t, p.partition_index)
                             .and_then(|route| {

@@ -11,6 +11,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use super::Broker;
+use crate::error::ApiError;
 
 /// Sealed segments given a new replica per liveness tick (the copying
 /// itself is rate-limited by `replica.heal.max.bytes.per.sec`).
@@ -318,6 +319,21 @@ impl Broker {
     /// another broker may have taken over.
     pub(crate) fn image_is_fresh(&self) -> bool {
         self.controller.image_is_fresh(self.read_lease())
+    }
+
+    /// What a read past this broker's log answers. OFFSET_OUT_OF_RANGE
+    /// makes a consumer reset its position (to the beginning with
+    /// `auto.offset.reset=earliest`: everything read again). From a broker
+    /// whose image may be stale (a paused or cut-off primary that another
+    /// broker has replaced) it may only mean that this log stopped where
+    /// the lead moved on: NOT_LEADER_OR_FOLLOWER sends the client to look
+    /// the leader up again instead.
+    pub(crate) fn offset_out_of_range(&self) -> ApiError {
+        if self.image_is_fresh() {
+            ApiError::OffsetOutOfRange
+        } else {
+            ApiError::NotLeaderOrFollower
+        }
     }
 }
 
