@@ -277,6 +277,11 @@ impl Outcome {
     }
 }
 
+/// Kafka's `offsets.commit.timeout.ms` default: how long a group's append
+/// to `__consumer_offsets` may take before the request fails
+/// (COORDINATOR_NOT_AVAILABLE, retriable).
+const OFFSETS_COMMIT_TIMEOUT: Duration = Duration::from_millis(5000);
+
 enum Waiter {
     Join(oneshot::Sender<JoinResult>),
     Sync(oneshot::Sender<SyncResult>),
@@ -443,8 +448,19 @@ impl GroupCoordinator {
     ) -> Result<(), ApiError> {
         let (topic, partition) = self.coordinator_partition(writer, group_id)?;
         let kv: Vec<(Option<Bytes>, Option<Bytes>)> = records.iter().map(|r| r.encode()).collect();
-        writer.append_records(&topic, partition, &kv).await?;
-        Ok(())
+        // Bounded as Kafka bounds it (`offsets.commit.timeout.ms`): a group
+        // holds its lock, and the client's connection waits, while the
+        // append does; one that cannot complete (its log closed under it)
+        // must not stall the group and every request queued behind it.
+        match tokio::time::timeout(
+            OFFSETS_COMMIT_TIMEOUT,
+            writer.append_records(&topic, partition, &kv),
+        )
+        .await
+        {
+            Ok(appended) => appended.map(|_| ()),
+            Err(_) => Err(ApiError::RequestTimedOut),
+        }
     }
 
     fn new_slot(&self, group_id: &str, state: GroupState, persisted: bool) -> Arc<GroupSlot> {
@@ -1096,6 +1112,8 @@ pub(crate) mod tests {
     pub(crate) struct MemoryWriter {
         image: Arc<MetadataImage>,
         pub(crate) fail_appends: AtomicBool,
+        /// Appends that never complete.
+        pub(crate) hang_appends: AtomicBool,
         pub(crate) appends: AtomicUsize,
     }
 
@@ -1121,6 +1139,7 @@ pub(crate) mod tests {
             MemoryWriter {
                 image: Arc::new(image),
                 fail_appends: AtomicBool::new(false),
+                hang_appends: AtomicBool::new(false),
                 appends: AtomicUsize::new(0),
             }
         }
@@ -1159,6 +1178,9 @@ pub(crate) mod tests {
             _: i32,
             _: &[(Option<Bytes>, Option<Bytes>)],
         ) -> Result<i64, ApiError> {
+            if self.hang_appends.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
             self.append()
         }
 
@@ -1194,6 +1216,48 @@ pub(crate) mod tests {
             offsets_retention_minutes: 10_080,
             offsets_retention_check_interval_ms: 600_000,
         }
+    }
+
+    /// A commit whose append never completes (its log closed under it)
+    /// fails after Kafka's `offsets.commit.timeout.ms` with a retriable
+    /// error, and the group serves the next request: before, the group's
+    /// lock and the client's connection waited for ever (CI's fault run:
+    /// both queue consumers stuck in their commits after an fsync hang).
+    #[tokio::test]
+    async fn a_commit_whose_append_never_completes_times_out() {
+        let writer = MemoryWriter::new();
+        let coordinator = super::GroupCoordinator::new(&config());
+        let partition =
+            tessera_server_common::internal_topics::partition_for("g", OFFSETS_TOPIC_PARTITIONS);
+        coordinator
+            .load_partitions(&writer, &[partition])
+            .await
+            .unwrap();
+        writer.hang_appends.store(true, Ordering::SeqCst);
+        let commit = |offset| crate::offsets::CommitRequest {
+            group_id: "g".into(),
+            generation_or_epoch: -1,
+            member_id: String::new(),
+            group_instance_id: None,
+            api_version: 8,
+            topics: vec![(
+                "orders".into(),
+                vec![crate::offsets::PartitionCommit {
+                    partition: 1,
+                    offset,
+                    leader_epoch: -1,
+                    metadata: None,
+                }],
+            )],
+        };
+        let r = coordinator.commit_offsets(&writer, commit(5)).await;
+        assert!(
+            matches!(r[0].1[0].1, Err(ApiError::CoordinatorNotAvailable)),
+            "{r:?}"
+        );
+        writer.hang_appends.store(false, Ordering::SeqCst);
+        let r = coordinator.commit_offsets(&writer, commit(6)).await;
+        assert!(r[0].1[0].1.is_ok(), "{r:?}");
     }
 
     fn join_request() -> crate::classic::JoinRequest {
