@@ -1218,6 +1218,26 @@ pub(crate) mod tests {
         }
     }
 
+    /// A commit of `offset` for group "g", partition 1 of `orders`.
+    pub(crate) fn commit(offset: i64) -> crate::offsets::CommitRequest {
+        crate::offsets::CommitRequest {
+            group_id: "g".into(),
+            generation_or_epoch: -1,
+            member_id: String::new(),
+            group_instance_id: None,
+            api_version: 8,
+            topics: vec![(
+                "orders".into(),
+                vec![crate::offsets::PartitionCommit {
+                    partition: 1,
+                    offset,
+                    leader_epoch: -1,
+                    metadata: None,
+                }],
+            )],
+        }
+    }
+
     /// A commit whose append never completes (its log closed under it)
     /// fails after Kafka's `offsets.commit.timeout.ms` with a retriable
     /// error, and the group serves the next request: before, the group's
@@ -1234,22 +1254,6 @@ pub(crate) mod tests {
             .await
             .unwrap();
         writer.hang_appends.store(true, Ordering::SeqCst);
-        let commit = |offset| crate::offsets::CommitRequest {
-            group_id: "g".into(),
-            generation_or_epoch: -1,
-            member_id: String::new(),
-            group_instance_id: None,
-            api_version: 8,
-            topics: vec![(
-                "orders".into(),
-                vec![crate::offsets::PartitionCommit {
-                    partition: 1,
-                    offset,
-                    leader_epoch: -1,
-                    metadata: None,
-                }],
-            )],
-        };
         let r = coordinator.commit_offsets(&writer, commit(5)).await;
         assert!(
             matches!(r[0].1[0].1, Err(ApiError::CoordinatorNotAvailable)),

@@ -394,30 +394,10 @@ mod tests {
     mod through_a_writer {
         use std::sync::atomic::Ordering;
 
-        use crate::offsets::{CommitRequest, PartitionCommit};
-        use crate::tests::MemoryWriter;
+        use crate::tests::{commit, MemoryWriter};
         use crate::GroupCoordinator;
         use tessera_server_common::error::ApiError;
         use tessera_server_common::internal_topics::{partition_for, OFFSETS_TOPIC_PARTITIONS};
-
-        fn commit(offset: i64) -> CommitRequest {
-            CommitRequest {
-                group_id: "g".into(),
-                generation_or_epoch: -1,
-                member_id: String::new(),
-                group_instance_id: None,
-                api_version: 8,
-                topics: vec![(
-                    "orders".into(),
-                    vec![PartitionCommit {
-                        partition: 1,
-                        offset,
-                        leader_epoch: -1,
-                        metadata: None,
-                    }],
-                )],
-            }
-        }
 
         /// The offset group "g" holds for its one partition, if any.
         async fn committed(c: &GroupCoordinator) -> Option<i64> {
