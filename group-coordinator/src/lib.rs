@@ -280,7 +280,7 @@ impl Outcome {
 /// Kafka's `offsets.commit.timeout.ms` default: how long a group's append
 /// to `__consumer_offsets` may take before the request fails
 /// (COORDINATOR_NOT_AVAILABLE, retriable).
-const OFFSETS_COMMIT_TIMEOUT: Duration = Duration::from_millis(5000);
+pub(crate) const OFFSETS_COMMIT_TIMEOUT: Duration = Duration::from_millis(5000);
 
 enum Waiter {
     Join(oneshot::Sender<JoinResult>),
@@ -448,19 +448,12 @@ impl GroupCoordinator {
     ) -> Result<(), ApiError> {
         let (topic, partition) = self.coordinator_partition(writer, group_id)?;
         let kv: Vec<(Option<Bytes>, Option<Bytes>)> = records.iter().map(|r| r.encode()).collect();
-        // Bounded as Kafka bounds it (`offsets.commit.timeout.ms`): a group
-        // holds its lock, and the client's connection waits, while the
-        // append does; one that cannot complete (its log closed under it)
-        // must not stall the group and every request queued behind it.
-        match tokio::time::timeout(
+        coordinator::append_within(
             OFFSETS_COMMIT_TIMEOUT,
             writer.append_records(&topic, partition, &kv),
         )
         .await
-        {
-            Ok(appended) => appended.map(|_| ()),
-            Err(_) => Err(ApiError::RequestTimedOut),
-        }
+        .map(|_| ())
     }
 
     fn new_slot(&self, group_id: &str, state: GroupState, persisted: bool) -> Arc<GroupSlot> {
@@ -1192,6 +1185,9 @@ pub(crate) mod tests {
             _: i16,
             _: &[(Option<Bytes>, Option<Bytes>)],
         ) -> Result<i64, ApiError> {
+            if self.hang_appends.load(Ordering::SeqCst) {
+                std::future::pending::<()>().await;
+            }
             self.append()
         }
 
@@ -1261,6 +1257,41 @@ pub(crate) mod tests {
         );
         writer.hang_appends.store(false, Ordering::SeqCst);
         let r = coordinator.commit_offsets(&writer, commit(6)).await;
+        assert!(r[0].1[0].1.is_ok(), "{r:?}");
+    }
+
+    /// The same for a TxnOffsetCommit: its transactional append is bounded
+    /// too, and the producer may retry it.
+    #[tokio::test]
+    async fn a_txn_offset_commit_whose_append_never_completes_times_out() {
+        let writer = MemoryWriter::new();
+        let coordinator = super::GroupCoordinator::new(&config());
+        let partition =
+            tessera_server_common::internal_topics::partition_for("g", OFFSETS_TOPIC_PARTITIONS);
+        coordinator
+            .load_partitions(&writer, &[partition])
+            .await
+            .unwrap();
+        let request = |offset| {
+            let plain = commit(offset);
+            crate::txn_offsets::TxnCommitRequest {
+                group_id: plain.group_id,
+                producer_id: 7,
+                producer_epoch: 0,
+                generation_id: -1,
+                member_id: String::new(),
+                group_instance_id: None,
+                topics: plain.topics,
+            }
+        };
+        writer.hang_appends.store(true, Ordering::SeqCst);
+        let r = coordinator.txn_offset_commit(&writer, request(5)).await;
+        assert!(
+            matches!(r[0].1[0].1, Err(ApiError::CoordinatorNotAvailable)),
+            "{r:?}"
+        );
+        writer.hang_appends.store(false, Ordering::SeqCst);
+        let r = coordinator.txn_offset_commit(&writer, request(6)).await;
         assert!(r[0].1[0].1.is_ok(), "{r:?}");
     }
 

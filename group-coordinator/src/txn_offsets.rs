@@ -13,8 +13,8 @@ use bytes::Bytes;
 
 use crate::offsets::{CommittedOffset, PartitionCommit, PartitionResults};
 use crate::records::CoordinatorRecord;
-use crate::{Create, GroupCoordinator, GroupState};
-use tessera_server_common::coordinator::{store_error, PartitionWriter};
+use crate::{Create, GroupCoordinator, GroupState, OFFSETS_COMMIT_TIMEOUT};
+use tessera_server_common::coordinator::{append_within, store_error, PartitionWriter};
 use tessera_server_common::error::ApiError;
 
 /// One offset waiting for its transaction to end.
@@ -161,15 +161,17 @@ impl GroupCoordinator {
                 .encode()
             })
             .collect();
-        let appended = writer
-            .append_transactional(
+        let appended = append_within(
+            OFFSETS_COMMIT_TIMEOUT,
+            writer.append_transactional(
                 &topic,
                 partition,
                 req.producer_id,
                 req.producer_epoch,
                 &encoded,
-            )
-            .await;
+            ),
+        )
+        .await;
         if let Err(e) = appended {
             let e = store_error(e);
             for (_, partitions) in &mut results {

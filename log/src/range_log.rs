@@ -1524,6 +1524,9 @@ impl RangeLog {
         let _files = self.files.lock();
         self.inner.lock().state = WriteState::Closed;
         self.flush_wanted.notify_one();
+        // Whoever waits for a commit in it learns that none will come.
+        self.durable.send_modify(|_| {});
+        self.local_durable.send_modify(|_| {});
         match std::fs::remove_dir_all(&self.options.dir) {
             Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
             _ => Ok(()),
@@ -1688,6 +1691,31 @@ mod tests {
         let syncs = log.hooks.flusher_syncs.load(Ordering::Relaxed);
         assert!(syncs <= 2, "{syncs} fsyncs of an unchanged segment");
         assert_eq!(log.offsets(0).unwrap().high_watermark, 0, "not committed");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_wait_ends_when_its_log_is_deleted() {
+        // A replicated log whose followers never answer: the append waits
+        // for a commit that the deletion (its topic deleted) makes impossible.
+        let dir = tempfile::tempdir().unwrap();
+        let log = RangeLog::open(
+            RangeLogOptions {
+                replicated: true,
+                ..options(&dir.path().join("range"))
+            },
+            watch::channel(0).0,
+        )
+        .unwrap();
+        let out = log.append(0, &mut make_batch(2, 1), None).unwrap();
+        let waiter = tokio::spawn({
+            let log = log.clone();
+            async move { log.wait_durable(out.end_position).await }
+        });
+        log.wait_local_durable(out.end_position).await.unwrap();
+        log.delete().unwrap();
+        let ended = tokio::time::timeout(std::time::Duration::from_secs(30), waiter).await;
+        let result = ended.expect("the wait outlived its log").unwrap();
+        assert!(matches!(result, Err(LogError::Closed)), "{result:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -135,6 +135,21 @@ impl LoadedPartitions {
     }
 }
 
+/// Waits for a coordinator's append to its internal partition for at most
+/// `timeout`, then gives up with REQUEST_TIMED_OUT (which [`store_error`]
+/// reports as COORDINATOR_NOT_AVAILABLE), as Kafka bounds these appends. A
+/// coordinator holds a group's or a transaction's lock, and its client's
+/// connection waits, while the append does: one that cannot complete (its
+/// log closed under it, a commit that never comes) must not stall them.
+pub async fn append_within<T>(
+    timeout: std::time::Duration,
+    append: impl Future<Output = Result<T, ApiError>>,
+) -> Result<T, ApiError> {
+    tokio::time::timeout(timeout, append)
+        .await
+        .unwrap_or(Err(ApiError::RequestTimedOut))
+}
+
 /// Maps a coordinator's failed append to what its request reports (Kafka's
 /// `appendGroupMetadataErrorToResponseError`; the transaction coordinator
 /// maps the same way).
@@ -152,6 +167,19 @@ pub fn store_error(e: ApiError) -> ApiError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_append_that_never_completes_is_a_retriable_coordinator_error() {
+        let never = std::future::pending::<Result<i64, ApiError>>();
+        let r = append_within(std::time::Duration::from_millis(10), never).await;
+        assert!(matches!(r, Err(ApiError::RequestTimedOut)), "{r:?}");
+        assert!(matches!(
+            store_error(r.unwrap_err()),
+            ApiError::CoordinatorNotAvailable
+        ));
+        let done = append_within(std::time::Duration::from_secs(60), async { Ok(3) }).await;
+        assert!(matches!(done, Ok(3)));
+    }
 
     #[test]
     fn a_partition_serves_only_while_loaded() {

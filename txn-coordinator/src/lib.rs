@@ -43,6 +43,11 @@ use state::{EndDecision, InitDecision, TxnError, TxnMetadata, TxnState};
 
 pub use tessera_server_common::internal_topics::{TRANSACTION_STATE, TXN_TOPIC_PARTITIONS};
 
+/// How long an append to `__transaction_state` may take before the request
+/// fails with COORDINATOR_NOT_AVAILABLE (retriable): Kafka's transaction
+/// coordinator bounds it by `request.timeout.ms`, 30 s by default.
+const TRANSACTION_STATE_APPEND_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// The broker settings the transaction coordinator follows (Kafka's
 /// `TransactionStateManagerConfig` and `TransactionConfig`).
 #[derive(Clone, Debug)]
@@ -181,9 +186,12 @@ impl TxnCoordinator {
         let (topic, partition, _) = self.coordinator_partition(host, &m.transactional_id)?;
         let key = records::encode_key(&m.transactional_id);
         let value = (m.state != TxnState::Dead).then(|| records::encode_value(m));
-        host.append_records(&topic, partition, &[(Some(key), value)])
-            .await
-            .map_err(store_error)?;
+        coordinator::append_within(
+            TRANSACTION_STATE_APPEND_TIMEOUT,
+            host.append_records(&topic, partition, &[(Some(key), value)]),
+        )
+        .await
+        .map_err(store_error)?;
         Ok(())
     }
 

@@ -846,8 +846,8 @@ async fn record_range_rolls(
             );
             continue 'rolls;
         };
+        drop(broker);
         if let (true, Some(end)) = (log.is_replicated(), log.position_of(sealed.next_seq, 0)) {
-            drop(broker);
             loop {
                 match tokio::time::timeout(ROLL_COMMIT_WARN, log.wait_durable(end)).await {
                     Ok(Ok(())) => break,
@@ -867,34 +867,63 @@ async fn record_range_rolls(
                 }
             }
         }
-        let Some(broker) = broker_weak.upgrade() else {
-            return;
-        };
-        let image = broker.image();
-        let records = tessera_planner::record_local_segments(
-            &image,
-            range,
-            &[seal_of(range, &sealed)],
-            Some(sealed.next_seq),
-        );
-        if records.is_empty() {
-            // Recorded already (a reopen recorded it).
-            if let Some(log) = broker.log_of(range) {
-                log.set_recorded_active(sealed.next_seq);
+        // Until the roll is recorded nothing this log writes past it can
+        // commit (`commit_recorded_only`), so a write that failed (a
+        // controller failover under it, a forward whose outcome is unknown)
+        // is tried again, from the image as it is then, for as long as this
+        // log leads the range: left alone, the range would take appends and
+        // acknowledge none of them until some fault moved its leadership.
+        let mut pause = ROLL_RECORD_RETRY_MIN;
+        loop {
+            let Some(broker) = broker_weak.upgrade() else {
+                return;
+            };
+            if !broker.log_of(range).is_some_and(|l| Arc::ptr_eq(&l, &log)) {
+                tracing::info!(range, seq = sealed.seq, "rolled segment of a log that closed before its roll was recorded; its seal is left to seal-by-quorum");
+                continue 'rolls;
             }
-            continue;
-        }
-        match broker.controller.write(records).await {
-            Ok(_) => {
-                if let Some(log) = broker.log_of(range) {
+            let image = broker.image();
+            let records = tessera_planner::record_local_segments(
+                &image,
+                range,
+                &[seal_of(range, &sealed)],
+                Some(sealed.next_seq),
+            );
+            if records.is_empty() {
+                // Recorded already (a reopen, or a write whose outcome was
+                // unknown, recorded it), unless leadership moved on.
+                if roll_is_recorded(&image, range, &sealed) {
                     log.set_recorded_active(sealed.next_seq);
                 }
+                continue 'rolls;
             }
-            Err(e) => {
-                tracing::error!(range, seq = sealed.seq, error = %e, "could not record segment roll in the metadata log; it is retried at restart")
+            match broker.controller.write(records).await {
+                Ok(_) => {
+                    log.set_recorded_active(sealed.next_seq);
+                    continue 'rolls;
+                }
+                Err(e) => {
+                    tracing::warn!(range, seq = sealed.seq, error = %e, retry_in_ms = pause.as_millis() as u64, "could not record a segment roll in the metadata log; retrying");
+                }
             }
+            drop(broker);
+            tokio::time::sleep(pause).await;
+            pause = (pause * 2).min(ROLL_RECORD_RETRY_MAX);
         }
     }
+}
+
+/// How long a failed roll record waits before its first retry, and at most.
+const ROLL_RECORD_RETRY_MIN: Duration = Duration::from_millis(100);
+const ROLL_RECORD_RETRY_MAX: Duration = Duration::from_secs(2);
+
+/// True when the image has the segment after `sealed` open at the leader
+/// epoch of the log that rolled: its roll is recorded.
+fn roll_is_recorded(image: &MetadataImage, range: RangeId, sealed: &SealedSegment) -> bool {
+    image
+        .segments
+        .get(&SegmentId::new(range, sealed.next_seq))
+        .is_some_and(|s| s.leader_epoch == sealed.leader_epoch)
 }
 
 #[cfg(test)]

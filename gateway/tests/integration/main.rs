@@ -10,6 +10,7 @@ mod acl;
 mod admin_partitions;
 mod alter_configs;
 mod bad_input;
+mod cluster;
 mod compaction;
 mod compression;
 mod connections;

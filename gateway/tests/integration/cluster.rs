@@ -1,0 +1,155 @@
+//! Three in-process brokers of one metadata quorum on free loopback ports:
+//! for faults a test must place exactly, through the controller's fault
+//! injection, where processes and a network (compat-tests) cannot.
+
+use crate::common;
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tessera_gateway::broker::{Broker, NewTopic};
+use tessera_gateway::Running;
+use tessera_log::batch::testing::make_batch;
+
+const TOPIC: &str = "replicated";
+
+/// A loopback port free at the time of asking (the controller listens on
+/// the port `controller.quorum.voters` names, so it is chosen up front).
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Starts `n` controller+broker nodes, timed as the compat tests' clusters
+/// (failures noticed in seconds).
+async fn start_cluster(dir: &Path, n: usize) -> Vec<Running> {
+    let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
+    let voters = ports
+        .iter()
+        .enumerate()
+        .map(|(i, p)| format!("{}@127.0.0.1:{p}", i + 1))
+        .collect::<Vec<_>>()
+        .join(",");
+    let starts = (0..n).map(|i| {
+        let node_dir = dir.join(format!("node-{}", i + 1));
+        std::fs::create_dir_all(&node_dir).unwrap();
+        let id = (i + 1).to_string();
+        let config = common::test_config(
+            &node_dir,
+            &[
+                ("node.id", id.as_str()),
+                ("controller.quorum.voters", voters.as_str()),
+                ("broker.heartbeat.interval.ms", "500"),
+                ("broker.session.timeout.ms", "3000"),
+                ("replica.lag.time.max.ms", "2000"),
+                common::NO_TIME_RETENTION,
+            ],
+        );
+        // Together: each start waits for a quorum of the others.
+        tokio::spawn(async move { tessera_gateway::start(config).await.unwrap() })
+    });
+    let mut nodes = Vec::new();
+    for start in starts.collect::<Vec<_>>() {
+        nodes.push(start.await.unwrap());
+    }
+    common::eventually(
+        "every node sees every broker registered and unfenced",
+        || {
+            nodes.iter().all(|r| {
+                let image = r.broker.image();
+                image.brokers.len() == n && image.brokers.values().all(|b| !b.fenced)
+            })
+        },
+    )
+    .await;
+    nodes
+}
+
+/// The node that is primary of the topic's only range, once every node's
+/// image shows the topic.
+async fn primary(nodes: &[Running]) -> Arc<Broker> {
+    let mut found = None;
+    common::eventually("the topic's range has a primary with an open log", || {
+        found = nodes.iter().map(|r| r.broker.clone()).find(|b| {
+            let image = b.image();
+            let Some(topic) = image.topic_by_name(TOPIC) else {
+                return false;
+            };
+            let range = image.active_ranges(topic.id)[0].id;
+            image.active_segment(range).and_then(|s| s.primary()) == Some(b.config().node_id)
+                && b.log_of(range).is_some_and(|l| !l.is_sealed())
+        });
+        found.is_some()
+    })
+    .await;
+    found.unwrap()
+}
+
+/// One record (id `id`) to partition 0 through the broker's own append
+/// path (rolls included), waiting for a quorum; its offset.
+async fn produce(broker: &Broker, id: i64) -> i64 {
+    let image = broker.image();
+    let topic = image.topic_by_name(TOPIC).unwrap().clone();
+    let route = broker.route(&image, &topic, 0).unwrap();
+    broker
+        .append_durably(&route, 0, make_batch(1, id))
+        .await
+        .unwrap()
+}
+
+/// A segment roll whose metadata record fails to commit (the controller
+/// write failed, as one forwarded to a controller that failed over does)
+/// is recorded by a retry: the range commits past the roll. Before, the
+/// roll was recorded only at the next restart, and until then nothing the
+/// primary appended after it was ever acknowledged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_whose_record_failed_is_recorded_again() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = start_cluster(dir.path(), 3).await;
+    let configs = BTreeMap::from([
+        ("segment.bytes".to_string(), "14".to_string()),
+        ("min.insync.replicas".to_string(), "2".to_string()),
+    ]);
+    nodes[0]
+        .broker
+        .create_topic(
+            NewTopic {
+                name: TOPIC.into(),
+                partitions: 1,
+                replication_factor: 3,
+                configs,
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    let primary = primary(&nodes).await;
+    let range = {
+        let image = primary.image();
+        image.active_ranges(image.topic_by_name(TOPIC).unwrap().id)[0].id
+    };
+    assert_eq!(produce(&primary, 1).await, 0);
+    let active_before = primary.image().active_segment(range).unwrap().id.seq;
+
+    // The next append rolls (segment.bytes is tiny); the roll's record is
+    // the primary's next metadata write, and it fails.
+    primary.controller().fail_next_writes(1);
+    let acknowledged = tokio::time::timeout(Duration::from_secs(60), produce(&primary, 2)).await;
+    assert_eq!(
+        acknowledged.expect("an append after the unrecorded roll was never acknowledged"),
+        1
+    );
+    let active_after = primary.image().active_segment(range).unwrap().id.seq;
+    assert!(
+        active_after > active_before,
+        "the roll is recorded: active segment {active_before} -> {active_after}"
+    );
+    for r in nodes {
+        r.shutdown().await;
+    }
+}
