@@ -1693,10 +1693,11 @@ mod tests {
         assert_eq!(log.offsets(0).unwrap().high_watermark, 0, "not committed");
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_commit_wait_ends_when_its_log_is_deleted() {
-        // A replicated log whose followers never answer: the append waits
-        // for a commit that the deletion (its topic deleted) makes impossible.
+    /// A replicated log whose followers never answer: an append waits for
+    /// a commit that the end of the log (`end`: its topic deleted, or
+    /// leadership moved away and the log closed) makes impossible; the
+    /// wait ends with `Closed` (clients retry at the new leader).
+    async fn a_commit_wait_ends_when(end: impl FnOnce(&RangeLog)) {
         let dir = tempfile::tempdir().unwrap();
         let log = RangeLog::open(
             RangeLogOptions {
@@ -1712,10 +1713,20 @@ mod tests {
             async move { log.wait_durable(out.end_position).await }
         });
         log.wait_local_durable(out.end_position).await.unwrap();
-        log.delete().unwrap();
+        end(&log);
         let ended = tokio::time::timeout(std::time::Duration::from_secs(30), waiter).await;
         let result = ended.expect("the wait outlived its log").unwrap();
         assert!(matches!(result, Err(LogError::Closed)), "{result:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_wait_ends_when_its_log_is_deleted() {
+        a_commit_wait_ends_when(|log| log.delete().unwrap()).await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_commit_wait_ends_when_its_log_is_closed() {
+        a_commit_wait_ends_when(RangeLog::close).await;
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
