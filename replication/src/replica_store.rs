@@ -171,6 +171,11 @@ impl ReplicaCopy {
 #[derive(Default)]
 pub struct ReplicaStore {
     copies: Mutex<HashMap<SegmentKey, Arc<Mutex<ReplicaCopy>>>>,
+    /// Held while a copy is opened (its file created) and while the files
+    /// of a segment without an open copy are removed
+    /// ([`ReplicaStore::unless_open`]), so that neither removes a copy the
+    /// other has just made.
+    opening: Mutex<()>,
 }
 
 impl ReplicaStore {
@@ -179,8 +184,24 @@ impl ReplicaStore {
         if let Some(c) = self.copies.lock().get(&key) {
             return Ok(c.clone());
         }
+        let _opening = self.opening.lock();
+        if let Some(c) = self.copies.lock().get(&key) {
+            return Ok(c.clone());
+        }
         let copy = Arc::new(Mutex::new(ReplicaCopy::open(dir, key)?));
         Ok(self.copies.lock().entry(key).or_insert(copy).clone())
+    }
+
+    /// Runs `remove` (a removal of `key`'s files) unless a copy of `key` is
+    /// open: a stream that accepted the segment (its broker's image names
+    /// it) writes and acknowledges into that copy, and a file removed
+    /// under it would take acknowledged bytes along. `None` when open.
+    pub fn unless_open<T>(&self, key: SegmentKey, remove: impl FnOnce() -> T) -> Option<T> {
+        let _opening = self.opening.lock();
+        if self.copies.lock().contains_key(&key) {
+            return None;
+        }
+        Some(remove())
     }
 
     pub fn get(&self, key: SegmentKey) -> Option<Arc<Mutex<ReplicaCopy>>> {

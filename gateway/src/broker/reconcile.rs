@@ -27,6 +27,7 @@ use tessera_log::{RangeLog, RangeLogOptions, RangeSeed, SealedSegment};
 use tessera_metadata::{
     MetadataImage, PartitionSpan, RangeId, RangeImage, SegmentId, SegmentSealRecord,
 };
+use tessera_replication::replica_store::ReplicaStore;
 use tokio::sync::{mpsc, watch};
 
 use super::Broker;
@@ -282,7 +283,16 @@ impl Broker {
                 // made as primary and never got recorded: followers refuse
                 // a segment the image does not have, so nothing in them was
                 // committed, and a stale file must not become a copy later.
-                discard_unrecorded_segments(&dir, last.id.seq)?;
+                // "The image" is the newest one, not this pass's: a stream
+                // takes a segment as soon as this broker's image records
+                // it, which may be after this pass began (seed 11: a copy
+                // removed under its stream, its acknowledged bytes gone).
+                let newest = self
+                    .image()
+                    .segments_of(range.id)
+                    .last()
+                    .map_or(last.id.seq, |s| s.id.seq.max(last.id.seq));
+                discard_unrecorded_segments(&dir, range.id, newest, &self.replicas.store)?;
             }
             if !primary_here {
                 continue;
@@ -590,8 +600,16 @@ async fn seal_if_still_fenced(broker: Weak<Broker>, segment: SegmentId) {
     }
 }
 
-/// Removes the files of segments after `newest` in a range directory.
-fn discard_unrecorded_segments(dir: &std::path::Path, newest: u32) -> std::io::Result<()> {
+/// Removes the files of segments after `newest` in a range directory,
+/// except those of a segment a replication stream holds a copy of open
+/// (checked and removed under the store's opening lock: see
+/// [`ReplicaStore::unless_open`]).
+fn discard_unrecorded_segments(
+    dir: &std::path::Path,
+    range: RangeId,
+    newest: u32,
+    store: &ReplicaStore,
+) -> std::io::Result<()> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Ok(());
     };
@@ -602,10 +620,23 @@ fn discard_unrecorded_segments(dir: &std::path::Path, newest: u32) -> std::io::R
             .split('.')
             .next()
             .and_then(|stem| stem.parse::<u32>().ok());
-        if seq.is_some_and(|seq| seq > newest) {
-            tracing::warn!(file = %entry.path().display(), "removing a segment the metadata log never recorded");
-            std::fs::remove_file(entry.path())?;
-            removed = true;
+        let Some(seq) = seq.filter(|&seq| seq > newest) else {
+            continue;
+        };
+        let key = tessera_replication::protocol::SegmentKey { range, seq };
+        let path = entry.path();
+        let outcome = store.unless_open(key, || {
+            tracing::warn!(file = %path.display(), "removing a segment the metadata log never recorded");
+            std::fs::remove_file(&path)
+        });
+        match outcome {
+            Some(result) => {
+                result?;
+                removed = true;
+            }
+            None => {
+                tracing::info!(file = %path.display(), "keeping a copy a replication stream holds open (its segment is newer than this pass's image)")
+            }
         }
     }
     if removed {
@@ -987,6 +1018,37 @@ mod tests {
         let records = tessera_planner::record_local_segments(&image, range, &seals, Some(3));
         commit(&mut image, records);
         image
+    }
+
+    /// A follower's copy of a segment that this pass's image does not
+    /// record yet (its stream took it on the newer image) stays: before,
+    /// the pass removed the file under the open copy, which went on
+    /// acknowledging bytes that were on no disk (seed 11: the copy's
+    /// broker became primary and found no history to lead with). A stale
+    /// file nobody holds is still removed.
+    #[test]
+    fn an_unrecorded_segment_is_kept_while_a_stream_holds_its_copy() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ReplicaStore::default();
+        let held = tessera_replication::protocol::SegmentKey { range: 1, seq: 5 };
+        let copy = store.copy(held, dir.path()).unwrap();
+        let stale = tessera_log::segment::log_path(dir.path(), 6);
+        std::fs::write(&stale, b"a roll the image never recorded").unwrap();
+
+        discard_unrecorded_segments(dir.path(), 1, 4, &store).unwrap();
+
+        assert!(
+            tessera_log::segment::log_path(dir.path(), 5).exists(),
+            "the held copy stays"
+        );
+        assert!(!stale.exists(), "the stale file goes");
+        drop(copy);
+        store.close_range(1);
+        discard_unrecorded_segments(dir.path(), 1, 4, &store).unwrap();
+        assert!(
+            !tessera_log::segment::log_path(dir.path(), 5).exists(),
+            "once no stream holds it, an unrecorded segment goes too"
+        );
     }
 
     #[test]
