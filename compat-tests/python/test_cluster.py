@@ -303,6 +303,35 @@ def test_sigterm_stops_every_node(cluster):
 
 
 @pytest.mark.cluster_overrides({"num.partitions": "4"})
+def test_a_topic_auto_created_through_any_node_has_its_partition_count_at_once(cluster):
+    """librdkafka's 0002_unkpart on a cluster (issue 24 item 2): a producer
+    asks Metadata for a topic that does not exist (auto-creation on), then
+    produces to partition 99. The first answer carries the topic's
+    partitions, so the client fails that record at once with
+    _UNKNOWN_PARTITION instead of queueing it until it times out. Through
+    every node (the creation is forwarded to the controller from two of
+    them), two topics at a time as the suite runs them."""
+    import concurrent.futures
+
+    def create_and_probe(node: int, n: int) -> tuple[int, int]:
+        topic = f"unkpart-{node}-{n}"
+        p = Producer({"bootstrap.servers": cluster["bootstrap"][node], "acks": "all"})
+        md = p.list_topics(topic, timeout=15).topics[topic]
+        assert md.error is None or md.error.code() == KafkaError.LEADER_NOT_AVAILABLE, md.error
+        with pytest.raises(KafkaException) as refused:
+            p.produce(topic, value=b"x", partition=99)
+        acks = Acks()
+        p.produce(topic, value=b"y", partition=1, on_delivery=acks)
+        assert p.flush(30) == 0 and acks.errors == [], acks.errors
+        return refused.value.args[0].code(), len(md.partitions)
+
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(pool.map(lambda job: create_and_probe(*job),
+                                [(node, n) for node in range(NODES) for n in range(2)]))
+    assert answers == [(KafkaError._UNKNOWN_PARTITION, 4)] * (2 * NODES), answers
+
+
+@pytest.mark.cluster_overrides({"num.partitions": "4"})
 def test_partition_leaders_and_coordinators_spread_over_the_brokers(cluster):
     """Kafka spreads a new topic's partition leaders over the brokers; so
     does tessera, by starting a topic with one range per live broker (issue
