@@ -1234,6 +1234,19 @@ pub(crate) mod tests {
         }
     }
 
+    /// A coordinator with group "g"'s `__consumer_offsets` partition
+    /// loaded (from `writer`), and that partition.
+    async fn coordinator_of_g(writer: &MemoryWriter) -> (super::GroupCoordinator, i32) {
+        let coordinator = super::GroupCoordinator::new(&config());
+        let partition =
+            tessera_server_common::internal_topics::partition_for("g", OFFSETS_TOPIC_PARTITIONS);
+        coordinator
+            .load_partitions(writer, &[partition])
+            .await
+            .unwrap();
+        (coordinator, partition)
+    }
+
     /// A commit whose append never completes (its log closed under it)
     /// fails after Kafka's `offsets.commit.timeout.ms` with a retriable
     /// error, and the group serves the next request: before, the group's
@@ -1242,13 +1255,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_commit_whose_append_never_completes_times_out() {
         let writer = MemoryWriter::new();
-        let coordinator = super::GroupCoordinator::new(&config());
-        let partition =
-            tessera_server_common::internal_topics::partition_for("g", OFFSETS_TOPIC_PARTITIONS);
-        coordinator
-            .load_partitions(&writer, &[partition])
-            .await
-            .unwrap();
+        let (coordinator, _) = coordinator_of_g(&writer).await;
         writer.hang_appends.store(true, Ordering::SeqCst);
         let r = coordinator.commit_offsets(&writer, commit(5)).await;
         assert!(
@@ -1265,13 +1272,7 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_txn_offset_commit_whose_append_never_completes_times_out() {
         let writer = MemoryWriter::new();
-        let coordinator = super::GroupCoordinator::new(&config());
-        let partition =
-            tessera_server_common::internal_topics::partition_for("g", OFFSETS_TOPIC_PARTITIONS);
-        coordinator
-            .load_partitions(&writer, &[partition])
-            .await
-            .unwrap();
+        let (coordinator, _) = coordinator_of_g(&writer).await;
         let request = |offset| {
             let plain = commit(offset);
             crate::txn_offsets::TxnCommitRequest {
@@ -1325,13 +1326,8 @@ pub(crate) mod tests {
     #[tokio::test]
     async fn a_join_waiting_when_its_partition_moves_away_gets_not_coordinator() {
         let writer = Arc::new(MemoryWriter::new());
-        let coordinator = Arc::new(super::GroupCoordinator::new(&config()));
-        let partition =
-            tessera_server_common::internal_topics::partition_for("g", OFFSETS_TOPIC_PARTITIONS);
-        coordinator
-            .load_partitions(&*writer, &[partition])
-            .await
-            .unwrap();
+        let (coordinator, partition) = coordinator_of_g(&writer).await;
+        let coordinator = Arc::new(coordinator);
         for reload in [false, true] {
             let join = tokio::spawn({
                 let (coordinator, writer) = (coordinator.clone(), writer.clone());
