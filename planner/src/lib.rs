@@ -917,6 +917,8 @@ pub fn merge_ranges(
 
 mod leader_balance;
 pub use leader_balance::{leader_load, plan_leader_moves, LeaderMove};
+mod move_placement;
+pub use move_placement::{gather_for_merge, spread_split_children};
 mod replacement;
 pub use replacement::{
     plan_follower_replacements, plan_replacements, replica_load, seal_and_replace, Replacement,

@@ -1990,3 +1990,137 @@ fn failovers_spread_the_replacements_of_a_lost_broker() {
         hit.len()
     );
 }
+
+/// A topic of `partitions` on `brokers` brokers with replication factor
+/// `rf`, and its range holding partitions 0 and 1 split at 1.
+fn split_first_range(brokers: i32, partitions: u32, rf: i16) -> (MetadataImage, Vec<RangeId>) {
+    let mut image = cluster(brokers);
+    let s = spec("spread", partitions, rf);
+    let topic = s.topic_id;
+    let records = create_topic(&image, s).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    let root = image.active_range_for(topic, 0).unwrap().id;
+    let plan = split_range(&image, root, Some(1)).unwrap();
+    assert_eq!(commit_move(&mut image, &plan), 0);
+    (image, plan.children)
+}
+
+/// Carries out a leader move as the broker does when the follower holds
+/// the end: a seal by quorum with it as the holder.
+fn carry_out(image: &mut MetadataImage, m: &LeaderMove) {
+    let seal = QuorumSeal {
+        segment: m.segment,
+        size_bytes: 0,
+        spans: vec![],
+        holder: m.to,
+    };
+    let records = seal_by_quorum(image, &seal).unwrap();
+    assert_eq!(commit(image, &records), 0);
+}
+
+fn primary_of(image: &MetadataImage, range: RangeId) -> i32 {
+    image.active_segment(range).unwrap().primary().unwrap()
+}
+
+#[test]
+fn a_split_hands_its_second_child_to_the_follower_leading_fewest_ranges() {
+    // Six partitions on three brokers: three ranges of two, one led by
+    // each broker. The first split leaves both children on its primary.
+    let (mut image, children) = split_first_range(3, 6, 3);
+    let parent_primary = primary_of(&image, children[0]);
+    assert_eq!(primary_of(&image, children[1]), parent_primary);
+    // Make one follower lead more: it must not be chosen.
+    let followers = image.active_segment(children[1]).unwrap().replicas[1..].to_vec();
+    let moves = spread_split_children(&image, &children);
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    let m = &moves[0];
+    assert_eq!(m.segment, image.active_segment(children[1]).unwrap().id);
+    assert_eq!(m.from, parent_primary);
+    assert!(followers.contains(&m.to));
+    let load = leader_load(&image);
+    let least = followers.iter().map(|f| (load[f], *f)).min().unwrap().1;
+    assert_eq!(
+        m.to, least,
+        "the follower leading the fewest ranges (then the lowest id)"
+    );
+    carry_out(&mut image, m);
+    assert_eq!(primary_of(&image, children[0]), parent_primary);
+    assert_eq!(primary_of(&image, children[1]), m.to);
+    assert!(
+        spread_split_children(&image, &children).is_empty(),
+        "children on different brokers stay"
+    );
+}
+
+#[test]
+fn a_split_child_goes_to_the_less_loaded_follower() {
+    let (mut image, children) = split_first_range(3, 6, 3);
+    let followers = image.active_segment(children[1]).unwrap().replicas[1..].to_vec();
+    // The lower-id follower leads two more ranges: the other is chosen.
+    let busy = *followers.iter().min().unwrap();
+    let other = *followers.iter().max().unwrap();
+    for name in ["busy-a", "busy-b"] {
+        let records = create_topic_assigned(
+            &image,
+            spec(name, 1, 3),
+            Some(&[vec![busy, other, primary_of(&image, children[0])]]),
+        )
+        .unwrap();
+        assert_eq!(commit(&mut image, &records), 0);
+    }
+    let moves = spread_split_children(&image, &children);
+    assert_eq!(moves.iter().map(|m| m.to).collect::<Vec<_>>(), vec![other]);
+}
+
+#[test]
+fn a_split_child_without_a_live_follower_stays_with_its_sibling() {
+    // Replication factor 1: no follower to hand it to.
+    let (image, children) = split_first_range(3, 6, 1);
+    assert!(spread_split_children(&image, &children).is_empty());
+    // Every follower fenced: nowhere to go either.
+    let (mut image, children) = split_first_range(3, 6, 3);
+    let primary = BTreeSet::from([primary_of(&image, children[1])]);
+    let records = broker_liveness(&image, &primary, &none(), true);
+    assert_eq!(records.len(), 2, "both followers fenced");
+    assert_eq!(commit(&mut image, &records), 0);
+    assert!(spread_split_children(&image, &children).is_empty());
+}
+
+#[test]
+fn a_merge_gathers_its_parents_on_the_broker_that_merges() {
+    let (mut image, children) = split_first_range(4, 8, 3);
+    let moves = spread_split_children(&image, &children);
+    assert_eq!(moves.len(), 1);
+    carry_out(&mut image, &moves[0]);
+    let (left, right) = (
+        primary_of(&image, children[0]),
+        primary_of(&image, children[1]),
+    );
+    assert_ne!(left, right);
+    // Both already led by one broker: nothing to move.
+    let gather = gather_for_merge(&image, &children, left).unwrap();
+    assert_eq!(gather.len(), 1, "{gather:?}");
+    assert_eq!(
+        (gather[0].segment.range, gather[0].from, gather[0].to),
+        (children[1], right, left)
+    );
+    carry_out(&mut image, &gather[0]);
+    assert!(gather_for_merge(&image, &children, left)
+        .unwrap()
+        .is_empty());
+    merge_ranges(&image, children[0], children[1]).expect("both parents led by one broker");
+    // A broker outside a parent's replica set cannot take it over.
+    let outside = (1..=4)
+        .find(|b| {
+            !image
+                .active_segment(children[1])
+                .unwrap()
+                .replicas
+                .contains(b)
+        })
+        .unwrap();
+    assert!(matches!(
+        gather_for_merge(&image, &children, outside),
+        Err(PlanError::InvalidMove(_))
+    ));
+}

@@ -9,6 +9,13 @@
 //! offset and producer state from the parent, so offsets continue with no gap
 //! and no reuse. No data is copied.
 //!
+//! Both children open where the parent was led (its log seeds them); then
+//! every child but the first is handed to a follower of its first segment,
+//! the one leading the fewest ranges, by a leader move, so that a range
+//! split for its load spreads over brokers. A merge runs where both parents
+//! are led: a parent led elsewhere is first handed to the merging broker
+//! the same way (it must be among the parent's replicas).
+//!
 //! A move is all or nothing: if the metadata entry does not commit, every
 //! parent sealed for it is reopened (in a new segment, recorded as a roll)
 //! and serves again.
@@ -27,6 +34,9 @@ use crate::config::RangePolicyConfig;
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::range_policy::{Decision, PolicyConfig, PolicyState, RangeLoad};
+
+/// How long a merge waits for this broker to lead both parents.
+const MERGE_GATHER_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// One range as `tessera ranges list` and `GET /ranges` show it.
 #[derive(Clone, Debug, Serialize, serde::Deserialize, PartialEq)]
@@ -139,7 +149,56 @@ impl Broker {
         let (left, right) = (plan.children[0], plan.children[1]);
         self.commit_move(&image, plan).await?;
         tracing::info!(range_id, left, right, "split range");
+        self.spread_children(&[left, right]);
         Ok((left, right))
+    }
+
+    /// Hands split children but the first to followers of their first
+    /// segment (`tessera_planner::spread_split_children`): the split opened
+    /// them all here, where the parent's log seeds them, and a range split
+    /// for its load should not stay on one broker. Returns at once; each
+    /// move is a seal by quorum that runs on its own.
+    fn spread_children(&self, children: &[RangeId]) {
+        for m in tessera_planner::spread_split_children(&self.image(), children) {
+            tracing::info!(segment = %m.segment, from = m.from, to = m.to, "split: handing a child to a follower, so that the children lead on different brokers");
+            if self.move_leader(m) {
+                Metrics::add(&self.metrics.leader_moves_planned, 1);
+            }
+        }
+    }
+
+    /// Makes this broker lead every parent of a merge
+    /// (`tessera_planner::gather_for_merge`: leader moves of those led
+    /// elsewhere, onto it as their follower), and waits until it does with
+    /// their logs open: the merge child seeds from them here. A split
+    /// spreads its children over brokers, so merging them back needs this.
+    async fn gather_parents(&self, parents: &[RangeId]) -> Result<(), ApiError> {
+        let me = self.config.node_id;
+        let deadline = Instant::now() + MERGE_GATHER_TIMEOUT;
+        loop {
+            let image = self.image();
+            let moves = tessera_planner::gather_for_merge(&image, parents, me)?;
+            let open = || {
+                parents
+                    .iter()
+                    .all(|p| self.log_of(*p).is_some_and(|l| !l.is_sealed()))
+            };
+            if moves.is_empty() && open() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                tracing::warn!(?parents, "merge: the parents were not led here in time");
+                return Err(ApiError::RequestTimedOut);
+            }
+            for m in moves {
+                let (segment, from) = (m.segment, m.from);
+                if self.move_leader(m) {
+                    tracing::info!(%segment, from, to = me, "merge: taking over a parent led elsewhere");
+                    Metrics::add(&self.metrics.leader_moves_planned, 1);
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Merges two adjacent active ranges of one topic into one. Returns its id.
@@ -149,6 +208,7 @@ impl Broker {
         right_id: RangeId,
     ) -> Result<RangeId, ApiError> {
         let _guard = self.admin.lock().await;
+        self.gather_parents(&[left_id, right_id]).await?;
         let image = self.image();
         let plan = tessera_planner::merge_ranges(&image, left_id, right_id)?;
         let child = plan.children[0];

@@ -153,3 +153,120 @@ async fn a_roll_whose_record_failed_is_recorded_again() {
         r.shutdown().await;
     }
 }
+
+/// The node leading `partition` of `topic` with its log open, once one does.
+async fn leader_of(nodes: &[Running], topic: &str, partition: u32) -> Arc<Broker> {
+    let mut found = None;
+    common::eventually(&format!("{topic}-{partition} led with an open log"), || {
+        found = nodes.iter().map(|r| r.broker.clone()).find(|b| {
+            let image = b.image();
+            let Some(t) = image.topic_by_name(topic) else {
+                return false;
+            };
+            let Some(range) = image.active_range_for(t.id, partition) else {
+                return false;
+            };
+            image.active_segment(range.id).and_then(|s| s.primary()) == Some(b.config().node_id)
+                && b.log_of(range.id).is_some_and(|l| !l.is_sealed())
+        });
+        found.is_some()
+    })
+    .await;
+    found.unwrap()
+}
+
+/// One record (id `id`) to `partition` of `topic` through its leader,
+/// acknowledged by a quorum; its offset.
+async fn produce_to(nodes: &[Running], topic: &str, partition: u32, id: i64) -> i64 {
+    let leader = leader_of(nodes, topic, partition).await;
+    let image = leader.image();
+    let t = image.topic_by_name(topic).unwrap().clone();
+    let route = leader.route(&image, &t, partition as i32).unwrap();
+    leader
+        .append_durably(&route, partition, make_batch(1, id))
+        .await
+        .unwrap()
+}
+
+/// A split on a cluster puts its children on different brokers (the
+/// second handed to a follower, nothing copied), each partition's offsets
+/// go on densely across it, and a merge of the spread children gathers
+/// them back on the broker that merges. Before, both children stayed on
+/// the parent's primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_spreads_its_children_and_a_merge_gathers_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = start_cluster(dir.path(), 3).await;
+    let topic = "spread";
+    nodes[0]
+        .broker
+        .create_topic(
+            NewTopic {
+                name: topic.into(),
+                partitions: 6,
+                replication_factor: 3,
+                configs: BTreeMap::from([("min.insync.replicas".to_string(), "2".to_string())]),
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    for p in [0, 1] {
+        for i in 0..3 {
+            assert_eq!(produce_to(&nodes, topic, p, i).await, i);
+        }
+    }
+    let parent_leader = leader_of(&nodes, topic, 0).await;
+    let parent = {
+        let image = parent_leader.image();
+        let t = image.topic_by_name(topic).unwrap();
+        image.active_range_for(t.id, 0).unwrap().clone()
+    };
+    assert_eq!(
+        (parent.lo, parent.hi),
+        (0, 2),
+        "six partitions in ranges of two"
+    );
+    let (left, right) = parent_leader.split_range(parent.id, Some(1)).await.unwrap();
+
+    let primaries = || {
+        let image = nodes[0].broker.image();
+        [left, right].map(|r| image.active_segment(r).and_then(|s| s.primary()))
+    };
+    common::eventually("the split's children led by different brokers", || {
+        let [l, r] = primaries();
+        l.is_some() && r.is_some() && l != r
+    })
+    .await;
+    assert_eq!(primaries()[0], Some(parent_leader.config().node_id));
+    for p in [0, 1] {
+        assert_eq!(
+            produce_to(&nodes, topic, p, 3).await,
+            3,
+            "partition {p} goes on at its next offset on its child's leader"
+        );
+    }
+    let right_leader = leader_of(&nodes, topic, 1).await;
+    assert_ne!(
+        right_leader.config().node_id,
+        parent_leader.config().node_id
+    );
+
+    let child = parent_leader.merge_ranges(left, right).await.unwrap();
+    let image = parent_leader.image();
+    assert_eq!(
+        image.active_segment(child).and_then(|s| s.primary()),
+        Some(parent_leader.config().node_id),
+        "the merge child is led where it was merged"
+    );
+    for p in [0, 1] {
+        assert_eq!(
+            produce_to(&nodes, topic, p, 4).await,
+            4,
+            "partition {p} after the merge"
+        );
+    }
+    for r in nodes {
+        r.shutdown().await;
+    }
+}

@@ -1,0 +1,113 @@
+//! Where the children of a split lead, and how a merge gathers its parents.
+//!
+//! A split opens both children on the parent's replicas, led by the
+//! parent's primary: their next offsets and producer state seed from the
+//! parent's log, which is open there. Left there, a hot range split to
+//! spread its load would stay on one broker. So right after the split
+//! commits, every child but the first hands its leadership to a follower
+//! of its first segment (a leader move: a seal by quorum that prefers the
+//! follower; nothing is copied, the follower holds the child's segment and
+//! its producer snapshot), the one leading the fewest ranges, so that the
+//! children land on different brokers.
+//!
+//! A merge seeds its child from both parents' logs, so both must be led by
+//! the broker that merges. A parent led elsewhere is first handed to that
+//! broker by a leader move, which needs the broker among the replicas of
+//! the parent's active segment (no history is copied for a merge).
+
+use std::collections::BTreeSet;
+
+use tessera_metadata::{MetadataImage, RangeId};
+
+use crate::{LeaderMove, PlanError};
+
+/// The leader moves that put split `children` (in range order, as the
+/// split created them) on different brokers: the first stays with the
+/// parent's primary, each next one goes to the live follower of its active
+/// segment leading the fewest ranges that leads no sibling yet (ties: the
+/// lowest id). A child with no such follower (replication factor 1, or
+/// every follower fenced or leading a sibling) stays where it is.
+pub fn spread_split_children(image: &MetadataImage, children: &[RangeId]) -> Vec<LeaderMove> {
+    let mut load = crate::leader_load(image);
+    let mut leading: BTreeSet<i32> = BTreeSet::new();
+    let mut moves = Vec::new();
+    for (i, &child) in children.iter().enumerate() {
+        let Some(seg) = image.active_segment(child).filter(|s| !s.is_sealed()) else {
+            continue;
+        };
+        let Some(primary) = seg.primary() else {
+            continue;
+        };
+        if i == 0 || !leading.contains(&primary) {
+            leading.insert(primary);
+            continue;
+        }
+        let to = seg.replicas[1..]
+            .iter()
+            .copied()
+            .filter(|f| load.contains_key(f) && !leading.contains(f))
+            .min_by_key(|f| (load[f], *f));
+        match to {
+            Some(to) => {
+                if let Some(n) = load.get_mut(&primary) {
+                    *n -= 1;
+                }
+                *load.get_mut(&to).expect("live") += 1;
+                leading.insert(to);
+                moves.push(LeaderMove {
+                    segment: seg.id,
+                    from: primary,
+                    to,
+                });
+            }
+            None => {
+                leading.insert(primary);
+            }
+        }
+    }
+    moves
+}
+
+/// The leader moves that make `at` lead both parents of a merge: none
+/// when it leads them already. Refused when a parent is not active or its
+/// active segment is not also on `at` (a merge reads both parents' state
+/// where it runs, and their history is not copied for it).
+pub fn gather_for_merge(
+    image: &MetadataImage,
+    parents: &[RangeId],
+    at: i32,
+) -> Result<Vec<LeaderMove>, PlanError> {
+    let mut moves = Vec::new();
+    for &parent in parents {
+        crate::active_range(image, parent)?;
+        let seg = image
+            .active_segment(parent)
+            .filter(|s| !s.is_sealed())
+            .ok_or_else(|| {
+                PlanError::InvalidMove(format!("range {parent} has no active segment"))
+            })?;
+        let Some(primary) = seg.primary() else {
+            continue;
+        };
+        if primary == at {
+            continue;
+        }
+        if !seg.replicas.contains(&at) {
+            return Err(PlanError::InvalidMove(format!(
+                "range {parent} is led by broker {primary} and not replicated on broker {at}: \
+                 merge it where both ranges are led"
+            )));
+        }
+        if image.brokers.get(&at).is_none_or(|b| b.fenced) {
+            return Err(PlanError::InvalidMove(format!(
+                "broker {at} is fenced and cannot lead range {parent}"
+            )));
+        }
+        moves.push(LeaderMove {
+            segment: seg.id,
+            from: primary,
+            to: at,
+        });
+    }
+    Ok(moves)
+}
