@@ -917,6 +917,8 @@ pub fn merge_ranges(
 
 mod leader_balance;
 pub use leader_balance::{leader_load, plan_leader_moves, LeaderMove};
+mod load_balance;
+pub use load_balance::{broker_loads, plan_balance, range_rates, BalanceMove, LoadBalanceSettings};
 mod move_placement;
 pub use move_placement::{gather_for_merge, spread_split_children};
 mod replacement;

@@ -2124,3 +2124,172 @@ fn a_merge_gathers_its_parents_on_the_broker_that_merges() {
         Err(PlanError::InvalidMove(_))
     ));
 }
+
+/// A cluster of `brokers` with one single-partition topic per replica
+/// list of `assignments` (its first broker leads it); their ranges.
+fn assigned_cluster(brokers: i32, assignments: &[Vec<i32>]) -> (MetadataImage, Vec<RangeId>) {
+    let mut image = cluster(brokers);
+    let mut ranges = Vec::new();
+    for (i, list) in assignments.iter().enumerate() {
+        let s = spec(&format!("t{i}"), 1, list.len() as i16);
+        let topic = s.topic_id;
+        let records = create_topic_assigned(&image, s, Some(&[list.clone()])).unwrap();
+        assert_eq!(commit(&mut image, &records), 0);
+        ranges.push(image.active_range_for(topic, 0).unwrap().id);
+    }
+    (image, ranges)
+}
+
+const BALANCE: LoadBalanceSettings = LoadBalanceSettings {
+    imbalance: 0.1,
+    min_bytes_per_sec: 1,
+};
+
+#[test]
+fn a_broker_above_the_mean_hands_a_busy_range_to_a_follower() {
+    let (image, ranges) = assigned_cluster(
+        3,
+        &[vec![1, 2, 3], vec![1, 3, 2], vec![2, 1, 3], vec![3, 1, 2]],
+    );
+    let rates: BTreeMap<RangeId, u64> = ranges.iter().copied().zip([5, 5, 1, 1]).collect();
+    assert_eq!(
+        broker_loads(&image, &rates),
+        BTreeMap::from([(1, 10), (2, 1), (3, 1)])
+    );
+    let moves = plan_balance(&image, &rates, BALANCE, 8);
+    let first = &moves[0];
+    assert_eq!(
+        (first.leader_move.segment.range, first.leader_move.from, first.leader_move.to),
+        (ranges[0], 1, 2),
+        "the busiest broker's busiest range, to its least loaded follower (lowest id on a tie): {moves:?}"
+    );
+    assert!(first.reason.contains("bytes in"), "{}", first.reason);
+    // Then broker 2 (now 6) sheds its own small range to broker 3.
+    assert_eq!(
+        (moves[1].leader_move.segment.range, moves[1].leader_move.to),
+        (ranges[2], 3)
+    );
+    assert_eq!(moves.len(), 2, "{moves:?}");
+    // Idle cluster: nothing moves by load.
+    let quiet = LoadBalanceSettings {
+        min_bytes_per_sec: 100,
+        ..BALANCE
+    };
+    assert!(plan_balance(&image, &rates, quiet, 8).is_empty());
+    // One hot range alone is not moved: it would only move the hot spot.
+    let rates: BTreeMap<RangeId, u64> = ranges.iter().copied().zip([9, 0, 1, 1]).collect();
+    assert!(plan_balance(&image, &rates, BALANCE, 8).is_empty());
+}
+
+#[test]
+fn a_count_move_never_makes_the_loads_worse() {
+    // Broker 1 leads three ranges, broker 3 none: the count balance would
+    // hand one over, but each is busier than broker 3 can take in order.
+    let (image, ranges) = assigned_cluster(
+        3,
+        &[vec![1, 3, 2], vec![1, 3, 2], vec![1, 3, 2], vec![2, 1, 3]],
+    );
+    let counts_only = plan_leader_moves(&image, 8);
+    assert!(!counts_only.is_empty(), "the count balance alone moves");
+    // Broker 2's one range carries nearly everything: broker 1's ranges are
+    // idle, so they may move (their rate keeps the order).
+    let rates: BTreeMap<RangeId, u64> = ranges.iter().copied().zip([0, 0, 0, 90]).collect();
+    let moves = plan_balance(
+        &image,
+        &rates,
+        LoadBalanceSettings {
+            imbalance: 10.0,
+            ..BALANCE
+        },
+        8,
+    );
+    assert!(
+        !moves.is_empty() && moves.iter().all(|m| m.reason.contains("leader count")),
+        "{moves:?} {counts_only:?}"
+    );
+    // Broker 1's ranges busy and broker 3 would end above it: not moved.
+    let rates: BTreeMap<RangeId, u64> = ranges.iter().copied().zip([10, 10, 10, 0]).collect();
+    let moves = plan_balance(
+        &image,
+        &rates,
+        LoadBalanceSettings {
+            imbalance: 10.0,
+            ..BALANCE
+        },
+        8,
+    );
+    for m in &moves {
+        let loads = broker_loads(&image, &rates);
+        assert!(
+            loads[&m.leader_move.to] + m.bytes_per_sec
+                <= loads[&m.leader_move.from] - m.bytes_per_sec,
+            "{m:?}"
+        );
+    }
+}
+
+#[test]
+fn range_rates_are_taken_from_the_primary_only() {
+    let (image, ranges) = assigned_cluster(3, &[vec![1, 2, 3], vec![2, 1, 3]]);
+    let reports = BTreeMap::from([
+        (1, vec![(ranges[0], 7), (ranges[1], 99)]), // a stale report of range 1
+        (2, vec![(ranges[1], 3)]),
+    ]);
+    assert_eq!(
+        range_rates(&image, &reports),
+        BTreeMap::from([(ranges[0], 7), (ranges[1], 3)])
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// Whatever the rates and the leaders, the passes end: each move
+    /// lowers (sum of squared loads, sum of squared leader counts), and
+    /// after the moves are carried out the planner runs out of moves.
+    #[test]
+    fn balance_passes_end(
+        brokers in 3i32..6,
+        ranges in prop::collection::vec((0usize..60, 0u64..1000), 2..14),
+        imbalance in 0.0f64..0.5,
+    ) {
+        let assignments: Vec<Vec<i32>> = ranges
+            .iter()
+            .map(|(perm, _)| {
+                let mut set: Vec<i32> = (1..=brokers).collect();
+                set.rotate_left(perm % brokers as usize);
+                if perm % 2 == 1 {
+                    set[1..].reverse();
+                }
+                set[..3].to_vec()
+            })
+            .collect();
+        let (mut image, range_ids) = assigned_cluster(brokers, &assignments);
+        let rates: BTreeMap<RangeId, u64> =
+            range_ids.iter().copied().zip(ranges.iter().map(|(_, r)| *r)).collect();
+        let settings = LoadBalanceSettings { imbalance, min_bytes_per_sec: 1 };
+        let potential = |image: &MetadataImage| {
+            let loads = broker_loads(image, &rates);
+            let counts = leader_load(image);
+            (
+                loads.values().map(|l| (*l as u128).pow(2)).sum::<u128>(),
+                counts.values().map(|c| (*c as i128).pow(2)).sum::<i128>(),
+            )
+        };
+        let mut passes = 0;
+        loop {
+            let moves = plan_balance(&image, &rates, settings, 4);
+            if moves.is_empty() {
+                break;
+            }
+            passes += 1;
+            prop_assert!(passes < 200, "balance passes do not end");
+            for m in moves {
+                let before = potential(&image);
+                carry_out(&mut image, &m.leader_move);
+                let after = potential(&image);
+                prop_assert!(after < before, "{:?}: {:?} -> {:?}", m, before, after);
+            }
+        }
+    }
+}
