@@ -163,6 +163,11 @@ async fn handle(
             json,
             serde_json::to_string(&broker.list_ranges()).unwrap_or_default(),
         ),
+        ("GET", "/balance") => (
+            "200 OK",
+            json,
+            serde_json::to_string(&broker.balance_view()).unwrap_or_default(),
+        ),
         ("GET", "/segments") => (
             "200 OK",
             json,

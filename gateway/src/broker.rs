@@ -13,6 +13,7 @@ mod configs;
 mod follower_fetch;
 mod internal_topics;
 mod liveness;
+pub mod load;
 mod lost_log;
 pub mod ranges;
 mod reconcile;
@@ -85,6 +86,8 @@ pub struct Broker {
     /// This broker's connections to other brokers, authenticated as their
     /// inter-broker listener asks.
     inter_broker: Arc<crate::inter_broker::InterBrokerClient>,
+    /// Ranges' produce rates and the balance's decisions (`broker/load.rs`).
+    load: load::LoadState,
 }
 
 /// Reads or creates `meta.properties` (Kafka's name for it) with the cluster id.
@@ -239,6 +242,7 @@ impl Broker {
             replicas: replicas::Replicas::default(),
             shutting_down: AtomicBool::new(false),
             cleaner: cleaner::CleanerGate::default(),
+            load: Default::default(),
             inter_broker: Arc::new(crate::inter_broker::InterBrokerClient::new(
                 config.inter_broker_client.clone(),
             )),

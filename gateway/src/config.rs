@@ -153,6 +153,15 @@ pub struct BrokerConfig {
     pub auto_leader_rebalance_enable: bool,
     /// `leader.imbalance.check.interval.seconds`: how often it checks.
     pub leader_imbalance_check_interval_seconds: u64,
+    /// `leader.imbalance.per.broker.percentage`: a broker whose bytes in
+    /// as primary exceed the live brokers' mean by more than this percent
+    /// hands ranges to followers at the check (Kafka measures the same
+    /// ratio in preferred leaders; see `tessera_planner::plan_balance`).
+    pub leader_imbalance_per_broker_percentage: u32,
+    /// `leader.load.balance.min.bytes.per.sec`: below this mean bytes in
+    /// per broker nothing moves by load (an idle cluster's rates are
+    /// noise). Tessera's own key.
+    pub leader_load_balance_min_bytes_per_sec: u64,
     /// `quota.window.num`: the samples client quotas are measured over.
     pub quota_window_num: usize,
     /// `quota.window.size.seconds`: the length of one quota sample.
@@ -327,6 +336,8 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("replica.placement.rebalance.max.ranges", "4"),
     ("auto.leader.rebalance.enable", "true"),
     ("leader.imbalance.check.interval.seconds", "300"),
+    ("leader.imbalance.per.broker.percentage", "10"),
+    ("leader.load.balance.min.bytes.per.sec", "1048576"),
     ("quota.window.num", "11"),
     ("quota.window.size.seconds", "1"),
     ("replica.selector.class", ""),
@@ -1060,6 +1071,14 @@ impl BrokerConfig {
                 "leader.imbalance.check.interval.seconds",
             )?
             .max(1),
+            leader_imbalance_per_broker_percentage: parse(
+                map,
+                "leader.imbalance.per.broker.percentage",
+            )?,
+            leader_load_balance_min_bytes_per_sec: parse(
+                map,
+                "leader.load.balance.min.bytes.per.sec",
+            )?,
             // Kafka's minimums (`atLeast(1)`).
             quota_window_num: parse::<usize>(map, "quota.window.num")?.max(1),
             quota_window_size_seconds: parse::<u64>(map, "quota.window.size.seconds")?.max(1),

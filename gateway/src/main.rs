@@ -131,6 +131,9 @@ enum RangesAction {
     },
     /// Merge two adjacent active ranges of one topic.
     Merge { left: u64, right: u64 },
+    /// Bytes in per broker and per range as the primaries report them, and
+    /// the leader moves the balance made (ask the active controller).
+    Balance,
 }
 
 #[derive(clap::Subcommand, Debug)]
@@ -225,6 +228,7 @@ fn ranges_command(
 ) -> anyhow::Result<()> {
     let (status, body) = match action {
         RangesAction::List => admin_request(admin, login, "GET", "/ranges")?,
+        RangesAction::Balance => admin_request(admin, login, "GET", "/balance")?,
         RangesAction::Split { range, at } => {
             let at = at.map(|a| format!("&at={a}")).unwrap_or_default();
             admin_request(
@@ -247,22 +251,54 @@ fn ranges_command(
     if let RangesAction::List = action {
         let ranges: Vec<tessera_gateway::broker::ranges::RangeInfo> = serde_json::from_str(&body)?;
         println!(
-            "{:>6}  {:<30} {:>8} {:>8}  {:<7} {:>5} {:>8} {:>14}  parents",
-            "range", "topic", "lo", "hi", "state", "epoch", "segments", "bytes"
+            "{:>6}  {:<30} {:>8} {:>8}  {:<7} {:>7} {:>5} {:>8} {:>14} {:>12}  parents",
+            "range",
+            "topic",
+            "lo",
+            "hi",
+            "state",
+            "primary",
+            "epoch",
+            "segments",
+            "bytes",
+            "bytes/s"
         );
         for r in ranges {
             let state = if r.active { "active" } else { "sealed" };
+            let opt = |v: Option<String>| v.unwrap_or_else(|| "-".into());
             println!(
-                "{:>6}  {:<30} {:>8} {:>8}  {:<7} {:>5} {:>8} {:>14}  {:?}",
+                "{:>6}  {:<30} {:>8} {:>8}  {:<7} {:>7} {:>5} {:>8} {:>14} {:>12}  {:?}",
                 r.id,
                 r.topic,
                 r.lo,
                 r.hi,
                 state,
+                opt(r.primary.map(|p| p.to_string())),
                 r.leader_epoch,
                 r.segments,
                 r.bytes_appended,
+                opt(r.bytes_in_per_sec.map(|b| b.to_string())),
                 r.parents
+            );
+        }
+    } else if let RangesAction::Balance = action {
+        let view: tessera_gateway::broker::load::BalanceView = serde_json::from_str(&body)?;
+        println!("{:>7} {:>8} {:>14}", "broker", "leads", "bytes in/s");
+        for (broker, leads) in &view.leaders {
+            let bytes = view
+                .broker_bytes_in_per_sec
+                .get(broker)
+                .copied()
+                .unwrap_or(0);
+            println!("{broker:>7} {leads:>8} {bytes:>14}");
+        }
+        if view.decisions.is_empty() {
+            println!("no leader moves made by this node's balance");
+        }
+        for d in &view.decisions {
+            println!(
+                "{}  range {} segment {}: {} -> {}  ({} B/s)  {}",
+                d.at_ms, d.range, d.segment, d.from, d.to, d.bytes_per_sec, d.reason
             );
         }
     } else {

@@ -19,7 +19,7 @@
 //! refuses with [`MetadataError::NotLeader`], naming the leader and its
 //! address.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::File;
 use std::io::Cursor;
 use std::path::PathBuf;
@@ -784,6 +784,34 @@ impl Controller {
             },
             None => Err(MetadataError::NotLeader { leader: None }),
         }
+    }
+
+    /// Reports the produce rate of each range this broker leads to every
+    /// voter (a new leader has it at once), beside the heartbeats. Best
+    /// effort: nothing waits for it, and a report lost is made again a
+    /// heartbeat later.
+    pub fn report_load(&self, broker_id: i32, ranges: Vec<(u64, u64)>) {
+        if self.voters.is_empty() || self.voters.contains_key(&self.node_id) {
+            self.heartbeats.record_load(broker_id, ranges.clone());
+        }
+        for voter in self.voters.keys().copied().filter(|v| *v != self.node_id) {
+            let transport = self.transport.clone();
+            let ranges = ranges.clone();
+            tokio::spawn(async move {
+                if let Err(e) = transport
+                    .send_load(voter, broker_id, ranges, HEARTBEAT_TIMEOUT)
+                    .await
+                {
+                    tracing::debug!(voter, error = %e, "load report not delivered");
+                }
+            });
+        }
+    }
+
+    /// The range loads brokers reported to this voter within `max_age`:
+    /// broker -> (range, bytes appended per second).
+    pub fn reported_loads(&self, max_age: Duration) -> HashMap<i32, Vec<(u64, u64)>> {
+        self.heartbeats.loads(max_age)
     }
 
     /// When this voter last heard from broker `broker_id`.

@@ -9,6 +9,10 @@ use std::time::Instant;
 
 use parking_lot::Mutex;
 
+/// A broker's load report: per range it leads, the range id and the bytes
+/// appended per second.
+pub type RangeLoads = Vec<(u64, u64)>;
+
 /// The last heartbeat heard from each broker.
 #[derive(Default, Debug)]
 pub struct Heartbeats {
@@ -16,6 +20,9 @@ pub struct Heartbeats {
     /// Brokers in controlled shutdown (their last heartbeat asked to be
     /// fenced); a plain heartbeat (a restart) takes a broker out again.
     stopping: Mutex<HashSet<i32>>,
+    /// Each broker's last load report: when, and the bytes per second
+    /// appended to each range it leads.
+    loads: Mutex<HashMap<i32, (Instant, RangeLoads)>>,
 }
 
 impl Heartbeats {
@@ -38,10 +45,28 @@ impl Heartbeats {
         self.last.lock().get(&broker_id).copied()
     }
 
+    pub fn record_load(&self, broker_id: i32, ranges: Vec<(u64, u64)>) {
+        self.loads
+            .lock()
+            .insert(broker_id, (Instant::now(), ranges));
+    }
+
+    /// The range loads each broker reported within `max_age`: broker ->
+    /// (range, bytes appended per second).
+    pub fn loads(&self, max_age: std::time::Duration) -> HashMap<i32, Vec<(u64, u64)>> {
+        self.loads
+            .lock()
+            .iter()
+            .filter(|(_, (at, _))| at.elapsed() < max_age)
+            .map(|(b, (_, ranges))| (*b, ranges.clone()))
+            .collect()
+    }
+
     /// Forgets everything (this node stopped leading: what it heard then
     /// says nothing about the next time it leads).
     pub fn clear(&self) {
         self.last.lock().clear();
         self.stopping.lock().clear();
+        self.loads.lock().clear();
     }
 }

@@ -26,6 +26,10 @@
 //!   the learner listens on (answered by the leader only);
 //! - RemoveLearner (8): `u64` node id (answered by the leader only; a
 //!   broker-only node that was unregistered leaves the membership).
+//! - BrokerLoad (9): `i32` broker id, `u32 count`, then per range it
+//!   leads `u64` range id and `u64` bytes appended per second (sent beside
+//!   each heartbeat to every voter; a voter that does not know the kind
+//!   fails only that call, never the heartbeat).
 //!
 //! A response payload is `u8 protocol version`, `u8 status` (0 ok, 1 error
 //! reported by the peer), then JSON: the openraft response or `RaftError`
@@ -97,6 +101,7 @@ const KIND_READ_INDEX: u8 = 5;
 const KIND_BROKER_HEARTBEAT: u8 = 6;
 const KIND_JOIN_AS_LEARNER: u8 = 7;
 const KIND_REMOVE_LEARNER: u8 = 8;
+const KIND_BROKER_LOAD: u8 = 9;
 
 /// Prefix of a [`ServiceError::Failed`] message that retrying cannot fix
 /// (a learner's join refused because its id is a voter's).
@@ -155,6 +160,12 @@ pub(crate) enum Request {
     /// membership.
     RemoveLearner {
         node_id: u64,
+    },
+    /// The produce rate of each range a broker leads (bytes appended per
+    /// second): what the active controller balances leadership by.
+    BrokerLoad {
+        broker_id: i32,
+        ranges: Vec<(u64, u64)>,
     },
 }
 
@@ -223,6 +234,7 @@ pub(crate) fn encode_request(from: u64, to: u64, req: &Request) -> Result<Vec<u8
         Request::BrokerHeartbeat { .. } => KIND_BROKER_HEARTBEAT,
         Request::JoinAsLearner { .. } => KIND_JOIN_AS_LEARNER,
         Request::RemoveLearner { .. } => KIND_REMOVE_LEARNER,
+        Request::BrokerLoad { .. } => KIND_BROKER_LOAD,
     });
     b.extend_from_slice(&from.to_be_bytes());
     b.extend_from_slice(&to.to_be_bytes());
@@ -279,6 +291,14 @@ pub(crate) fn encode_request(from: u64, to: u64, req: &Request) -> Result<Vec<u8
             b.extend_from_slice(address.as_bytes());
         }
         Request::RemoveLearner { node_id } => b.extend_from_slice(&node_id.to_be_bytes()),
+        Request::BrokerLoad { broker_id, ranges } => {
+            b.extend_from_slice(&broker_id.to_be_bytes());
+            put_u32(&mut b, ranges.len())?;
+            for (range, rate) in ranges {
+                b.extend_from_slice(&range.to_be_bytes());
+                b.extend_from_slice(&rate.to_be_bytes());
+            }
+        }
     }
     let len = b.len() - 4;
     if len > MAX_FRAME_BYTES {
@@ -416,6 +436,21 @@ pub(crate) fn decode_request(payload: &[u8]) -> Result<(u64, u64, Request), Stri
             let node_id = r.u64()?;
             r.end()?;
             Request::RemoveLearner { node_id }
+        }
+        KIND_BROKER_LOAD => {
+            let broker_id = i32::from_be_bytes(r.take(4)?.try_into().unwrap());
+            let count = r.u32()?;
+            // Each entry is 16 bytes: a count the frame cannot hold is
+            // refused before anything is allocated for it.
+            if count > r.0.len() / 16 {
+                return Err(format!("{count} range loads in {} bytes", r.0.len()));
+            }
+            let mut ranges = Vec::with_capacity(count);
+            for _ in 0..count {
+                ranges.push((r.u64()?, r.u64()?));
+            }
+            r.end()?;
+            Request::BrokerLoad { broker_id, ranges }
         }
         k => return Err(format!("unknown request kind {k}")),
     };
@@ -736,6 +771,21 @@ impl Transport {
         };
         let frame =
             encode_request(self.node_id, target, &heartbeat).map_err(ServiceCallError::NotSent)?;
+        self.service_call(target, &frame, timeout, true).await
+    }
+
+    /// Tells voter `target` the produce rate of each range broker
+    /// `broker_id` leads.
+    pub(crate) async fn send_load(
+        &self,
+        target: u64,
+        broker_id: i32,
+        ranges: Vec<(u64, u64)>,
+        timeout: Duration,
+    ) -> Result<(), ServiceCallError> {
+        let load = Request::BrokerLoad { broker_id, ranges };
+        let frame =
+            encode_request(self.node_id, target, &load).map_err(ServiceCallError::NotSent)?;
         self.service_call(target, &frame, timeout, true).await
     }
 
@@ -1108,6 +1158,10 @@ async fn handle(raft: &MetadataRaft, heartbeats: &Heartbeats, req: Request) -> (
             reply(join_as_learner(raft, node_id, address).await)
         }
         Request::RemoveLearner { node_id } => reply(remove_learner(raft, node_id).await),
+        Request::BrokerLoad { broker_id, ranges } => {
+            heartbeats.record_load(broker_id, ranges);
+            reply(Ok::<(), ServiceError>(()))
+        }
     }
 }
 
@@ -1344,6 +1398,24 @@ mod tests {
             decode_request(payload(&f)).unwrap(),
             (2, 7, Request::ReadIndex)
         ));
+        let ranges = vec![(4u64, 1_000_000u64), (u64::MAX, 0)];
+        let load = Request::BrokerLoad {
+            broker_id: 3,
+            ranges: ranges.clone(),
+        };
+        let f = encode_request(2, 7, &load).unwrap();
+        assert!(matches!(
+            decode_request(payload(&f)).unwrap(),
+            (2, 7, Request::BrokerLoad { broker_id: 3, ranges: back }) if back == ranges
+        ));
+        // A count larger than the frame holds, or a cut entry, is refused.
+        let mut lying = payload(&f).to_vec();
+        let at = lying.len() - 2 * 16 - 4;
+        lying[at..at + 4].copy_from_slice(&1_000_000u32.to_be_bytes());
+        assert!(decode_request(&lying).is_err());
+        let mut cut = payload(&f).to_vec();
+        cut.pop();
+        assert!(decode_request(&cut).is_err());
     }
 
     #[test]

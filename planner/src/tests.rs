@@ -2133,7 +2133,7 @@ fn assigned_cluster(brokers: i32, assignments: &[Vec<i32>]) -> (MetadataImage, V
     for (i, list) in assignments.iter().enumerate() {
         let s = spec(&format!("t{i}"), 1, list.len() as i16);
         let topic = s.topic_id;
-        let records = create_topic_assigned(&image, s, Some(&[list.clone()])).unwrap();
+        let records = create_topic_assigned(&image, s, Some(std::slice::from_ref(list))).unwrap();
         assert_eq!(commit(&mut image, &records), 0);
         ranges.push(image.active_range_for(topic, 0).unwrap().id);
     }

@@ -38,6 +38,8 @@ pub(super) async fn heartbeat(broker: Weak<Broker>) {
         if let Err(e) = b.controller.heartbeat(b.config.node_id).await {
             tracing::debug!(error = %e, "broker heartbeat not delivered");
         }
+        // What it writes as primary, for the controller's balance.
+        b.report_load();
         // As a primary: a live follower that stays out of sync (its stream
         // keeps failing, its disk refuses, it is too slow) is replaced at
         // the next segment boundary, as the controller replaces fenced ones.
@@ -263,22 +265,34 @@ fn rebalance(b: &Broker, image: &tessera_metadata::MetadataImage) {
     }
 }
 
-/// One leadership balance check (`tessera_planner::plan_leader_moves`),
-/// each move carried out by a seal-by-quorum that prefers the follower.
+/// One leadership balance check (`tessera_planner::plan_balance`: by the
+/// bytes in the primaries report, then by leader counts), each move
+/// carried out by a seal-by-quorum that prefers the follower.
 fn balance_leaders(b: &Broker, image: &tessera_metadata::MetadataImage) {
-    let moves =
-        tessera_planner::plan_leader_moves(image, b.config.replica_placement_rebalance_max_ranges);
+    let rates = b.reported_range_rates(image);
+    let settings = tessera_planner::LoadBalanceSettings {
+        imbalance: f64::from(b.config.leader_imbalance_per_broker_percentage) / 100.0,
+        min_bytes_per_sec: b.config.leader_load_balance_min_bytes_per_sec,
+    };
+    let moves = tessera_planner::plan_balance(
+        image,
+        &rates,
+        settings,
+        b.config.replica_placement_rebalance_max_ranges,
+    );
     if moves.is_empty() {
         return;
     }
     tracing::info!(
         ranges = moves.len(),
         leaders = ?tessera_planner::leader_load(image),
-        "leader balance: handing ranges to followers on brokers that lead fewer"
+        bytes_in = ?tessera_planner::broker_loads(image, &rates),
+        "leader balance: handing ranges to followers"
     );
     for m in moves {
-        tracing::info!(segment = %m.segment, from = m.from, to = m.to, "leader move planned");
-        if b.move_leader(m) {
+        tracing::info!(segment = %m.leader_move.segment, from = m.leader_move.from, to = m.leader_move.to, bytes_per_sec = m.bytes_per_sec, reason = %m.reason, "leader move planned");
+        if b.move_leader(m.leader_move.clone()) {
+            b.record_balance_decision(&m);
             crate::metrics::Metrics::add(&b.metrics.leader_moves_planned, 1);
         }
     }

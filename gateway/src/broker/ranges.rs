@@ -54,6 +54,10 @@ pub struct RangeInfo {
     #[serde(default)]
     pub primary: Option<i32>,
     pub bytes_appended: u64,
+    /// Bytes appended per second, as the broker answering measures it
+    /// (set on the range's primary only).
+    #[serde(default)]
+    pub bytes_in_per_sec: Option<u64>,
 }
 
 /// One segment as `GET /segments` shows it, with this broker's copy.
@@ -131,6 +135,7 @@ impl Broker {
                     leader_epoch: segments.last().map_or(-1, |s| s.leader_epoch),
                     primary: segments.last().and_then(|s| s.primary()),
                     bytes_appended: self.log_of(r.id).map_or(0, |l| l.bytes_appended()),
+                    bytes_in_per_sec: self.range_rate(r.id),
                 })
             })
             .collect()

@@ -28,6 +28,11 @@ fn free_port() -> u16 {
 /// Starts `n` controller+broker nodes, timed as the compat tests' clusters
 /// (failures noticed in seconds).
 async fn start_cluster(dir: &Path, n: usize) -> Vec<Running> {
+    start_cluster_with(dir, n, &[]).await
+}
+
+/// [`start_cluster`] with more configs for every node.
+async fn start_cluster_with(dir: &Path, n: usize, extra: &[(&str, &str)]) -> Vec<Running> {
     let ports: Vec<u16> = (0..n).map(|_| free_port()).collect();
     let voters = ports
         .iter()
@@ -39,17 +44,16 @@ async fn start_cluster(dir: &Path, n: usize) -> Vec<Running> {
         let node_dir = dir.join(format!("node-{}", i + 1));
         std::fs::create_dir_all(&node_dir).unwrap();
         let id = (i + 1).to_string();
-        let config = common::test_config(
-            &node_dir,
-            &[
-                ("node.id", id.as_str()),
-                ("controller.quorum.voters", voters.as_str()),
-                ("broker.heartbeat.interval.ms", "500"),
-                ("broker.session.timeout.ms", "3000"),
-                ("replica.lag.time.max.ms", "2000"),
-                common::NO_TIME_RETENTION,
-            ],
-        );
+        let mut configs = vec![
+            ("node.id", id.as_str()),
+            ("controller.quorum.voters", voters.as_str()),
+            ("broker.heartbeat.interval.ms", "500"),
+            ("broker.session.timeout.ms", "3000"),
+            ("replica.lag.time.max.ms", "2000"),
+            common::NO_TIME_RETENTION,
+        ];
+        configs.extend_from_slice(extra);
+        let config = common::test_config(&node_dir, &configs);
         // Together: each start waits for a quorum of the others.
         tokio::spawn(async move { tessera_gateway::start(config).await.unwrap() })
     });
@@ -266,6 +270,120 @@ async fn a_split_spreads_its_children_and_a_merge_gathers_them() {
             "partition {p} after the merge"
         );
     }
+    for r in nodes {
+        r.shutdown().await;
+    }
+}
+
+/// A broker leading two busy ranges while the others lead idle ones hands
+/// one of them to a follower (the balance by bytes in; by leader count
+/// every broker leads as many ranges and nothing would move), and says why
+/// on `GET /balance`. Offsets go on densely through the move.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broker_leading_the_busy_ranges_hands_one_to_a_follower() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = start_cluster_with(
+        dir.path(),
+        3,
+        &[
+            ("leader.imbalance.check.interval.seconds", "1"),
+            ("leader.load.balance.min.bytes.per.sec", "1000"),
+            // Only leader moves, so that the test sees what balance did.
+            ("replica.placement.rebalance.enable", "false"),
+        ],
+    )
+    .await;
+    for name in ["hot-a", "hot-b"] {
+        nodes[0]
+            .broker
+            .create_topic(
+                NewTopic {
+                    name: name.into(),
+                    partitions: 3,
+                    replication_factor: 3,
+                    configs: BTreeMap::new(),
+                },
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    // One range of each topic on the same broker: those two are busy.
+    let busy = leader_of(&nodes, "hot-a", 0).await.config().node_id;
+    let mut targets = vec![("hot-a", 0u32)];
+    for p in 0..3 {
+        if leader_of(&nodes, "hot-b", p).await.config().node_id == busy {
+            targets.push(("hot-b", p));
+        }
+    }
+    assert_eq!(
+        targets.len(),
+        2,
+        "each broker leads one range of each topic"
+    );
+    let range_of = |topic: &str, p: u32| {
+        let image = nodes[0].broker.image();
+        let t = image.topic_by_name(topic).unwrap();
+        image.active_range_for(t.id, p).unwrap().id
+    };
+    let ranges: Vec<u64> = targets.iter().map(|(t, p)| range_of(t, *p)).collect();
+    let primary_of = |range: u64| {
+        nodes[0]
+            .broker
+            .image()
+            .active_segment(range)
+            .and_then(|s| s.primary())
+    };
+
+    // ~300 KB/s into each busy range, through whichever broker leads it.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let brokers: Vec<Arc<Broker>> = nodes.iter().map(|r| r.broker.clone()).collect();
+    let load = {
+        let (stop, targets) = (stop.clone(), targets.clone());
+        tokio::spawn(async move {
+            let mut offsets: Vec<Vec<i64>> = vec![Vec::new(); targets.len()];
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for (i, (topic, p)) in targets.iter().enumerate() {
+                    for b in &brokers {
+                        let image = b.image();
+                        let t = image.topic_by_name(topic).unwrap().clone();
+                        let Ok(route) = b.route(&image, &t, *p as i32) else {
+                            continue;
+                        };
+                        if let Ok(offset) = b.append_durably(&route, *p, make_batch(60, 1)).await {
+                            offsets[i].push(offset);
+                            break;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+            offsets
+        })
+    };
+    common::eventually("one busy range handed to another broker", || {
+        let primaries: Vec<_> = ranges.iter().map(|r| primary_of(*r)).collect();
+        primaries.iter().all(Option::is_some) && primaries[0] != primaries[1]
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let offsets = load.await.unwrap();
+    for (i, o) in offsets.iter().enumerate() {
+        assert!(o.len() > 10, "{:?} took records", targets[i]);
+        let dense: Vec<i64> = (0..o.len() as i64).map(|k| k * 60).collect();
+        assert_eq!(o, &dense, "{:?}: each batch at the next offset", targets[i]);
+    }
+    let controller = nodes
+        .iter()
+        .find(|r| r.broker.controller().is_leader())
+        .expect("an active controller");
+    let view = controller.broker.balance_view();
+    assert!(
+        view.decisions
+            .iter()
+            .any(|d| ranges.contains(&d.range) && d.from == busy && d.reason.contains("bytes in")),
+        "the move and its reason: {view:?}"
+    );
     for r in nodes {
         r.shutdown().await;
     }
