@@ -69,22 +69,22 @@ def produce(bootstrap: str, topic: str, partitions: int, count: int) -> dict[tup
     return acked
 
 
-def start_fourth_broker(cluster) -> tuple[int, str]:
-    """Starts node 4 by hand as a broker-only node of the running cluster;
-    its Kafka port and admin URL."""
+def start_fourth_broker(cluster, node: int = 4) -> tuple[int, str]:
+    """Starts node `node` (4 by default) by hand as a broker-only node of
+    the running cluster; its Kafka port and admin URL."""
     port, admin_port = free_port(), free_port()
     workdir = cluster["workdir"]
     cmd = [
         str(tessera_bin()),
-        "--data-dir", str(workdir / "cluster" / "node-4"),
-        "--node-id", "4",
+        "--data-dir", str(workdir / "cluster" / f"node-{node}"),
+        "--node-id", str(node),
         "--listeners", f"PLAINTEXT://127.0.0.1:{port}",
         "--admin-listener", f"127.0.0.1:{admin_port}",
         "-o", f"controller.quorum.voters={cluster['voters']}",
         "-o", "process.roles=broker",
         *[a for k, v in cluster["overrides"].items() for a in ("-o", f"{k}={v}")],
     ]
-    log = open(workdir / "node-4.log", "ab")
+    log = open(workdir / f"node-{node}.log", "ab")
     procguard.spawn(cmd, cwd=workdir, stdout=log, stderr=subprocess.STDOUT)
     return port, f"http://127.0.0.1:{admin_port}"
 

@@ -68,6 +68,11 @@ enum Command {
         /// (node i gets the ((i - 1) mod n)-th), e.g. `--racks a,b,c`.
         #[arg(long, value_delimiter = ',')]
         racks: Vec<String>,
+        /// How many of the nodes are controller voters (the first ones; the
+        /// rest are broker-only). Default: 1 for up to 2 nodes, 3 for 3-4,
+        /// 5 for more. Odd, and at most `--nodes`.
+        #[arg(long)]
+        voters: Option<u16>,
     },
     /// SASL/SCRAM users of a node that is not running (its data directory
     /// and metadata log): `tessera users add NAME --password PW`.
@@ -330,6 +335,7 @@ fn controller_voters_for(nodes: u16) -> u16 {
 /// SIGTERM (forwarded as SIGTERM, so each shuts down gracefully).
 fn run_cluster(
     nodes: u16,
+    voters: Option<u16>,
     ports: ClusterPorts,
     dir: &std::path::Path,
     racks: &[String],
@@ -338,7 +344,10 @@ fn run_cluster(
     if !(1..=9).contains(&nodes) {
         anyhow::bail!("--nodes must be 1 to 9, not {nodes}");
     }
-    let voter_count = controller_voters_for(nodes);
+    let voter_count = voters.unwrap_or_else(|| controller_voters_for(nodes));
+    if voter_count == 0 || voter_count > nodes || voter_count.is_multiple_of(2) {
+        anyhow::bail!("--voters must be odd and at most --nodes ({nodes}), not {voter_count}");
+    }
     let exe = std::env::current_exe()?;
     let voters: Vec<String> = (0..voter_count)
         .map(|i| format!("{}@127.0.0.1:{}", i + 1, ports.controller + i))
@@ -461,6 +470,7 @@ fn main() -> anyhow::Result<()> {
         controller_base_port,
         dir,
         racks,
+        voters,
     }) = &cli.command
     {
         let ports = ClusterPorts {
@@ -468,7 +478,7 @@ fn main() -> anyhow::Result<()> {
             admin: *admin_base_port,
             controller: *controller_base_port,
         };
-        return run_cluster(*nodes, ports, dir, racks, &cli.overrides);
+        return run_cluster(*nodes, *voters, ports, dir, racks, &cli.overrides);
     }
     if let Some(Command::Migrate { args, action }) = &cli.command {
         migrate_command(args, action);

@@ -203,7 +203,7 @@ impl MetadataImage {
         self.topics.get(self.topic_names.get(name)?)
     }
 
-    fn topic_range_ids(&self, topic: TopicId) -> impl Iterator<Item = RangeId> + '_ {
+    pub(crate) fn topic_range_ids(&self, topic: TopicId) -> impl Iterator<Item = RangeId> + '_ {
         self.topic_ranges
             .range((topic, RangeId::MIN)..=(topic, RangeId::MAX))
             .map(|(_, r)| *r)

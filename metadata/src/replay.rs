@@ -91,6 +91,16 @@ impl MetadataImage {
                 if r.hi > topic.partitions {
                     return Some("range beyond the topic's partitions");
                 }
+                // Two active ranges never share a partition: a range made
+                // to fill a gap that a concurrent write filled first (two
+                // movers completing the same lost move) creates nothing.
+                let overlaps = self
+                    .topic_range_ids(r.topic_id)
+                    .filter_map(|id| self.ranges.get(&id))
+                    .any(|other| other.active && other.lo < r.hi && r.lo < other.hi);
+                if overlaps {
+                    return Some("range overlaps an active range");
+                }
                 let parents_ok = r.parents.iter().all(|p| {
                     self.ranges
                         .get(p)
@@ -986,6 +996,17 @@ mod tests {
         let split = with(
             with(r1, MetadataRecord::SealRange { range_id: 1 }),
             range(2, 1, 0, 2, vec![1]),
+        );
+        assert!(
+            !last_applies(&with(
+                with(t.clone(), range(1, 1, 0, 2, vec![])),
+                range(2, 1, 1, 3, vec![])
+            )),
+            "overlaps an active range"
+        );
+        assert!(
+            !last_applies(&with(split.clone(), range(4, 1, 1, 3, vec![1]))),
+            "a second child over a partition an active child holds"
         );
         let (img, applied) = replay(&with(split, range(3, 1, 2, 4, vec![1])));
         assert!(applied.iter().all(|a| *a));

@@ -111,3 +111,93 @@ pub fn gather_for_merge(
     }
     Ok(moves)
 }
+
+/// The children a lost move owes: partitions of a topic that no active
+/// range covers, because a split or merge entry sealed its parents while
+/// its `CreateRange` records lost their ids to a concurrent move (each
+/// planner takes the image's next range id; replay skips the later
+/// records, not the whole entry). For each such run of partitions, the
+/// newest sealed range that held them gets one child over the run, opened
+/// where the parent's last segment was (its primary holds the parent's
+/// log, which seeds the child) one leader epoch up. Partitions no range
+/// ever held (a topic creation's gap) are `cover_partitions`' concern.
+pub fn complete_moves(image: &MetadataImage) -> Vec<tessera_metadata::MetadataRecord> {
+    use tessera_metadata::{MetadataRecord, RangeRecord, SegmentId};
+    let mut records = Vec::new();
+    let mut next_id = image.next_range_id();
+    for topic in image.topics.values() {
+        let gaps = uncovered(image, topic.id, topic.partitions);
+        if gaps.is_empty() {
+            continue;
+        }
+        let ranges = image.all_ranges(topic.id);
+        // The newest sealed range holding `p`: one no range holding `p`
+        // names as a parent.
+        let last_holder = |p: u32| {
+            ranges
+                .iter()
+                .filter(|r| !r.active && r.contains(p))
+                .find(|r| {
+                    !ranges
+                        .iter()
+                        .any(|c| c.contains(p) && c.parents.contains(&r.id))
+                })
+                .map(|r| r.id)
+        };
+        let mut runs: Vec<(RangeId, u32, u32)> = Vec::new();
+        for p in gaps.into_iter().flat_map(|(lo, hi)| lo..hi) {
+            let Some(parent) = last_holder(p) else {
+                continue;
+            };
+            match runs.last_mut() {
+                Some((id, _, hi)) if *id == parent && *hi == p => *hi = p + 1,
+                _ => runs.push((parent, p, p + 1)),
+            }
+        }
+        for (parent, lo, hi) in runs {
+            let Some(last) = image.segments_of(parent).last().cloned() else {
+                continue;
+            };
+            records.push(MetadataRecord::CreateRange(RangeRecord {
+                range_id: next_id,
+                topic_id: topic.id,
+                lo,
+                hi,
+                parents: vec![parent],
+            }));
+            records.push(crate::open_segment(
+                SegmentId::new(next_id, 0),
+                last.replicas.clone(),
+                crate::next_epoch(image, &[parent]),
+            ));
+            next_id += 1;
+        }
+    }
+    records
+}
+
+/// The runs of `topic`'s partitions no active range covers.
+pub(crate) fn uncovered(
+    image: &MetadataImage,
+    topic: tessera_metadata::TopicId,
+    partitions: u32,
+) -> Vec<(u32, u32)> {
+    let mut covered: Vec<(u32, u32)> = image
+        .active_ranges(topic)
+        .iter()
+        .map(|r| (r.lo, r.hi))
+        .collect();
+    covered.sort_unstable();
+    let mut gaps = Vec::new();
+    let mut at = 0;
+    for (lo, hi) in covered {
+        if lo > at {
+            gaps.push((at, lo));
+        }
+        at = at.max(hi);
+    }
+    if at < partitions {
+        gaps.push((at, partitions));
+    }
+    gaps
+}

@@ -2293,3 +2293,71 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn a_move_whose_children_lost_their_ids_is_completed_from_its_parent() {
+    // Two ranges split concurrently from the same image: both plans take
+    // the same child ids. The second entry seals its parent and loses its
+    // children: the parent's partitions are covered by no active range.
+    let mut image = cluster(3);
+    let s = spec("race", 6, 3);
+    let topic = s.topic_id;
+    let records = create_topic(&image, s).unwrap();
+    assert_eq!(commit(&mut image, &records), 0);
+    let a = image.active_range_for(topic, 0).unwrap().id;
+    let b = image.active_range_for(topic, 2).unwrap().id;
+    let first = split_range(&image, a, None).unwrap();
+    let second = split_range(&image, b, None).unwrap();
+    assert_eq!(
+        first.children, second.children,
+        "the same ids from the same image"
+    );
+    let second_entry = move_entry(&image, &second);
+    assert_eq!(commit_move(&mut image, &first), 0);
+    assert!(
+        complete_moves(&image).is_empty(),
+        "nothing owed after a whole move"
+    );
+    assert_eq!(
+        commit(&mut image, &second_entry),
+        4,
+        "the children are skipped"
+    );
+    assert!(
+        image.active_range_for(topic, 2).is_none(),
+        "partitions 2-3 lost their range"
+    );
+
+    let owed = complete_moves(&image);
+    assert_eq!(commit(&mut image, &owed), 0);
+    let child = image.active_range_for(topic, 2).unwrap();
+    assert_eq!((child.lo, child.hi, child.parents.clone()), (2, 4, vec![b]));
+    assert_eq!(image.active_range_for(topic, 3).unwrap().id, child.id);
+    let seg = image.active_segment(child.id).unwrap();
+    let parent_last = image.segments_of(b).last().unwrap().clone();
+    assert_eq!(
+        seg.replicas, parent_last.replicas,
+        "opened where the parent's log is"
+    );
+    assert!(seg.leader_epoch > parent_last.leader_epoch);
+    assert!(complete_moves(&image).is_empty());
+    // A second completer that planned from the same image under another
+    // id: its range would cover partitions an active range holds, and
+    // replay skips it (and the segment of a range it never created).
+    let twice: Vec<MetadataRecord> = owed
+        .iter()
+        .cloned()
+        .map(|r| match r {
+            MetadataRecord::CreateRange(mut c) => {
+                c.range_id = 999;
+                MetadataRecord::CreateRange(c)
+            }
+            MetadataRecord::OpenSegment(mut o) => {
+                o.segment = SegmentId::new(999, 0);
+                MetadataRecord::OpenSegment(o)
+            }
+            other => other,
+        })
+        .collect();
+    assert_eq!(commit(&mut image, &twice), twice.len());
+}

@@ -136,6 +136,19 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
                     b.seal_by_quorum(seg.id);
                 }
             }
+            // A split or merge whose children lost their ids to a
+            // concurrent move sealed its parents alone: their partitions
+            // get the children they are owed.
+            let owed = tessera_planner::complete_moves(&image);
+            if !owed.is_empty() {
+                tracing::warn!(
+                    ?owed,
+                    "completing range moves whose children a concurrent move's ids displaced"
+                );
+                if let Err(e) = b.controller.write_on_leader(owed).await {
+                    tracing::warn!(error = %e, "could not complete range moves");
+                }
+            }
             // A fenced (or unregistered) follower of an active segment
             // leaves it at once: the next segment opens without it, on a
             // spare if there is one, and a set that shrank grows back.

@@ -151,11 +151,53 @@ impl Broker {
         let _guard = self.admin.lock().await;
         let image = self.image();
         let plan = tessera_planner::split_range(&image, range_id, at)?;
-        let (left, right) = (plan.children[0], plan.children[1]);
         self.commit_move(&image, plan).await?;
+        let children = self.children_of(&[range_id]).await?;
+        let [left, right] = children[..] else {
+            return Err(ApiError::InvalidRequest(format!(
+                "the split of range {range_id} lost its child ids to a concurrent move; \
+                 its partitions continue in range {children:?}: split that one"
+            )));
+        };
         tracing::info!(range_id, left, right, "split range");
         self.spread_children(&[left, right]);
         Ok((left, right))
+    }
+
+    /// The active ranges a committed move made of `parents`, in partition
+    /// order. A move whose child ids a concurrent move took first sealed
+    /// its parents without them; the active controller then creates the
+    /// children they are owed (`tessera_planner::complete_moves`), which
+    /// this waits for.
+    async fn children_of(&self, parents: &[RangeId]) -> Result<Vec<RangeId>, ApiError> {
+        let deadline = Instant::now() + MERGE_GATHER_TIMEOUT;
+        loop {
+            let image = self.image();
+            let mut children: Vec<_> = image
+                .ranges
+                .values()
+                .filter(|r| r.active && r.parents.iter().any(|p| parents.contains(p)))
+                .map(|r| (r.lo, r.id))
+                .collect();
+            children.sort_unstable();
+            let covered: u32 = children
+                .iter()
+                .filter_map(|(_, id)| image.ranges.get(id))
+                .map(|r| r.hi - r.lo)
+                .sum();
+            let width: u32 = parents
+                .iter()
+                .filter_map(|p| image.ranges.get(p))
+                .map(|r| r.hi - r.lo)
+                .sum();
+            if covered == width {
+                return Ok(children.into_iter().map(|(_, id)| id).collect());
+            }
+            if Instant::now() >= deadline {
+                return Err(ApiError::RequestTimedOut);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 
     /// Hands split children but the first to followers of their first
@@ -216,8 +258,14 @@ impl Broker {
         self.gather_parents(&[left_id, right_id]).await?;
         let image = self.image();
         let plan = tessera_planner::merge_ranges(&image, left_id, right_id)?;
-        let child = plan.children[0];
         self.commit_move(&image, plan).await?;
+        let children = self.children_of(&[left_id, right_id]).await?;
+        let [child] = children[..] else {
+            return Err(ApiError::InvalidRequest(format!(
+                "the merge of ranges {left_id} and {right_id} lost its child id to a concurrent \
+                 move; their partitions continue in ranges {children:?}"
+            )));
+        };
         tracing::info!(left_id, right_id, child, "merged ranges");
         Ok(child)
     }

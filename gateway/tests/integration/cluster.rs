@@ -388,3 +388,65 @@ async fn a_broker_leading_the_busy_ranges_hands_one_to_a_follower() {
         r.shutdown().await;
     }
 }
+
+/// Two brokers split their ranges at once: both plan from the same image
+/// and take the same child ids. The later entry sealed its parent while
+/// replay skipped its children, and those partitions had no range at all
+/// (produce timed out for good); now the active controller creates the
+/// children the lost move owes, and every partition goes on at its next
+/// offset.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_splits_on_two_brokers_leave_no_partition_without_a_range() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = start_cluster(dir.path(), 3).await;
+    let topic = "race";
+    nodes[0]
+        .broker
+        .create_topic(
+            NewTopic {
+                name: topic.into(),
+                partitions: 6,
+                replication_factor: 3,
+                configs: BTreeMap::from([("min.insync.replicas".to_string(), "2".to_string())]),
+            },
+            false,
+        )
+        .await
+        .unwrap();
+    for p in 0..6 {
+        assert_eq!(produce_to(&nodes, topic, p, 0).await, 0);
+    }
+    let (a, b) = (
+        leader_of(&nodes, topic, 0).await,
+        leader_of(&nodes, topic, 2).await,
+    );
+    assert_ne!(a.config().node_id, b.config().node_id);
+    let range_of = |p: u32| {
+        let image = nodes[0].broker.image();
+        let t = image.topic_by_name(topic).unwrap();
+        image.active_range_for(t.id, p).unwrap().id
+    };
+    let (ra, rb) = (range_of(0), range_of(2));
+    let (first, second) = tokio::join!(a.split_range(ra, None), b.split_range(rb, None));
+    // One may have lost its child ids (it says so); neither range stays.
+    let outcomes = [first, second];
+    assert!(outcomes.iter().any(|o| o.is_ok()), "{outcomes:?}");
+    common::eventually("every partition in an active range on every node", || {
+        nodes.iter().all(|n| {
+            let image = n.broker.image();
+            let t = image.topic_by_name(topic).unwrap();
+            (0..6).all(|p| image.active_range_for(t.id, p).is_some())
+        })
+    })
+    .await;
+    for p in 0..6 {
+        assert_eq!(
+            produce_to(&nodes, topic, p, 1).await,
+            1,
+            "partition {p} goes on at its next offset"
+        );
+    }
+    for r in nodes {
+        r.shutdown().await;
+    }
+}
