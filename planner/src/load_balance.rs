@@ -103,8 +103,10 @@ fn movable(image: &MetadataImage, live: &BTreeMap<i32, u64>) -> Vec<(SegmentId, 
 }
 
 /// Up to `max_moves` leader moves: first by load (module docs), then the
-/// count balance's moves that keep the loads' order. Rates of ranges no
-/// report covers count 0.
+/// count balance's moves that keep the loads' order. A range no report
+/// covers counts 0 for the loads but is not moved by count while other
+/// ranges have reports (its rate is not known yet); with no reports at
+/// all (the brokers do not report), the count balance is Kafka's.
 pub fn plan_balance(
     image: &MetadataImage,
     rates: &BTreeMap<RangeId, u64>,
@@ -129,7 +131,15 @@ pub fn plan_balance(
             continue;
         }
         let (from, to) = (m.from, m.to);
-        let x = rates.get(&m.segment.range).copied().unwrap_or(0);
+        // With reports at all, a range without one is one whose rate is
+        // not known yet (it just moved): not moved by count meanwhile.
+        let Some(x) = rates
+            .get(&m.segment.range)
+            .copied()
+            .or(rates.is_empty().then_some(0))
+        else {
+            continue;
+        };
         let keeps_order = load[&to] + x <= load[&from].saturating_sub(x) && x <= load[&from];
         if counts[&from] - counts[&to] < 2 || !keeps_order {
             continue;

@@ -2207,6 +2207,22 @@ fn a_count_move_never_makes_the_loads_worse() {
         !moves.is_empty() && moves.iter().all(|m| m.reason.contains("leader count")),
         "{moves:?} {counts_only:?}"
     );
+    // Their rates not reported yet (they just moved) while others are:
+    // not moved by count until they are.
+    let rates: BTreeMap<RangeId, u64> = BTreeMap::from([(ranges[3], 90)]);
+    let moves = plan_balance(
+        &image,
+        &rates,
+        LoadBalanceSettings {
+            imbalance: 10.0,
+            ..BALANCE
+        },
+        8,
+    );
+    assert!(moves.is_empty(), "{moves:?}");
+    // No reports at all: Kafka's count balance.
+    let moves = plan_balance(&image, &BTreeMap::new(), BALANCE, 8);
+    assert_eq!(moves.len(), counts_only.len());
     // Broker 1's ranges busy and broker 3 would end above it: not moved.
     let rates: BTreeMap<RangeId, u64> = ranges.iter().copied().zip([10, 10, 10, 0]).collect();
     let moves = plan_balance(

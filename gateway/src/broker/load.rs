@@ -29,18 +29,23 @@ pub(crate) struct LoadMeter {
 
 impl LoadMeter {
     /// Takes each range's bytes appended so far at `now` and returns the
-    /// smoothed rates (bytes per second). A range seen for the first time,
-    /// or whose counter went back (its log was opened again), has no rate
-    /// until the next observation; ranges not given are forgotten.
+    /// smoothed rates (bytes per second) of the ranges given. A range seen
+    /// for the first time has no rate until the next observation; one
+    /// whose counter went back (its log was opened again, as every leader
+    /// move or re-placement does) keeps its rate and counts from there. A
+    /// range missing from the observations for longer than the smoothing
+    /// is forgotten (not at once: a range briefly between two logs must
+    /// not read as idle, or the count balance would take it for one).
     pub(crate) fn observe(
         &mut self,
         now: Instant,
         totals: impl IntoIterator<Item = (RangeId, u64)>,
     ) -> BTreeMap<RangeId, u64> {
-        let mut seen = HashMap::new();
+        let mut given = Vec::new();
         for (range, total) in totals {
-            seen.insert(range, (total, now));
-            let Some(&(before, at)) = self.last.get(&range) else {
+            given.push(range);
+            let previous = self.last.insert(range, (total, now));
+            let Some((before, at)) = previous else {
                 continue;
             };
             let dt = now.saturating_duration_since(at).as_secs_f64();
@@ -52,11 +57,12 @@ impl LoadMeter {
             let rate = self.rates.entry(range).or_insert(instant);
             *rate += weight * (instant - *rate);
         }
-        self.rates.retain(|r, _| seen.contains_key(r));
-        self.last = seen;
-        self.rates
-            .iter()
-            .map(|(r, v)| (*r, v.round() as u64))
+        self.last
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < SMOOTHING);
+        self.rates.retain(|r, _| self.last.contains_key(r));
+        given
+            .into_iter()
+            .filter_map(|r| self.rates.get(&r).map(|v| (r, v.round() as u64)))
             .collect()
     }
 }
@@ -193,12 +199,17 @@ mod tests {
             rates = meter.observe(t0 + i * s, [(1, total)]);
         }
         assert!(rates[&1].abs_diff(1_000) < 50, "{rates:?}");
+        assert!(!rates.contains_key(&2), "a range not given is not reported");
         assert!(
-            !rates.contains_key(&2),
-            "a range no longer led is forgotten"
+            !meter.rates.contains_key(&2),
+            "and forgotten after the smoothing"
         );
-        // A counter that went back (the log opened again): no rate from it.
+        // A counter that went back (the log opened again) keeps the rate.
         let rates = meter.observe(t0 + 61 * s, [(1, 10)]);
         assert!(rates[&1].abs_diff(1_000) < 50);
+        // Missing from one look (between two logs): the rate is kept.
+        assert!(meter.observe(t0 + 62 * s, []).is_empty());
+        let rates = meter.observe(t0 + 63 * s, [(1, 2_010)]);
+        assert!(rates[&1].abs_diff(1_000) < 50, "{rates:?}");
     }
 }
