@@ -255,6 +255,7 @@ fn spread_ranges(
 ) -> Result<Vec<MetadataRecord>, PlanError> {
     let brokers = candidates(image);
     let mut led = partitions_led(image);
+    let mut held = replica_load(image);
     let mut leading_this_topic = Vec::new();
     let mut records = Vec::with_capacity(blocks.len() * 2);
     for (i, &(lo, hi)) in blocks.iter().enumerate() {
@@ -275,11 +276,29 @@ fn spread_ranges(
                 )
             })
             .map(|(b, _)| *b);
-        let replicas = place_replicas_led_by(&key, &brokers, primary, replication_factor)
+        let mut replicas = place_replicas_led_by(&key, &brokers, primary, replication_factor)
             .map_err(placement_error)?;
         if let Some(&p) = replicas.first() {
             *led.entry(p).or_default() += u64::from(hi - lo);
             leading_this_topic.push(p);
+            // Followers where the fewest active segments are (new racks
+            // first): what re-placement balances, so that a new topic
+            // leaves it nothing to move (it sealed new ranges again and
+            // again right after creation on 5 brokers).
+            let mut set = vec![p];
+            while set.len() < replicas.len() {
+                let spares = replacement::ranked_spares(image, segment, &set, &set, &held);
+                let Some(&next) = spares.first() else { break };
+                set.push(next);
+            }
+            if set.len() == replicas.len() {
+                replicas = set;
+            }
+            for r in &replicas {
+                if let Some(n) = held.get_mut(r) {
+                    *n += 1;
+                }
+            }
         }
         records.push(MetadataRecord::CreateRange(RangeRecord {
             range_id,

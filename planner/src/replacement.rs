@@ -375,7 +375,7 @@ pub fn plan_follower_replacements(
 /// Live brokers outside `current`, in the order they should join a set
 /// that keeps `keep`: brokers in racks `keep` does not use first, then by
 /// load, then as weighted rendezvous hashing places the next segment.
-fn ranked_spares(
+pub(crate) fn ranked_spares(
     image: &MetadataImage,
     segment: SegmentId,
     current: &[i32],
