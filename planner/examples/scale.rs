@@ -198,10 +198,25 @@ impl Cluster {
     }
 
     fn loads(&self) -> Loads {
+        // Live brokers by slot (id order), looked up in a table by id (the
+        // simulated ids are small): no map search per range.
         let live = self.live();
-        let mut bytes: BTreeMap<i32, f64> = live.iter().map(|b| (*b, 0.0)).collect();
-        let mut primaries: BTreeMap<i32, f64> = bytes.clone();
-        let mut replicas: BTreeMap<i32, f64> = bytes.clone();
+        let mut slot = vec![usize::MAX; live.iter().max().map_or(0, |&m| m as usize + 1)];
+        for (i, &b) in live.iter().enumerate() {
+            slot[b as usize] = i;
+        }
+        let slot_of = |b: i32| {
+            usize::try_from(b)
+                .ok()
+                .and_then(|b| slot.get(b).copied())
+                .filter(|&s| s != usize::MAX)
+        };
+        let mut bytes = vec![0.0f64; live.len()];
+        let mut primaries = vec![0.0f64; live.len()];
+        let mut replicas = vec![0.0f64; live.len()];
+        // The load per partition of the topic of the previous range (a
+        // topic's ranges mostly follow each other).
+        let mut topic_load: Option<(TopicId, Option<f64>)> = None;
         // Each active range's active segment (its last unsealed one), in
         // one merged walk of the ranges and segments.
         let mut segments = self.image.segments.iter().peekable();
@@ -219,29 +234,34 @@ impl Cluster {
             let Some(seg) = active.filter(|_| r.active) else {
                 continue;
             };
-            let Some(topic) = self.image.topics.get(&r.topic_id) else {
+            let per_partition = match topic_load {
+                Some((t, l)) if t == r.topic_id => l,
+                _ => {
+                    let l = self.image.topics.get(&r.topic_id).map(|topic| {
+                        self.load.get(&r.topic_id).copied().unwrap_or(0.0)
+                            / f64::from(topic.partitions.max(1))
+                    });
+                    topic_load = Some((r.topic_id, l));
+                    l
+                }
+            };
+            let Some(per_partition) = per_partition else {
                 continue;
             };
-            let per_partition = self.load.get(&r.topic_id).copied().unwrap_or(0.0)
-                / f64::from(topic.partitions.max(1));
-            if let Some(p) = seg.primary() {
-                if let Some(b) = bytes.get_mut(&p) {
-                    *b += per_partition * f64::from(r.hi - r.lo);
-                }
-                if let Some(n) = primaries.get_mut(&p) {
-                    *n += 1.0;
-                }
+            if let Some(p) = seg.primary().and_then(slot_of) {
+                bytes[p] += per_partition * f64::from(r.hi - r.lo);
+                primaries[p] += 1.0;
             }
             for rep in &seg.replicas {
-                if let Some(n) = replicas.get_mut(rep) {
-                    *n += 1.0;
+                if let Some(n) = slot_of(*rep) {
+                    replicas[n] += 1.0;
                 }
             }
         }
         Loads {
-            bytes: Spread::of(bytes.values()),
-            primaries: Spread::of(primaries.values()),
-            replicas: Spread::of(replicas.values()),
+            bytes: Spread::of(bytes.iter()),
+            primaries: Spread::of(primaries.iter()),
+            replicas: Spread::of(replicas.iter()),
         }
     }
 

@@ -439,36 +439,56 @@ fn spread_ranges_with(
     let candidate_of: Vec<Option<usize>> = ids.iter().map(|id| index.get(id).copied()).collect();
     let mut leading = vec![false; ids.len()];
     let mut leading_len = 0usize;
-    let mut position = vec![usize::MAX; brokers.len()];
+    // Each live broker is in `led` and the other way round when both are
+    // of one image (or of one kept `PlacementLoad`): then the order that
+    // breaks ties is `Placer::first_by`'s, with no full order listed.
+    let live_of: Vec<Option<usize>> = candidate_of
+        .iter()
+        .map(|c| c.and_then(|c| placer.live_position(c)))
+        .collect();
+    let consistent = placer.live_count() == ids.len() && live_of.iter().all(Option::is_some);
     let mut records = Vec::with_capacity(blocks.len() * 2);
     for (i, &(lo, hi)) in blocks.iter().enumerate() {
         let range_id = image.next_range_id() + i as RangeId;
         let segment = SegmentId::new(range_id, 0);
         let key = segment.to_string();
         let ranking = placer.rank(&key);
-        // The rendezvous order of live brokers for this segment breaks ties
-        // (`place_replicas(key, brokers, ids.len().max(1))`, or none).
-        let wanted = ids.len().max(1);
-        position.iter_mut().for_each(|p| *p = usize::MAX);
-        if placer.live_count() >= wanted {
-            for (at, c) in placer
-                .full_order(&ranking)
-                .into_iter()
-                .take(wanted)
-                .enumerate()
-            {
-                position[c] = at;
-            }
-        }
-        let primary = (0..ids.len())
-            .filter(|&s| !leading[s] || leading_len >= ids.len())
-            .min_by_key(|&s| {
-                (
-                    count[s],
-                    candidate_of[s].map_or(usize::MAX, |c| position[c]),
+        let open = |s: &usize| !leading[*s] || leading_len >= ids.len();
+        let primary = if consistent {
+            placer
+                .first_by(
+                    &ranking,
+                    (0..ids.len())
+                        .filter(open)
+                        .filter_map(|s| Some((live_of[s]?, count[s]))),
                 )
-            })
-            .map(|s| ids[s]);
+                .map(|c| brokers[c].broker_id)
+        } else {
+            // The rendezvous order of live brokers for this segment breaks
+            // ties (`place_replicas(key, brokers, ids.len().max(1))`, or
+            // none).
+            let wanted = ids.len().max(1);
+            let mut position = vec![usize::MAX; brokers.len()];
+            if placer.live_count() >= wanted {
+                for (at, c) in placer
+                    .full_order(&ranking)
+                    .into_iter()
+                    .take(wanted)
+                    .enumerate()
+                {
+                    position[c] = at;
+                }
+            }
+            (0..ids.len())
+                .filter(open)
+                .min_by_key(|&s| {
+                    (
+                        count[s],
+                        candidate_of[s].map_or(usize::MAX, |c| position[c]),
+                    )
+                })
+                .map(|s| ids[s])
+        };
         let replicas = placer
             .place_led_by(&ranking, primary, replication_factor)
             .map_err(placement_error)?;

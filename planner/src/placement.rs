@@ -21,27 +21,21 @@ pub(crate) struct Placer<'a> {
     racks: usize,
 }
 
-/// One segment's ranking: the live candidates (indices into the
-/// candidates) by score, best first, ties to the lowest broker id.
+/// One segment's scores: `score[i]` of candidate `live[i]`.
 pub(crate) struct Ranking {
-    pub(crate) sorted: Vec<usize>,
+    score: Vec<f64>,
 }
 
 impl<'a> Placer<'a> {
     pub(crate) fn new(brokers: &'a [BrokerCandidate]) -> Self {
-        let mut names: Vec<&str> = Vec::new();
+        let mut names: std::collections::BTreeMap<&str, u32> = Default::default();
         let rack = brokers
             .iter()
             .map(|b| {
-                b.rack
-                    .as_deref()
-                    .map(|r| match names.iter().position(|n| *n == r) {
-                        Some(i) => i as u32,
-                        None => {
-                            names.push(r);
-                            (names.len() - 1) as u32
-                        }
-                    })
+                b.rack.as_deref().map(|r| {
+                    let next = names.len() as u32;
+                    *names.entry(r).or_insert(next)
+                })
             })
             .collect();
         let live = (0..brokers.len()).filter(|&i| !brokers[i].fenced).collect();
@@ -57,46 +51,124 @@ impl<'a> Placer<'a> {
         self.live.len()
     }
 
-    /// The live candidates in score order for `segment_key`.
+    /// Every live candidate's score for `segment_key`.
     pub(crate) fn rank(&self, segment_key: &str) -> Ranking {
         let prefix = hash_prefix(segment_key);
-        let mut scored: Vec<(f64, i32, usize)> = self
-            .live
-            .iter()
-            .map(|&i| {
-                let b = &self.brokers[i];
-                (score(prefix, b.broker_id, b.load), b.broker_id, i)
-            })
-            .collect();
-        scored.sort_unstable_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(&b.1)));
         Ranking {
-            sorted: scored.into_iter().map(|(_, _, i)| i).collect(),
+            score: self
+                .live
+                .iter()
+                .map(|&i| score(prefix, self.brokers[i].broker_id, self.brokers[i].load))
+                .collect(),
         }
+    }
+
+    /// Whether live candidate `a` (a position in `live`) comes before `b`
+    /// in the replication crate's order: higher score, then lower id.
+    fn before(&self, ranking: &Ranking, a: usize, b: usize) -> bool {
+        let id = |x: usize| self.brokers[self.live[x]].broker_id;
+        match ranking.score[a].total_cmp(&ranking.score[b]) {
+            std::cmp::Ordering::Greater => true,
+            std::cmp::Ordering::Less => false,
+            std::cmp::Ordering::Equal => id(a) < id(b),
+        }
+    }
+
+    fn order(&self, ranking: &Ranking, a: usize, b: usize) -> std::cmp::Ordering {
+        if a == b {
+            std::cmp::Ordering::Equal
+        } else if self.before(ranking, a, b) {
+            std::cmp::Ordering::Less
+        } else {
+            std::cmp::Ordering::Greater
+        }
+    }
+
+    /// The first `k` of `from` (positions in `live`) in order, best first.
+    fn top(&self, ranking: &Ranking, mut from: Vec<usize>, k: usize) -> Vec<usize> {
+        if from.len() > k && k > 0 {
+            from.select_nth_unstable_by(k - 1, |&a, &b| self.order(ranking, a, b));
+        }
+        from.truncate(k);
+        from.sort_unstable_by(|&a, &b| self.order(ranking, a, b));
+        from
+    }
+
+    /// Per position in `live`: whether `place_replicas` takes it in its
+    /// first pass (no rack, or the best of its rack).
+    fn first_pass(&self, ranking: &Ranking) -> Vec<bool> {
+        let mut best: Vec<Option<usize>> = vec![None; self.racks];
+        for x in 0..self.live.len() {
+            if let Some(r) = self.rack[self.live[x]] {
+                let b = &mut best[r as usize];
+                if b.is_none_or(|b| self.before(ranking, x, b)) {
+                    *b = Some(x);
+                }
+            }
+        }
+        (0..self.live.len())
+            .map(|x| match self.rack[self.live[x]] {
+                None => true,
+                Some(r) => best[r as usize] == Some(x),
+            })
+            .collect()
     }
 
     /// Every live candidate in the order `place_replicas` lists them when
-    /// asked for all of them: the best of each rack (and every broker
-    /// without one) by score, then the others by score.
+    /// asked for all of them (indices into the candidates): the best of
+    /// each rack (and every broker without one) by score, then the others
+    /// by score.
     pub(crate) fn full_order(&self, ranking: &Ranking) -> Vec<usize> {
-        let mut used = vec![false; self.racks];
-        let mut first = Vec::with_capacity(ranking.sorted.len());
-        let mut rest = Vec::new();
-        for &i in &ranking.sorted {
-            match self.rack[i] {
-                Some(r) if used[r as usize] => rest.push(i),
-                Some(r) => {
-                    used[r as usize] = true;
-                    first.push(i);
-                }
-                None => first.push(i),
+        let first = self.first_pass(ranking);
+        let mut all: Vec<usize> = (0..self.live.len()).collect();
+        all.sort_unstable_by(|&a, &b| {
+            first[b]
+                .cmp(&first[a])
+                .then_with(|| self.order(ranking, a, b))
+        });
+        all.into_iter().map(|x| self.live[x]).collect()
+    }
+
+    /// The position in `live` of candidate `i`, if it is live.
+    pub(crate) fn live_position(&self, i: usize) -> Option<usize> {
+        self.live.binary_search(&i).ok()
+    }
+
+    /// Among `candidates` (positions in `live`, each with a key), the one
+    /// with the lowest key, ties to the one that comes first in
+    /// [`Placer::full_order`]; as an index into the candidates.
+    pub(crate) fn first_by<K: Ord>(
+        &self,
+        ranking: &Ranking,
+        candidates: impl Iterator<Item = (usize, K)>,
+    ) -> Option<usize> {
+        let first = self.first_pass(ranking);
+        let mut best: Option<(usize, K)> = None;
+        for (x, k) in candidates {
+            let better = match &best {
+                None => true,
+                Some((b, bk)) => match k.cmp(bk) {
+                    std::cmp::Ordering::Less => true,
+                    std::cmp::Ordering::Greater => false,
+                    // The first pass's brokers come first, then by score.
+                    std::cmp::Ordering::Equal => match (first[x], first[*b]) {
+                        (true, false) => true,
+                        (false, true) => false,
+                        _ => self.before(ranking, x, *b),
+                    },
+                },
+            };
+            if better {
+                best = Some((x, k));
             }
         }
-        first.extend(rest);
-        first
+        best.map(|(x, _)| self.live[x])
     }
 
     /// `place_replicas_led_by(segment_key, brokers, primary, rf)` for the
-    /// segment `ranking` ranks.
+    /// segment `ranking` scores, without sorting every broker: the first
+    /// pass takes the best of each rack (and the brokers without one) in
+    /// score order, the second the best of the others.
     pub(crate) fn place_led_by(
         &self,
         ranking: &Ranking,
@@ -112,42 +184,48 @@ impl<'a> Placer<'a> {
                 available: self.live.len(),
             });
         }
+        // The primary: the first live candidate with that id in score order.
         let lead = primary.and_then(|p| {
-            ranking
-                .sorted
-                .iter()
-                .copied()
-                .find(|&i| self.brokers[i].broker_id == p)
+            (0..self.live.len())
+                .filter(|&x| self.brokers[self.live[x]].broker_id == p)
+                .reduce(|a, b| if self.before(ranking, b, a) { b } else { a })
         });
-        let order = lead
-            .into_iter()
-            .chain(ranking.sorted.iter().copied().filter(|&i| Some(i) != lead));
-        let mut chosen: Vec<usize> = Vec::with_capacity(replication_factor);
-        let mut used = vec![false; self.racks];
-        for i in order.clone() {
-            if chosen.len() == replication_factor {
-                break;
-            }
-            if let Some(r) = self.rack[i] {
-                if used[r as usize] {
-                    continue;
+        let mut chosen: Vec<usize> = lead.into_iter().collect();
+        let lead_rack = lead.and_then(|x| self.rack[self.live[x]]);
+        // First pass: per rack (not the primary's) its best, and every
+        // broker without a rack.
+        let mut best: Vec<Option<usize>> = vec![None; self.racks];
+        let mut first: Vec<usize> = Vec::new();
+        for x in (0..self.live.len()).filter(|&x| Some(x) != lead) {
+            match self.rack[self.live[x]] {
+                None => first.push(x),
+                Some(r) if Some(r) == lead_rack => {}
+                Some(r) => {
+                    let b = &mut best[r as usize];
+                    if b.is_none_or(|b| self.before(ranking, x, b)) {
+                        *b = Some(x);
+                    }
                 }
-                used[r as usize] = true;
             }
-            chosen.push(i);
         }
-        for i in order {
-            if chosen.len() == replication_factor {
-                break;
-            }
-            let id = self.brokers[i].broker_id;
-            if !chosen.iter().any(|&c| self.brokers[c].broker_id == id) {
-                chosen.push(i);
-            }
+        first.extend(best.into_iter().flatten());
+        let wanted = replication_factor - chosen.len();
+        chosen.extend(self.top(ranking, first, wanted));
+        if chosen.len() < replication_factor {
+            // Second pass: the best of the others (by id, as the crate).
+            let ids: Vec<i32> = chosen
+                .iter()
+                .map(|&x| self.brokers[self.live[x]].broker_id)
+                .collect();
+            let rest: Vec<usize> = (0..self.live.len())
+                .filter(|&x| !ids.contains(&self.brokers[self.live[x]].broker_id))
+                .collect();
+            let wanted = replication_factor - chosen.len();
+            chosen.extend(self.top(ranking, rest, wanted));
         }
         Ok(chosen
             .into_iter()
-            .map(|i| self.brokers[i].broker_id)
+            .map(|x| self.brokers[self.live[x]].broker_id)
             .collect())
     }
 }
