@@ -30,7 +30,12 @@
 //! newly placed or moved, the metadata records written, the image's size
 //! (its snapshot, `to_records`, encoded) and the time to replay it, and the
 //! planning time per decision. `--csv` writes the max/mean bytes-in ratio
-//! after every step (for docs/SCALE.md's plot).
+//! every 50 steps (every `ranges / 1,000` steps in images of more than
+//! 50,000 ranges), for docs/SCALE.md's plot.
+//!
+//! Creation, failover and healing read the per-broker counts from a
+//! [`PlacementLoad`] kept through every applied record (as a controller
+//! can keep them), checked against a fresh walk of the image at every row.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
@@ -38,8 +43,8 @@ use std::time::{Duration, Instant};
 use tessera_metadata::records::BrokerRegistration;
 use tessera_metadata::{decode_committed_value, MetadataImage, MetadataRecord, RangeId, TopicId};
 use tessera_planner::{
-    create_topic, heal_segments, plan_leader_moves, plan_replacements, seal_and_replace,
-    seal_by_quorum, split_range, QuorumSeal, TopicSpec,
+    create_topic_with, heal_segments_with, plan_leader_moves, plan_replacements, seal_and_replace,
+    seal_by_quorum, seal_by_quorum_with, split_range, PlacementLoad, QuorumSeal, TopicSpec,
 };
 
 /// Moves one controller pass plans at most (the broker's bound).
@@ -114,12 +119,17 @@ fn parse() -> Options {
 /// every topic, and counters of what the planner wrote.
 struct Cluster {
     image: MetadataImage,
+    /// The per-broker counts creation and failover read, kept through
+    /// every applied record (as a controller would keep them) instead of
+    /// walked per decision; checked against a fresh walk at every row.
+    counts: PlacementLoad,
     load: BTreeMap<TopicId, f64>,
     records: u64,
     placed: u64,
     decisions: u64,
     planning: Duration,
     step: u64,
+    next_sample: u64,
     csv: Vec<String>,
     size: i32,
 }
@@ -134,13 +144,17 @@ impl Cluster {
                 if matches!(r, MetadataRecord::OpenSegment(_)) {
                     self.placed += 1;
                 }
-                self.image.apply(&r, offset);
+                self.counts.apply(&mut self.image, &r, offset);
                 self.records += 1;
             }
         }
         self.image.offset = offset;
         self.step += 1;
-        if self.step.is_multiple_of(50) {
+        // Every 50 steps, or every (ranges / 1,000) in a bigger image: a
+        // sample walks every range (at 1,000 brokers, 2.4 million of them,
+        // and a lost rack is 240,000 failovers).
+        if self.step >= self.next_sample {
+            self.next_sample = self.step + 50.max(self.image.ranges.len() as u64 / 1000);
             let l = self.loads();
             self.csv.push(format!(
                 "{},{},{:.3},{:.3}",
@@ -152,9 +166,9 @@ impl Cluster {
         }
     }
 
-    fn plan<T>(&mut self, f: impl FnOnce(&MetadataImage) -> T) -> T {
+    fn plan<T>(&mut self, f: impl FnOnce(&MetadataImage, &PlacementLoad) -> T) -> T {
         let t = Instant::now();
-        let out = f(&self.image);
+        let out = f(&self.image, &self.counts);
         self.planning += t.elapsed();
         self.decisions += 1;
         out
@@ -184,44 +198,77 @@ impl Cluster {
     }
 
     fn loads(&self) -> Loads {
+        // Live brokers by slot (id order), looked up in a table by id (the
+        // simulated ids are small): no map search per range.
         let live = self.live();
-        let mut bytes: BTreeMap<i32, f64> = live.iter().map(|b| (*b, 0.0)).collect();
-        let mut primaries: BTreeMap<i32, f64> = bytes.clone();
-        let mut replicas: BTreeMap<i32, f64> = bytes.clone();
-        for r in self.image.ranges.values().filter(|r| r.active) {
-            let Some(seg) = self.image.active_segment(r.id) else {
+        let mut slot = vec![usize::MAX; live.iter().max().map_or(0, |&m| m as usize + 1)];
+        for (i, &b) in live.iter().enumerate() {
+            slot[b as usize] = i;
+        }
+        let slot_of = |b: i32| {
+            usize::try_from(b)
+                .ok()
+                .and_then(|b| slot.get(b).copied())
+                .filter(|&s| s != usize::MAX)
+        };
+        let mut bytes = vec![0.0f64; live.len()];
+        let mut primaries = vec![0.0f64; live.len()];
+        let mut replicas = vec![0.0f64; live.len()];
+        // The load per partition of the topic of the previous range (a
+        // topic's ranges mostly follow each other).
+        let mut topic_load: Option<(TopicId, Option<f64>)> = None;
+        // Each active range's active segment (its last unsealed one), in
+        // one merged walk of the ranges and segments.
+        let mut segments = self.image.segments.iter().peekable();
+        for r in self.image.ranges.values() {
+            let mut active = None;
+            while let Some((id, s)) = segments.peek() {
+                if id.range > r.id {
+                    break;
+                }
+                if id.range == r.id && !s.is_sealed() {
+                    active = Some(*s);
+                }
+                segments.next();
+            }
+            let Some(seg) = active.filter(|_| r.active) else {
                 continue;
             };
-            let Some(topic) = self.image.topics.get(&r.topic_id) else {
+            let per_partition = match topic_load {
+                Some((t, l)) if t == r.topic_id => l,
+                _ => {
+                    let l = self.image.topics.get(&r.topic_id).map(|topic| {
+                        self.load.get(&r.topic_id).copied().unwrap_or(0.0)
+                            / f64::from(topic.partitions.max(1))
+                    });
+                    topic_load = Some((r.topic_id, l));
+                    l
+                }
+            };
+            let Some(per_partition) = per_partition else {
                 continue;
             };
-            let per_partition = self.load.get(&r.topic_id).copied().unwrap_or(0.0)
-                / f64::from(topic.partitions.max(1));
-            if let Some(p) = seg.primary() {
-                if let Some(b) = bytes.get_mut(&p) {
-                    *b += per_partition * f64::from(r.hi - r.lo);
-                }
-                if let Some(n) = primaries.get_mut(&p) {
-                    *n += 1.0;
-                }
+            if let Some(p) = seg.primary().and_then(slot_of) {
+                bytes[p] += per_partition * f64::from(r.hi - r.lo);
+                primaries[p] += 1.0;
             }
             for rep in &seg.replicas {
-                if let Some(n) = replicas.get_mut(rep) {
-                    *n += 1.0;
+                if let Some(n) = slot_of(*rep) {
+                    replicas[n] += 1.0;
                 }
             }
         }
         Loads {
-            bytes: Spread::of(bytes.values()),
-            primaries: Spread::of(primaries.values()),
-            replicas: Spread::of(replicas.values()),
+            bytes: Spread::of(bytes.iter()),
+            primaries: Spread::of(primaries.iter()),
+            replicas: Spread::of(replicas.iter()),
         }
     }
 
     /// One controller pass: leader balance, then re-placement; the number
     /// of moves made.
     fn controller_pass(&mut self) -> usize {
-        let moves = self.plan(|img| plan_leader_moves(img, MOVES_PER_PASS));
+        let moves = self.plan(|img, _| plan_leader_moves(img, MOVES_PER_PASS));
         let mut n = 0;
         for m in moves {
             let seal = QuorumSeal {
@@ -230,12 +277,12 @@ impl Cluster {
                 spans: Vec::new(),
                 holder: m.to,
             };
-            if let Ok(records) = self.plan(|img| seal_by_quorum(img, &seal)) {
+            if let Ok(records) = self.plan(|img, _| seal_by_quorum(img, &seal)) {
                 self.commit(&records);
                 n += 1;
             }
         }
-        let plans = self.plan(|img| plan_replacements(img, MOVES_PER_PASS));
+        let plans = self.plan(|img, _| plan_replacements(img, MOVES_PER_PASS));
         for p in plans {
             let holder = self
                 .image
@@ -249,7 +296,7 @@ impl Cluster {
                 spans: Vec::new(),
                 holder,
             };
-            if let Ok(records) = self.plan(|img| seal_and_replace(img, &seal, &p)) {
+            if let Ok(records) = self.plan(|img, _| seal_and_replace(img, &seal, &p)) {
                 self.commit(&records);
                 n += 1;
             }
@@ -279,15 +326,21 @@ impl Cluster {
                 spans: Vec::new(),
                 holder,
             };
-            if let Ok(records) = self.plan(|img| seal_by_quorum(img, &seal)) {
+            if let Ok(records) = self.plan(|img, counts| seal_by_quorum_with(img, &seal, counts)) {
                 self.commit(&records);
             }
         }
+        // Each pass resumes after the last segment healed (the same
+        // batches as a walk from the first segment, which at 2.4 million
+        // segments and 240,000 copies to heal was a walk per 256 healed).
+        let mut after = None;
         loop {
-            let records = self.plan(|img| heal_segments(img, gone, 256));
-            if records.is_empty() {
+            let records =
+                self.plan(|img, counts| heal_segments_with(img, gone, 256, counts, after));
+            let Some(MetadataRecord::SetSegmentReplicas { segment, .. }) = records.last() else {
                 break;
-            }
+            };
+            after = Some(*segment);
             self.commit(&records);
         }
     }
@@ -336,6 +389,7 @@ fn snapshot_figures(image: &MetadataImage) -> (u64, Duration) {
 }
 
 fn row(c: &mut Cluster, event: &str, before: (u64, u64, u64, Duration), started: Instant) {
+    assert_eq!(c.counts, PlacementLoad::of(&c.image), "kept counts");
     let l = c.loads();
     let (bytes, replay) = snapshot_figures(&c.image);
     let decisions = c.decisions - before.2;
@@ -365,12 +419,14 @@ fn run(o: &Options, brokers: i32, csv: &mut Vec<String>) {
     let mut rng = Rng(o.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1);
     let mut c = Cluster {
         image: MetadataImage::default(),
+        counts: PlacementLoad::default(),
         load: BTreeMap::new(),
         records: 0,
         placed: 0,
         decisions: 0,
         planning: Duration::ZERO,
         step: 0,
+        next_sample: 50,
         csv: Vec::new(),
         size: brokers,
     };
@@ -393,7 +449,9 @@ fn run(o: &Options, brokers: i32, csv: &mut Vec<String>) {
             replication_factor: o.rf.min(brokers as i16),
             configs: BTreeMap::new(),
         };
-        let records = c.plan(|img| create_topic(img, spec)).expect("creation");
+        let records = c
+            .plan(|img, counts| create_topic_with(img, spec, counts))
+            .expect("creation");
         c.commit(&records);
         // bytes in per second: Zipf over 1..=10,000 units of 10 KB/s
         c.load.insert(topic_id, rng.zipf(10_000) as f64 * 10e3);
@@ -423,7 +481,7 @@ fn run(o: &Options, brokers: i32, csv: &mut Vec<String>) {
         .map(|r| r.id)
         .collect();
     for r in hot_ranges {
-        if let Ok(plan) = c.plan(|img| split_range(img, r, None)) {
+        if let Ok(plan) = c.plan(|img, _| split_range(img, r, None)) {
             // The primary seals the parent's active segment in the entry.
             let mut entry: Vec<MetadataRecord> = c
                 .image

@@ -24,9 +24,11 @@ use std::collections::BTreeMap;
 
 use tessera_metadata::{MetadataImage, SegmentId};
 
+use crate::dense::{for_each_active, Live};
+
 /// How good a move is: the imbalance it removes, then the lowest range,
 /// the least loaded follower, the lowest broker id.
-type MoveKey = (
+pub(crate) type MoveKey = (
     i64,
     Reverse<tessera_metadata::RangeId>,
     Reverse<i64>,
@@ -50,7 +52,7 @@ pub fn leader_load(image: &MetadataImage) -> BTreeMap<i32, i64> {
     crate::replacement::live_broker_counts(image, primaries)
 }
 
-fn replicated_active_segments(
+pub(crate) fn replicated_active_segments(
     image: &MetadataImage,
 ) -> impl Iterator<Item = std::sync::Arc<tessera_metadata::SegmentImage>> + '_ {
     image
@@ -66,47 +68,106 @@ fn replicated_active_segments(
 /// Only ranges whose replicas are all live and unfenced qualify (failover
 /// and controlled shutdown handle the others). The counts include the
 /// moves already planned in this call.
+///
+/// One walk of the image, then per move only the segments that can still
+/// give the best move: the primaries are taken most loaded first and the
+/// followers least loaded first, each one's segments looked at, until the
+/// gain of any move not seen (at most the next primary's load minus the
+/// next follower's) is below the best found. The same moves as a scan of
+/// every segment per move, which
+/// `equivalence::fast_planners_are_the_reference_ones` checks.
 pub fn plan_leader_moves(image: &MetadataImage, max_moves: usize) -> Vec<LeaderMove> {
-    let mut load = leader_load(image);
-    let eligible: Vec<(SegmentId, Vec<i32>)> = replicated_active_segments(image)
-        .filter(|s| s.replicas.iter().all(|r| load.contains_key(r)))
-        .map(|s| (s.id, s.replicas.clone()))
-        .collect();
+    let live = Live::of(image);
+    let n = live.len();
+    let mut load = vec![0i64; n];
+    // Eligible segments: id, and replicas by live number.
+    let mut segments: Vec<(SegmentId, Vec<u32>)> = Vec::new();
+    for_each_active(image, |range, s| {
+        if !image.topics.contains_key(&range.topic_id) || s.replicas.len() < 2 {
+            return;
+        }
+        if let Some(p) = live.get(s.replicas[0]) {
+            load[p] += 1;
+        }
+        let replicas: Option<Vec<u32>> = s
+            .replicas
+            .iter()
+            .map(|&r| live.get(r).map(|x| x as u32))
+            .collect();
+        if let Some(replicas) = replicas {
+            segments.push((s.id, replicas));
+        }
+    });
+    // By primary and by follower, in range order.
+    let mut led: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut followed: Vec<Vec<usize>> = vec![Vec::new(); n];
+    for (e, (_, replicas)) in segments.iter().enumerate() {
+        led[replicas[0] as usize].push(e);
+        for &t in &replicas[1..] {
+            followed[t as usize].push(e);
+        }
+    }
+    let primaries: Vec<usize> = (0..n).filter(|&b| !led[b].is_empty()).collect();
+    let followers: Vec<usize> = (0..n).filter(|&b| !followed[b].is_empty()).collect();
+    let mut planned_segment = vec![false; segments.len()];
     let mut planned: Vec<LeaderMove> = Vec::new();
     while planned.len() < max_moves {
-        let mut best: Option<(MoveKey, LeaderMove)> = None;
-        for (segment, replicas) in &eligible {
-            if planned.iter().any(|m| m.segment == *segment) {
-                continue;
+        let mut froms = primaries.clone();
+        froms.sort_unstable_by_key(|&b| Reverse(load[b]));
+        let mut tos = followers.clone();
+        tos.sort_unstable_by_key(|&b| load[b]);
+        let mut best: Option<(MoveKey, usize, usize)> = None;
+        let offer = |e: usize, to: usize, best: &mut Option<(MoveKey, usize, usize)>| {
+            let (segment, replicas) = &segments[e];
+            let gain = load[replicas[0] as usize] - load[to];
+            if gain < 2 {
+                return;
             }
-            let from = replicas[0];
-            for &to in &replicas[1..] {
-                let gain = load[&from] - load[&to];
-                if gain < 2 {
-                    continue;
+            let key = (
+                gain,
+                Reverse(segment.range),
+                Reverse(load[to]),
+                Reverse(live.ids[to]),
+            );
+            if best.as_ref().is_none_or(|(k, _, _)| key > *k) {
+                *best = Some((key, e, to));
+            }
+        };
+        // Both ways at once: the k-th most loaded primary's segments, and
+        // the segments the k-th least loaded follower follows. A move not
+        // seen yet is from a primary no more loaded than the next one to a
+        // follower no less loaded than the next one: once that bound is
+        // below the best gain, no move left can match it.
+        for (&from, &to) in froms.iter().zip(&tos) {
+            let bound = load[from] - load[to];
+            if bound < 2 || best.as_ref().is_some_and(|(k, _, _)| bound < k.0) {
+                break;
+            }
+            for &e in &led[from] {
+                if !planned_segment[e] {
+                    for &t in &segments[e].1[1..] {
+                        offer(e, t as usize, &mut best);
+                    }
                 }
-                let key = (
-                    gain,
-                    Reverse(segment.range),
-                    Reverse(load[&to]),
-                    Reverse(to),
-                );
-                if best.as_ref().is_none_or(|(k, _)| key > *k) {
-                    let m = LeaderMove {
-                        segment: *segment,
-                        from,
-                        to,
-                    };
-                    best = Some((key, m));
+            }
+            for &e in &followed[to] {
+                if !planned_segment[e] {
+                    offer(e, to, &mut best);
                 }
             }
         }
-        let Some((_, m)) = best else {
+        let Some((_, e, to)) = best else {
             break;
         };
-        *load.get_mut(&m.from).expect("live") -= 1;
-        *load.get_mut(&m.to).expect("live") += 1;
-        planned.push(m);
+        let from = segments[e].1[0] as usize;
+        load[from] -= 1;
+        load[to] += 1;
+        planned_segment[e] = true;
+        planned.push(LeaderMove {
+            segment: segments[e].0,
+            from: live.ids[from],
+            to: live.ids[to],
+        });
     }
     planned
 }

@@ -18,7 +18,7 @@ use tessera_metadata::{
     BrokerRegistration, MetadataImage, MetadataRecord, RangeId, RangeImage, RangeRecord, SegmentId,
     SegmentImage, SegmentOpenRecord, SegmentSealRecord, TopicId, TopicRecord,
 };
-use tessera_replication::{place_replicas, place_replicas_led_by, BrokerCandidate, PlacementError};
+use tessera_replication::{BrokerCandidate, PlacementError};
 use thiserror::Error;
 
 /// Largest partition count a topic may have.
@@ -98,6 +98,17 @@ pub fn create_topic(
     create_topic_assigned(image, spec, None)
 }
 
+/// [`create_topic`] with the image's counts kept by the caller (`load`
+/// must be [`PlacementLoad::of`] `image`, or kept equal to it): the same
+/// plan without a walk of every range and segment.
+pub fn create_topic_with(
+    image: &MetadataImage,
+    spec: TopicSpec,
+    load: &PlacementLoad,
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    create_topic_inner(image, spec, None, Some(load))
+}
+
 /// [`create_topic`], or with the client's replica list for every
 /// partition (CreateTopics' manual assignment): then the partitions go in
 /// one range per run of partitions with the same list, each range on its
@@ -107,6 +118,15 @@ pub fn create_topic_assigned(
     image: &MetadataImage,
     spec: TopicSpec,
     assignments: Option<&[Vec<i32>]>,
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    create_topic_inner(image, spec, assignments, None)
+}
+
+fn create_topic_inner(
+    image: &MetadataImage,
+    spec: TopicSpec,
+    assignments: Option<&[Vec<i32>]>,
+    load: Option<&PlacementLoad>,
 ) -> Result<Vec<MetadataRecord>, PlanError> {
     if spec.partitions == 0 {
         return Err(PlanError::InvalidPartitions(
@@ -158,12 +178,19 @@ pub fn create_topic_assigned(
         return Ok(records);
     }
     let blocks = initial_blocks(spec.partitions, live);
-    records.extend(spread_ranges(
-        image,
-        spec.topic_id,
-        &blocks,
-        spec.replication_factor as usize,
-    )?);
+    let rf = spec.replication_factor as usize;
+    records.extend(match load {
+        Some(load) => spread_ranges_with(
+            image,
+            spec.topic_id,
+            &blocks,
+            rf,
+            &load.candidates(image),
+            load.partitions_led(image),
+            load.replicas_held(image),
+        )?,
+        None => spread_ranges(image, spec.topic_id, &blocks, rf)?,
+    });
     Ok(records)
 }
 
@@ -242,6 +269,154 @@ pub fn partitions_led(image: &MetadataImage) -> BTreeMap<i32, u64> {
     led
 }
 
+/// The per-broker counts placement decisions read ([`candidates`]' loads
+/// and [`partitions_led`]), kept by a caller that makes many decisions in a
+/// row: one walk of the image, then [`PlacementLoad::apply`] for every
+/// record it applies, instead of a walk of every segment and range per
+/// decision (at 1,000 brokers and 500,000 ranges that walk was most of a
+/// creation's or a failover's time). [`create_topic_with`] and
+/// [`seal_by_quorum_with`] decide exactly as [`create_topic`] and
+/// [`seal_by_quorum`] with it.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct PlacementLoad {
+    /// Unsealed segments by primary (any broker id, registered or not).
+    primaries: BTreeMap<i32, u64>,
+    /// Partitions of the active ranges by the primary of their active
+    /// segment (any broker id).
+    partitions: BTreeMap<i32, u64>,
+    /// Replicas of unsealed segments by broker (any broker id): what
+    /// re-placement evens out.
+    replicas: BTreeMap<i32, u64>,
+}
+
+impl PlacementLoad {
+    /// The counts of `image` (one walk of its ranges and segments).
+    pub fn of(image: &MetadataImage) -> Self {
+        let mut load = PlacementLoad::default();
+        for s in image.segments.values().filter(|s| !s.is_sealed()) {
+            if let Some(p) = s.primary() {
+                *load.primaries.entry(p).or_default() += 1;
+            }
+            for r in &s.replicas {
+                *load.replicas.entry(*r).or_default() += 1;
+            }
+        }
+        for range in image.ranges.values().filter(|r| r.active) {
+            if let Some(p) = image.active_segment(range.id).and_then(|s| s.primary()) {
+                *load.partitions.entry(p).or_default() += u64::from(range.hi - range.lo);
+            }
+        }
+        load
+    }
+
+    /// [`candidates`] of `image`, which these counts must be of.
+    pub fn candidates(&self, image: &MetadataImage) -> Vec<BrokerCandidate> {
+        image
+            .brokers
+            .values()
+            .map(|b| BrokerCandidate {
+                broker_id: b.registration.broker_id,
+                rack: b.registration.rack.clone(),
+                fenced: b.fenced,
+                load: self
+                    .primaries
+                    .get(&b.registration.broker_id)
+                    .copied()
+                    .unwrap_or(0),
+            })
+            .collect()
+    }
+
+    /// Replicas of unsealed segments held by each live broker of `image`.
+    pub fn replicas_held(&self, image: &MetadataImage) -> BTreeMap<i32, u64> {
+        image
+            .brokers
+            .values()
+            .filter(|b| !b.fenced)
+            .map(|b| {
+                let id = b.registration.broker_id;
+                (id, self.replicas.get(&id).copied().unwrap_or(0))
+            })
+            .collect()
+    }
+
+    /// [`partitions_led`] of `image`, which these counts must be of.
+    pub fn partitions_led(&self, image: &MetadataImage) -> BTreeMap<i32, u64> {
+        image
+            .brokers
+            .values()
+            .filter(|b| !b.fenced)
+            .map(|b| {
+                let id = b.registration.broker_id;
+                (id, self.partitions.get(&id).copied().unwrap_or(0))
+            })
+            .collect()
+    }
+
+    /// Applies `record` to `image` (as `image.apply(record, offset)`) and
+    /// keeps the counts those of the image: a record about one range
+    /// recounts that range, a topic's deletion recounts everything, and
+    /// the others (brokers, configs, ...) change no count.
+    pub fn apply(&mut self, image: &mut MetadataImage, record: &MetadataRecord, offset: i64) {
+        use MetadataRecord as R;
+        let range = match record {
+            R::CreateRange(r) => Some(r.range_id),
+            R::SealRange { range_id } => Some(*range_id),
+            R::OpenSegment(o) => Some(o.segment.range),
+            R::SealSegment(s) => Some(s.segment.range),
+            R::DeleteSegment { segment }
+            | R::SetSegmentReplicas { segment, .. }
+            | R::SetSegmentInSync { segment, .. } => Some(segment.range),
+            _ => None,
+        };
+        match range {
+            Some(range) => {
+                self.count_range(image, range, false);
+                image.apply(record, offset);
+                self.count_range(image, range, true);
+            }
+            None => {
+                image.apply(record, offset);
+                if matches!(record, R::DeleteTopic { .. }) {
+                    *self = PlacementLoad::of(image);
+                }
+            }
+        }
+    }
+
+    /// Adds (or takes away) what one range counts for.
+    fn count_range(&mut self, image: &MetadataImage, range: RangeId, add: bool) {
+        fn bump(map: &mut BTreeMap<i32, u64>, id: i32, n: u64, add: bool) {
+            let v = map.entry(id).or_default();
+            if add {
+                *v += n;
+            } else {
+                *v -= n;
+            }
+            if *v == 0 {
+                map.remove(&id);
+            }
+        }
+        let first = SegmentId::new(range, 0);
+        let last = SegmentId::new(range, u32::MAX);
+        for s in image.segments.range(first..=last).map(|(_, s)| s) {
+            if let (false, Some(p)) = (s.is_sealed(), s.primary()) {
+                bump(&mut self.primaries, p, 1, add);
+            }
+            if !s.is_sealed() {
+                for r in &s.replicas {
+                    bump(&mut self.replicas, *r, 1, add);
+                }
+            }
+        }
+        if let Some(r) = image.ranges.get(&range).filter(|r| r.active) {
+            if let Some(p) = image.active_segment(range).and_then(|s| s.primary()) {
+                bump(&mut self.partitions, p, u64::from(r.hi - r.lo), add);
+            }
+        }
+    }
+}
+
 /// New root ranges for `blocks` of a topic's partitions, ids from the
 /// image's next one: each block's first segment led by a distinct live
 /// broker while there are enough (the one leading the fewest partitions,
@@ -253,52 +428,124 @@ fn spread_ranges(
     blocks: &[(u32, u32)],
     replication_factor: usize,
 ) -> Result<Vec<MetadataRecord>, PlanError> {
-    let brokers = candidates(image);
-    let mut led = partitions_led(image);
-    let mut held = replica_load(image);
-    let mut leading_this_topic = Vec::new();
+    spread_ranges_with(
+        image,
+        topic_id,
+        blocks,
+        replication_factor,
+        &candidates(image),
+        partitions_led(image),
+        replicas_held(image),
+    )
+}
+
+/// Replicas of unsealed segments held by each live broker.
+pub(crate) fn replicas_held(image: &MetadataImage) -> BTreeMap<i32, u64> {
+    let mut held: BTreeMap<i32, u64> = image
+        .brokers
+        .values()
+        .filter(|b| !b.fenced)
+        .map(|b| (b.registration.broker_id, 0))
+        .collect();
+    for s in image.segments.values().filter(|s| !s.is_sealed()) {
+        for r in &s.replicas {
+            if let Some(n) = held.get_mut(r) {
+                *n += 1;
+            }
+        }
+    }
+    held
+}
+
+/// [`spread_ranges`] with the image's [`candidates`] and
+/// [`partitions_led`] given. Each broker's rendezvous score is computed
+/// once per block and the counts sit in vectors: at 1,000 brokers the
+/// straightforward form (a `place_replicas` order of every live broker,
+/// then a linear `position` in it per broker) was quadratic per block.
+fn spread_ranges_with(
+    image: &MetadataImage,
+    topic_id: TopicId,
+    blocks: &[(u32, u32)],
+    replication_factor: usize,
+    brokers: &[BrokerCandidate],
+    led: BTreeMap<i32, u64>,
+    mut held: BTreeMap<i32, u64>,
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    let placer = placement::Placer::new(brokers);
+    // `led` by slot (broker id order), and each slot's candidate.
+    let ids: Vec<i32> = led.keys().copied().collect();
+    let mut count: Vec<u64> = led.values().copied().collect();
+    let index: BTreeMap<i32, usize> = brokers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (b.broker_id, i))
+        .rev()
+        .collect();
+    let candidate_of: Vec<Option<usize>> = ids.iter().map(|id| index.get(id).copied()).collect();
+    let mut leading = vec![false; ids.len()];
+    let mut leading_len = 0usize;
+    // Each live broker is in `led` and the other way round when both are
+    // of one image (or of one kept `PlacementLoad`): then the order that
+    // breaks ties is `Placer::first_by`'s, with no full order listed.
+    let live_of: Vec<Option<usize>> = candidate_of
+        .iter()
+        .map(|c| c.and_then(|c| placer.live_position(c)))
+        .collect();
+    let consistent = placer.live_count() == ids.len() && live_of.iter().all(Option::is_some);
     let mut records = Vec::with_capacity(blocks.len() * 2);
     for (i, &(lo, hi)) in blocks.iter().enumerate() {
         let range_id = image.next_range_id() + i as RangeId;
         let segment = SegmentId::new(range_id, 0);
         let key = segment.to_string();
-        // The rendezvous order of live brokers for this segment breaks ties.
-        let order = place_replicas(&key, &brokers, led.len().max(1)).unwrap_or_default();
-        let primary = led
-            .iter()
-            .filter(|(b, _)| {
-                !leading_this_topic.contains(*b) || leading_this_topic.len() >= led.len()
-            })
-            .min_by_key(|(b, n)| {
-                (
-                    **n,
-                    order.iter().position(|o| o == *b).unwrap_or(usize::MAX),
+        let ranking = placer.rank(&key);
+        let open = |s: &usize| !leading[*s] || leading_len >= ids.len();
+        let primary = if consistent {
+            placer
+                .first_by(
+                    &ranking,
+                    (0..ids.len())
+                        .filter(open)
+                        .filter_map(|s| Some((live_of[s]?, count[s]))),
                 )
-            })
-            .map(|(b, _)| *b);
-        let mut replicas = place_replicas_led_by(&key, &brokers, primary, replication_factor)
-            .map_err(placement_error)?;
-        if let Some(&p) = replicas.first() {
-            *led.entry(p).or_default() += u64::from(hi - lo);
-            leading_this_topic.push(p);
-            // Followers where the fewest active segments are (new racks
-            // first): what re-placement balances, so that a new topic
-            // leaves it nothing to move (it sealed new ranges again and
-            // again right after creation on 5 brokers).
-            let mut set = vec![p];
-            while set.len() < replicas.len() {
-                let spares = replacement::ranked_spares(image, segment, &set, &set, &held);
-                let Some(&next) = spares.first() else { break };
-                set.push(next);
-            }
-            if set.len() == replicas.len() {
-                replicas = set;
-            }
-            for r in &replicas {
-                if let Some(n) = held.get_mut(r) {
-                    *n += 1;
+                .map(|c| brokers[c].broker_id)
+        } else {
+            // The rendezvous order of live brokers for this segment breaks
+            // ties (`place_replicas(key, brokers, ids.len().max(1))`, or
+            // none).
+            let wanted = ids.len().max(1);
+            let mut position = vec![usize::MAX; brokers.len()];
+            if placer.live_count() >= wanted {
+                for (at, c) in placer
+                    .full_order(&ranking)
+                    .into_iter()
+                    .take(wanted)
+                    .enumerate()
+                {
+                    position[c] = at;
                 }
             }
+            (0..ids.len())
+                .filter(open)
+                .min_by_key(|&s| {
+                    (
+                        count[s],
+                        candidate_of[s].map_or(usize::MAX, |c| position[c]),
+                    )
+                })
+                .map(|s| ids[s])
+        };
+        let replicas = placer
+            .place_led_by(&ranking, primary, replication_factor)
+            .map_err(placement_error)?;
+        let replicas = placer.followers_by_load(&ranking, replicas, &mut held);
+        if let Some(&p) = replicas.first() {
+            // A live broker: `led` holds every one (checked by the tests
+            // against the straightforward form).
+            if let Ok(s) = ids.binary_search(&p) {
+                count[s] += u64::from(hi - lo);
+                leading[s] = true;
+            }
+            leading_len += 1;
         }
         records.push(MetadataRecord::CreateRange(RangeRecord {
             range_id,
@@ -323,9 +570,17 @@ fn placement_error(e: PlacementError) -> PlanError {
 /// Kafka refuses a name that differs from an existing one only by '.' vs '_'.
 fn colliding_name(image: &MetadataImage, name: &str) -> bool {
     let normal = name.replace('.', "_");
+    // A colliding name has `name`'s bytes up to its first '.' or '_': only
+    // the names from that prefix on are compared (not all of them).
+    let prefix = &name[..name.find(['.', '_']).unwrap_or(name.len())];
     image
         .topic_names
-        .keys()
+        .range::<str, _>((
+            std::ops::Bound::Included(prefix),
+            std::ops::Bound::Unbounded,
+        ))
+        .map(|(n, _)| n)
+        .take_while(|n| n.starts_with(prefix))
         .any(|n| n != name && n.replace('.', "_") == normal)
 }
 
@@ -490,7 +745,23 @@ pub fn cover_partitions(
     topic_id: TopicId,
 ) -> Result<Vec<MetadataRecord>, PlanError> {
     let topic = image.topics.get(&topic_id).ok_or(PlanError::UnknownTopic)?;
-    let gaps = move_placement::uncovered(image, topic_id, topic.partitions);
+    let mut covered: Vec<(u32, u32)> = image
+        .active_ranges(topic_id)
+        .iter()
+        .map(|r| (r.lo, r.hi))
+        .collect();
+    covered.sort_unstable();
+    let mut gaps = Vec::new();
+    let mut at = 0;
+    for (lo, hi) in covered {
+        if lo > at {
+            gaps.push((at, lo));
+        }
+        at = at.max(hi);
+    }
+    if at < topic.partitions {
+        gaps.push((at, topic.partitions));
+    }
     if gaps.is_empty() {
         return Ok(Vec::new());
     }
@@ -918,7 +1189,13 @@ pub fn merge_ranges(
     })
 }
 
+mod dense;
+#[cfg(test)]
+mod equivalence;
 mod leader_balance;
+mod placement;
+#[cfg(test)]
+mod reference;
 pub use leader_balance::{leader_load, plan_leader_moves, LeaderMove};
 mod load_balance;
 pub use load_balance::{broker_loads, plan_balance, range_rates, BalanceMove, LoadBalanceSettings};
@@ -1022,6 +1299,25 @@ pub fn seal_by_quorum(
     image: &MetadataImage,
     seal: &QuorumSeal,
 ) -> Result<Vec<MetadataRecord>, PlanError> {
+    seal_by_quorum_inner(image, seal, None)
+}
+
+/// [`seal_by_quorum`] with the image's counts kept by the caller (`load`
+/// must be [`PlacementLoad::of`] `image`, or kept equal to it): the same
+/// records without a walk of every segment per failover.
+pub fn seal_by_quorum_with(
+    image: &MetadataImage,
+    seal: &QuorumSeal,
+    load: &PlacementLoad,
+) -> Result<Vec<MetadataRecord>, PlanError> {
+    seal_by_quorum_inner(image, seal, Some(load))
+}
+
+fn seal_by_quorum_inner(
+    image: &MetadataImage,
+    seal: &QuorumSeal,
+    load: Option<&PlacementLoad>,
+) -> Result<Vec<MetadataRecord>, PlanError> {
     let range = active_range(image, seal.segment.range)?;
     let Some(segment) = image.segments.get(&seal.segment) else {
         return Err(PlanError::InvalidMove(format!(
@@ -1057,12 +1353,19 @@ pub fn seal_by_quorum(
         .iter()
         .filter(|&&r| r != seal.holder && fenced(&r))
         .count();
-    let spare: Vec<BrokerCandidate> = candidates(image)
-        .into_iter()
-        .filter(|c| !c.fenced && !segment.replicas.contains(&c.broker_id))
-        .collect();
+    // (Nothing to place when no replica is replaced: no candidates then.)
+    let spare: Vec<BrokerCandidate> = match (replaced, load) {
+        (0, _) => Vec::new(),
+        (_, Some(load)) => load.candidates(image),
+        (_, None) => candidates(image),
+    }
+    .into_iter()
+    .filter(|c| !c.fenced && !segment.replicas.contains(&c.broker_id))
+    .collect();
     let key = SegmentId::new(seal.segment.range, seal.segment.seq + 1).to_string();
-    let mut placed = place_replicas(&key, &spare, replaced.min(spare.len()))
+    let placer = placement::Placer::new(&spare);
+    let mut placed = placer
+        .place_led_by(&placer.rank(&key), None, replaced.min(spare.len()))
         .unwrap_or_default()
         .into_iter();
     let mut replicas = vec![seal.holder];
@@ -1141,11 +1444,48 @@ pub fn heal_segments(
     gone: &std::collections::BTreeSet<i32>,
     max_segments: usize,
 ) -> Vec<MetadataRecord> {
+    heal_segments_inner(image, gone, max_segments, None, None)
+}
+
+/// [`heal_segments`] for a caller that heals in a loop (applying each
+/// call's records before the next) with the counts kept ([`PlacementLoad`]):
+/// the walk starts after `after`, the last segment the previous call
+/// healed, instead of at the first segment. While the brokers and `gone`
+/// stay as they are, every segment before it is healed or cannot be (no
+/// live survivor, no spare), so each call returns what [`heal_segments`]
+/// would on the same image; a loop of them walks the segments once, not
+/// once per `max_segments` healed.
+pub fn heal_segments_with(
+    image: &MetadataImage,
+    gone: &std::collections::BTreeSet<i32>,
+    max_segments: usize,
+    load: &PlacementLoad,
+    after: Option<SegmentId>,
+) -> Vec<MetadataRecord> {
+    heal_segments_inner(image, gone, max_segments, Some(load), after)
+}
+
+fn heal_segments_inner(
+    image: &MetadataImage,
+    gone: &std::collections::BTreeSet<i32>,
+    max_segments: usize,
+    load: Option<&PlacementLoad>,
+    after: Option<SegmentId>,
+) -> Vec<MetadataRecord> {
+    use std::ops::Bound;
     let live = |id: &i32| image.brokers.get(id).is_some_and(|b| !b.fenced);
     let is_gone = |id: &i32| gone.contains(id) || !image.brokers.contains_key(id);
-    let all = candidates(image);
+    let all = match load {
+        Some(load) => load.candidates(image),
+        None => candidates(image),
+    };
+    let start = after.map_or(Bound::Unbounded, Bound::Excluded);
     let mut records = Vec::new();
-    for seg in image.segments.values() {
+    for seg in image
+        .segments
+        .range((start, Bound::Unbounded))
+        .map(|(_, s)| s)
+    {
         if records.len() >= max_segments {
             break;
         }
@@ -1170,7 +1510,9 @@ pub fn heal_segments(
         if wanted == 0 {
             continue;
         }
-        let Ok(placed) = place_replicas(&seg.id.to_string(), &spare, wanted) else {
+        let placer = placement::Placer::new(&spare);
+        let Ok(placed) = placer.place_led_by(&placer.rank(&seg.id.to_string()), None, wanted)
+        else {
             continue;
         };
         let mut replicas = survivors;

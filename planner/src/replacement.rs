@@ -33,6 +33,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use tessera_metadata::{MetadataImage, MetadataRecord, SegmentId};
 use tessera_replication::{place_replicas, BrokerCandidate};
 
+use crate::dense::{for_each_active, Live};
 use crate::{seal_by_quorum, PlanError, QuorumSeal};
 
 /// One range's next segment re-placed: its active `segment` is sealed by
@@ -83,86 +84,17 @@ pub(crate) fn live_broker_counts(
 
 /// A swap that may be planned, and how much it gains.
 #[derive(Clone, Debug)]
-struct Swap {
-    rack_gain: i64,
-    load_gain: i64,
-    from: i32,
-    to: i32,
+pub(crate) struct Swap {
+    pub(crate) rack_gain: i64,
+    pub(crate) load_gain: i64,
+    pub(crate) from: i32,
+    pub(crate) to: i32,
 }
 
 impl Swap {
-    fn key(&self) -> (i64, i64) {
+    pub(crate) fn key(&self) -> (i64, i64) {
         (self.rack_gain, self.load_gain)
     }
-}
-
-fn racks(image: &MetadataImage, set: impl Iterator<Item = i32>) -> i64 {
-    // A broker without a rack counts as a rack of its own.
-    let mut seen = BTreeSet::new();
-    for b in set {
-        let rack = image
-            .brokers
-            .get(&b)
-            .and_then(|x| x.registration.rack.clone());
-        seen.insert(rack.unwrap_or_else(|| format!("\0broker-{b}")));
-    }
-    seen.len() as i64
-}
-
-/// The best swap for one active segment under `load`, if any.
-fn best_swap(
-    image: &MetadataImage,
-    segment: SegmentId,
-    replicas: &[i32],
-    load: &BTreeMap<i32, i64>,
-) -> Option<Swap> {
-    let before = racks(image, replicas.iter().copied());
-    let mut swaps = Vec::new();
-    for &from in &replicas[1..] {
-        for (&to, &to_load) in load {
-            if replicas.contains(&to) {
-                continue;
-            }
-            let after = racks(
-                image,
-                replicas.iter().map(|&r| if r == from { to } else { r }),
-            );
-            let rack_gain = after - before;
-            let load_gain = load[&from] - to_load;
-            let worth = rack_gain >= 0 && (load_gain >= 2 || (rack_gain > 0 && load_gain >= 0));
-            if worth {
-                swaps.push(Swap {
-                    rack_gain,
-                    load_gain,
-                    from,
-                    to,
-                });
-            }
-        }
-    }
-    let best = swaps.iter().map(Swap::key).max()?;
-    swaps.retain(|s| s.key() == best);
-    // Among equally good swaps: the most loaded follower leaves (the
-    // highest id on a tie), and the broker that takes its place is the one
-    // weighted rendezvous hashing picks for the next segment.
-    let from = swaps
-        .iter()
-        .map(|s| (load[&s.from], s.from))
-        .max()
-        .map(|(_, f)| f)?;
-    swaps.retain(|s| s.from == from);
-    let candidates: Vec<BrokerCandidate> = swaps
-        .iter()
-        .map(|s| BrokerCandidate {
-            broker_id: s.to,
-            rack: None,
-            fenced: false,
-            load: load[&s.to].max(0) as u64,
-        })
-        .collect();
-    let next = SegmentId::new(segment.range, segment.seq + 1);
-    let to = place_replicas(&next.to_string(), &candidates, 1).ok()?[0];
-    swaps.into_iter().find(|s| s.to == to)
 }
 
 /// The ranges whose next segment should open elsewhere, at most
@@ -173,49 +105,356 @@ fn best_swap(
 /// handles the others). See the module docs for when a swap is worth it.
 /// The load counts the swaps already planned in this call, so one pass
 /// does not pile every range onto the same new broker.
+///
+/// One walk of the image, then per planned swap: a swap gains at most one
+/// rack, and only a set with two replicas in one rack can gain one (those
+/// sets, counted once, are looked at every time); any other swap of
+/// follower `from` gains at most `load(from) - min load`, so the followers
+/// are taken most loaded first and the search stops at the first whose
+/// bound is below the best gain found. A set's best swap needs, per
+/// follower, only the least loaded broker outside the set in the racks
+/// that keep (or add to) its spread: the brokers of each rack sit in
+/// ascending load. The chosen range's swap is then picked among all its
+/// equal swaps as before (weighted rendezvous). The same plans as a scan of
+/// every set against every broker per swap, which
+/// `equivalence::fast_planners_are_the_reference_ones` checks.
 pub fn plan_replacements(image: &MetadataImage, max_ranges: usize) -> Vec<Replacement> {
-    let mut load = replica_load(image);
-    let live = |b: &i32| load.contains_key(b);
-    let eligible: Vec<(SegmentId, Vec<i32>)> = image
-        .ranges
-        .values()
-        .filter(|r| r.active && image.topics.contains_key(&r.topic_id))
-        .filter_map(|r| image.active_segment(r.id))
-        .filter(|s| !s.is_sealed() && s.replicas.len() > 1 && s.replicas.iter().all(live))
-        .map(|s| (s.id, s.replicas.clone()))
+    let live = Live::of(image);
+    let n = live.len();
+    let mut load = vec![0i64; n];
+    // A broker without a rack counts as a rack of its own (as `racks`).
+    let mut names: BTreeMap<String, u32> = BTreeMap::new();
+    let rack: Vec<u32> = live
+        .ids
+        .iter()
+        .map(|&b| {
+            let name = image
+                .brokers
+                .get(&b)
+                .and_then(|x| x.registration.rack.clone())
+                .unwrap_or_else(|| format!("\0broker-{b}"));
+            let next = names.len() as u32;
+            *names.entry(name).or_insert(next)
+        })
         .collect();
-    let mut planned: Vec<Replacement> = Vec::new();
-    while planned.len() < max_ranges {
-        let mut best: Option<(SegmentId, Vec<i32>, Swap)> = None;
-        for (segment, replicas) in &eligible {
-            if planned.iter().any(|p| p.segment == *segment) {
-                continue;
-            }
-            let Some(swap) = best_swap(image, *segment, replicas, &load) else {
-                continue;
-            };
-            if best.as_ref().is_none_or(|(_, _, b)| swap.key() > b.key()) {
-                best = Some((*segment, replicas.clone(), swap));
+    let racks = names.len();
+    let mut sets: Vec<Set> = Vec::new();
+    for_each_active(image, |range, s| {
+        for &r in &s.replicas {
+            if let Some(x) = live.get(r) {
+                load[x] += 1;
             }
         }
-        let Some((segment, current, swap)) = best else {
+        if !image.topics.contains_key(&range.topic_id) || s.replicas.len() < 2 {
+            return;
+        }
+        let replicas: Option<Vec<u32>> = s
+            .replicas
+            .iter()
+            .map(|&r| live.get(r).map(|x| x as u32))
+            .collect();
+        let Some(replicas) = replicas else {
+            return;
+        };
+        let distinct = replicas
+            .iter()
+            .enumerate()
+            .all(|(i, r)| !replicas[..i].contains(r));
+        let mut seen: Vec<u32> = replicas.iter().map(|&r| rack[r as usize]).collect();
+        seen.sort_unstable();
+        seen.dedup();
+        sets.push(Set {
+            segment: s.id,
+            ids: s.replicas.clone(),
+            // Sets with a repeated broker take the exhaustive way.
+            exhaustive: !distinct,
+            shared_rack: seen.len() < replicas.len(),
+            replicas,
+        });
+    });
+    let mut followed: Vec<Vec<usize>> = vec![Vec::new(); n];
+    let mut always: Vec<usize> = Vec::new();
+    for (e, set) in sets.iter().enumerate() {
+        if set.exhaustive || set.shared_rack {
+            always.push(e);
+        } else {
+            for &f in &set.replicas[1..] {
+                followed[f as usize].push(e);
+            }
+        }
+    }
+    let followers: Vec<usize> = (0..n).filter(|&b| !followed[b].is_empty()).collect();
+    let mut planned_set = vec![false; sets.len()];
+    let mut planned: Vec<Replacement> = Vec::new();
+    while planned.len() < max_ranges {
+        let view = LoadView::new(&load, &rack, racks);
+        let mut best: Option<((i64, i64), usize)> = None;
+        let consider =
+            |e: usize, key: Option<(i64, i64)>, best: &mut Option<((i64, i64), usize)>| {
+                let Some(key) = key else { return };
+                let better = match best {
+                    None => true,
+                    Some((k, b)) => {
+                        key > *k || (key == *k && sets[e].segment.range < sets[*b].segment.range)
+                    }
+                };
+                if better {
+                    *best = Some((key, e));
+                }
+            };
+        for &e in &always {
+            if planned_set[e] {
+                continue;
+            }
+            let key = if sets[e].exhaustive {
+                exhaustive_swaps(&sets[e].replicas, &load, &rack)
+                    .iter()
+                    .map(Swap::key)
+                    .max()
+            } else {
+                view.best_key(&sets[e].replicas)
+            };
+            consider(e, key, &mut best);
+        }
+        if best.is_none_or(|(k, _)| k.0 < 1) {
+            let mut order = followers.clone();
+            order.sort_unstable_by_key(|&b| std::cmp::Reverse(load[b]));
+            for from in order {
+                let bound = load[from] - view.min;
+                if bound < 2 || best.is_some_and(|(k, _)| bound < k.1) {
+                    break;
+                }
+                for &e in &followed[from] {
+                    if planned_set[e] {
+                        continue;
+                    }
+                    consider(e, view.best_key(&sets[e].replicas), &mut best);
+                }
+            }
+        }
+        let Some((_, e)) = best else {
             break;
         };
-        *load.get_mut(&swap.from).expect("live") -= 1;
-        *load.get_mut(&swap.to).expect("live") += 1;
-        let replicas = current
+        let set = &sets[e];
+        let Some(swap) = choose_swap(
+            set.segment,
+            exhaustive_swaps(&set.replicas, &load, &rack),
+            &load,
+            &live.ids,
+        ) else {
+            break;
+        };
+        let (from, to) = (swap.from as usize, swap.to as usize);
+        load[from] -= 1;
+        load[to] += 1;
+        planned_set[e] = true;
+        let (from, to) = (live.ids[from], live.ids[to]);
+        let replicas = set
+            .ids
             .iter()
-            .map(|&r| if r == swap.from { swap.to } else { r })
+            .map(|&r| if r == from { to } else { r })
             .collect();
         planned.push(Replacement {
-            segment,
-            current,
+            segment: set.segment,
+            current: set.ids.clone(),
             replicas,
-            from: swap.from,
-            to: swap.to,
+            from,
+            to,
         });
     }
     planned
+}
+
+/// An eligible active segment's replica set.
+struct Set {
+    segment: SegmentId,
+    ids: Vec<i32>,
+    /// By live number.
+    replicas: Vec<u32>,
+    /// A broker listed twice: every swap is enumerated.
+    exhaustive: bool,
+    /// Two replicas in one rack: a swap may gain a rack.
+    shared_rack: bool,
+}
+
+/// The live brokers by rack in ascending load, for one planned swap.
+struct LoadView<'a> {
+    load: &'a [i64],
+    rack: &'a [u32],
+    /// Each rack's brokers, least loaded first.
+    by_rack: Vec<Vec<u32>>,
+    /// Racks by the load of their least loaded broker.
+    rack_order: Vec<u32>,
+    /// The least load of all.
+    min: i64,
+}
+
+impl<'a> LoadView<'a> {
+    fn new(load: &'a [i64], rack: &'a [u32], racks: usize) -> Self {
+        let mut by_rack: Vec<Vec<u32>> = vec![Vec::new(); racks];
+        for (b, &r) in rack.iter().enumerate() {
+            by_rack[r as usize].push(b as u32);
+        }
+        for brokers in &mut by_rack {
+            brokers.sort_unstable_by_key(|&b| load[b as usize]);
+        }
+        let mut rack_order: Vec<u32> = (0..racks as u32)
+            .filter(|&r| !by_rack[r as usize].is_empty())
+            .collect();
+        rack_order.sort_unstable_by_key(|&r| load[by_rack[r as usize][0] as usize]);
+        let min = load.iter().copied().min().unwrap_or(0);
+        LoadView {
+            load,
+            rack,
+            by_rack,
+            rack_order,
+            min,
+        }
+    }
+
+    /// The least load of a broker of rack `r` outside `set`.
+    fn least_in(&self, r: u32, set: &[u32]) -> Option<i64> {
+        self.by_rack[r as usize]
+            .iter()
+            .find(|b| !set.contains(b))
+            .map(|&b| self.load[b as usize])
+    }
+
+    /// The least load of a broker outside `set` whose rack is not in
+    /// `taken`.
+    fn least_elsewhere(&self, taken: &[u32], set: &[u32]) -> Option<i64> {
+        let mut least: Option<i64> = None;
+        for &r in &self.rack_order {
+            let floor = self.load[self.by_rack[r as usize][0] as usize];
+            if least.is_some_and(|l| floor >= l) {
+                break;
+            }
+            if taken.contains(&r) {
+                continue;
+            }
+            if let Some(l) = self.least_in(r, set) {
+                least = Some(least.map_or(l, |x| x.min(l)));
+            }
+        }
+        least
+    }
+
+    /// The key (rack gain, load gain) of the best swap worth making for a
+    /// set of distinct live brokers, if any (as [`exhaustive_swaps`]).
+    fn best_key(&self, set: &[u32]) -> Option<(i64, i64)> {
+        let racks: Vec<u32> = set.iter().map(|&b| self.rack[b as usize]).collect();
+        let mut best: Option<(i64, i64)> = None;
+        let mut offer = |key: (i64, i64)| {
+            if best.is_none_or(|b| key > b) {
+                best = Some(key);
+            }
+        };
+        for (j, &from) in set.iter().enumerate().skip(1) {
+            let own = racks[j];
+            let from_load = self.load[from as usize];
+            let shared = racks.iter().filter(|&&r| r == own).count() > 1;
+            if shared {
+                // Leaving keeps every rack: a broker of a new rack adds
+                // one, a broker of a rack the set has keeps the spread.
+                if let Some(m) = self.least_elsewhere(&racks, set) {
+                    if from_load - m >= 0 {
+                        offer((1, from_load - m));
+                    }
+                }
+                let mut distinct = racks.clone();
+                distinct.sort_unstable();
+                distinct.dedup();
+                for r in distinct {
+                    if let Some(m) = self.least_in(r, set) {
+                        if from_load - m >= 2 {
+                            offer((0, from_load - m));
+                        }
+                    }
+                }
+            } else {
+                // Leaving loses its rack: only a broker of a rack the rest
+                // does not use (its own included) keeps the spread.
+                let rest: Vec<u32> = racks
+                    .iter()
+                    .enumerate()
+                    .filter(|&(i, _)| i != j)
+                    .map(|(_, &r)| r)
+                    .collect();
+                if let Some(m) = self.least_elsewhere(&rest, set) {
+                    if from_load - m >= 2 {
+                        offer((0, from_load - m));
+                    }
+                }
+            }
+        }
+        best
+    }
+}
+
+/// Every swap worth making for `set` (by live number) under `load`, as
+/// the module docs define them: each follower against each live broker
+/// outside the set, the racks counted after the swap.
+fn exhaustive_swaps(set: &[u32], load: &[i64], rack: &[u32]) -> Vec<Swap> {
+    let spread = |members: &mut dyn Iterator<Item = u32>| {
+        let mut r: Vec<u32> = members.map(|b| rack[b as usize]).collect();
+        r.sort_unstable();
+        r.dedup();
+        r.len() as i64
+    };
+    let before = spread(&mut set.iter().copied());
+    let mut swaps = Vec::new();
+    for &from in &set[1..] {
+        for to in 0..load.len() as u32 {
+            if set.contains(&to) {
+                continue;
+            }
+            let after = spread(&mut set.iter().map(|&r| if r == from { to } else { r }));
+            let rack_gain = after - before;
+            let load_gain = load[from as usize] - load[to as usize];
+            let worth = rack_gain >= 0 && (load_gain >= 2 || (rack_gain > 0 && load_gain >= 0));
+            if worth {
+                swaps.push(Swap {
+                    rack_gain,
+                    load_gain,
+                    from: from as i32,
+                    to: to as i32,
+                });
+            }
+        }
+    }
+    swaps
+}
+
+/// The swap made among `swaps` (by live number): the best key; the most
+/// loaded follower leaves (the highest id on a tie: numbers are in id
+/// order), and the broker that takes its place is the one weighted
+/// rendezvous hashing picks for the next segment.
+fn choose_swap(
+    segment: SegmentId,
+    mut swaps: Vec<Swap>,
+    load: &[i64],
+    ids: &[i32],
+) -> Option<Swap> {
+    let best = swaps.iter().map(Swap::key).max()?;
+    swaps.retain(|s| s.key() == best);
+    let from = swaps
+        .iter()
+        .map(|s| (load[s.from as usize], s.from))
+        .max()
+        .map(|(_, f)| f)?;
+    swaps.retain(|s| s.from == from);
+    let candidates: Vec<BrokerCandidate> = swaps
+        .iter()
+        .map(|s| BrokerCandidate {
+            broker_id: ids[s.to as usize],
+            rack: None,
+            fenced: false,
+            load: load[s.to as usize].max(0) as u64,
+        })
+        .collect();
+    let next = SegmentId::new(segment.range, segment.seq + 1);
+    let to = place_replicas(&next.to_string(), &candidates, 1).ok()?[0];
+    swaps.into_iter().find(|s| ids[s.to as usize] == to)
 }
 
 /// The entry that carries out a [`Replacement`] once its active segment's
