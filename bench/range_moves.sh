@@ -10,21 +10,5 @@
 #
 # Markdown results go to stdout (and bench-results/range_moves.md), progress to
 # stderr, raw JSON to bench-results/range_moves.json.
-set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-ROOT=$(pwd)
-VENV="$ROOT/.venv"
-
-PY=${PYTHON:-python3}
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -c 'import confluent_kafka' 2>/dev/null ||
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -q -r compat-tests/python/requirements.txt
-
-if [ -z "${TESSERA_BIN:-}" ]; then
-    echo "==> cargo build --release -p tessera-gateway" >&2
-    cargo build --release -p tessera-gateway >&2
-    export TESSERA_BIN="$ROOT/target/release/tessera"
-fi
-
-mkdir -p bench-results
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 "$VENV/bin/python" bench/range_moves.py --json bench-results/range_moves.json "$@" | tee bench-results/range_moves.md

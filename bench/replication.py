@@ -66,6 +66,17 @@ def start_cluster(binary: str):
     return proc, workdir, ",".join(f"127.0.0.1:{kafka + i}" for i in range(3))
 
 
+def stop_cluster(proc, workdir):
+    procguard.kill(proc)
+    for i in (1, 2, 3):
+        pid = node_pid(workdir, i)
+        if pid:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def create(boot, name, rf):
     a = AdminClient({"bootstrap.servers": boot})
     a.create_topics([NewTopic(name, 6, rf, config={"min.insync.replicas": str(min(rf, 2))})])[name].result(30)
@@ -145,14 +156,7 @@ def main():
         med = {t: {k: statistics.median(x[k] for x in v) for k in v[0]} for t, v in runs.items()}
         gap = failover(boot, workdir, admin, "rf3")
     finally:
-        procguard.kill(proc)
-        for i in (1, 2, 3):
-            pid = node_pid(workdir, i)
-            if pid:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        stop_cluster(proc, workdir)
     print(f"Replication, 3 nodes on one machine, {args.records} x 1 KiB, acks=all, median of {args.repeat}\n")
     print("| topic | records/s | MB/s | p50 ms | p99 ms | errors |")
     print("|---|---|---|---|---|---|")

@@ -43,8 +43,15 @@ use std::time::{Duration, Instant};
 use tessera_metadata::records::BrokerRegistration;
 use tessera_metadata::{decode_committed_value, MetadataImage, MetadataRecord, RangeId, TopicId};
 use tessera_planner::{
-    create_topic_with, heal_segments_with, plan_leader_moves, plan_replacements, seal_and_replace,
-    seal_by_quorum, seal_by_quorum_with, split_range, PlacementLoad, QuorumSeal, TopicSpec,
+    create_topic_with, heal_segments_with, plan_balance, plan_replacements, seal_and_replace,
+    seal_by_quorum, seal_by_quorum_with, split_range, spread_split_children, LeaderMove,
+    LoadBalanceSettings, PlacementLoad, QuorumSeal, TopicSpec,
+};
+
+/// The broker's defaults: 10 % above the mean sheds, from 1 MiB/s.
+const BALANCE: LoadBalanceSettings = LoadBalanceSettings {
+    imbalance: 0.1,
+    min_bytes_per_sec: 1 << 20,
 };
 
 /// Moves one controller pass plans at most (the broker's bound).
@@ -267,18 +274,46 @@ impl Cluster {
 
     /// One controller pass: leader balance, then re-placement; the number
     /// of moves made.
+    /// Bytes in per second of each active range, as its primary would
+    /// report it: its topic's load spread evenly over the partitions.
+    fn range_rates(&self) -> BTreeMap<RangeId, u64> {
+        self.image
+            .ranges
+            .values()
+            .filter(|r| r.active)
+            .filter_map(|r| {
+                let topic = self.image.topics.get(&r.topic_id)?;
+                let per = self.load.get(&r.topic_id)? / f64::from(topic.partitions.max(1));
+                Some((r.id, (per * f64::from(r.hi - r.lo)) as u64))
+            })
+            .collect()
+    }
+
+    /// A leader move carried out as the broker does when the follower
+    /// holds the end: a seal by quorum with it as the holder.
+    fn move_leader(&mut self, m: &LeaderMove) -> bool {
+        let seal = QuorumSeal {
+            segment: m.segment,
+            size_bytes: 0,
+            spans: Vec::new(),
+            holder: m.to,
+        };
+        match self.plan(|img, _| seal_by_quorum(img, &seal)) {
+            Ok(records) => {
+                self.commit(&records);
+                true
+            }
+            Err(_) => false,
+        }
+    }
+
     fn controller_pass(&mut self) -> usize {
-        let moves = self.plan(|img, _| plan_leader_moves(img, MOVES_PER_PASS));
+        // The leader check: by bytes in, then by leader counts.
+        let rates = self.range_rates();
+        let moves = self.plan(|img, _| plan_balance(img, &rates, BALANCE, MOVES_PER_PASS));
         let mut n = 0;
         for m in moves {
-            let seal = QuorumSeal {
-                segment: m.segment,
-                size_bytes: 0,
-                spans: Vec::new(),
-                holder: m.to,
-            };
-            if let Ok(records) = self.plan(|img, _| seal_by_quorum(img, &seal)) {
-                self.commit(&records);
+            if self.move_leader(&m.leader_move) {
                 n += 1;
             }
         }
@@ -498,6 +533,11 @@ fn run(o: &Options, brokers: i32, csv: &mut Vec<String>) {
                 .collect();
             entry.extend(plan.records);
             c.commit(&entry);
+            // The broker then hands the second child to a follower.
+            let moves = c.plan(|img, _| spread_split_children(img, &plan.children));
+            for m in moves {
+                c.move_leader(&m);
+            }
         }
     }
     row(&mut c, "hot topic x10, split", before, t);

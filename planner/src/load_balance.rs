@@ -178,10 +178,13 @@ fn plan_load_moves(
         return planned;
     }
     let over = mean * (1.0 + settings.imbalance.max(0.0));
-    let mut candidates = movable(image, load);
-    // The busiest ranges first, so that each broker's are looked at in one
-    // short walk.
-    candidates.sort_by_key(|(s, _)| (std::cmp::Reverse(rates.get(&s.range).copied()), s.range));
+    let candidates = movable(image, load);
+    // Each broker's ranges, so that a hot broker's are looked at alone (a
+    // scan of every range per move was minutes a pass at 2.4 million).
+    let mut led_by: BTreeMap<i32, Vec<usize>> = BTreeMap::new();
+    for (i, (_, replicas)) in candidates.iter().enumerate() {
+        led_by.entry(replicas[0]).or_default().push(i);
+    }
     while planned.len() < max_moves {
         // The most loaded broker above the threshold that has a move.
         let mut hot: Vec<(u64, i32)> = load
@@ -192,9 +195,9 @@ fn plan_load_moves(
         hot.sort_by(|a, b| b.cmp(a));
         let mut best: Option<(u128, usize, i32)> = None;
         for &(from_load, from) in &hot {
-            for (i, (segment, replicas)) in candidates.iter().enumerate() {
-                if replicas[0] != from || planned.iter().any(|p| p.leader_move.segment == *segment)
-                {
+            for &i in led_by.get(&from).map(Vec::as_slice).unwrap_or_default() {
+                let (segment, replicas) = &candidates[i];
+                if planned.iter().any(|p| p.leader_move.segment == *segment) {
                     continue;
                 }
                 let x = rates.get(&segment.range).copied().unwrap_or(0);
