@@ -31,7 +31,7 @@ PARTITIONS = 12
 
 
 def create(admin: AdminClient, name: str, one_primary: bool) -> Counter:
-    spec = (NewTopic(name, replica_assignment=[[1, 2, 3]] * PARTITIONS,
+    spec = (NewTopic(name, PARTITIONS, replica_assignment=[[1, 2, 3]] * PARTITIONS,
                      config={"min.insync.replicas": "2"}) if one_primary
             else NewTopic(name, PARTITIONS, 3, config={"min.insync.replicas": "2"}))
     admin.create_topics([spec])[name].result(30)

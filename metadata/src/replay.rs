@@ -91,13 +91,17 @@ impl MetadataImage {
                 if r.hi > topic.partitions {
                     return Some("range beyond the topic's partitions");
                 }
-                // Two active ranges never share a partition: a range made
+                // Two active ranges never share a partition: a child made
                 // to fill a gap that a concurrent write filled first (two
-                // movers completing the same lost move) creates nothing.
-                let overlaps = self
-                    .topic_range_ids(r.topic_id)
-                    .filter_map(|id| self.ranges.get(&id))
-                    .any(|other| other.active && other.lo < r.hi && r.lo < other.hi);
+                // completers of the same lost move) creates nothing. Only
+                // children are checked (a walk of the topic's ranges each:
+                // for every range of a topic creation, replay at 2.4
+                // million ranges took 46 s instead of 3.5).
+                let overlaps = !r.parents.is_empty()
+                    && self
+                        .topic_range_ids(r.topic_id)
+                        .filter_map(|id| self.ranges.get(&id))
+                        .any(|other| other.active && other.lo < r.hi && r.lo < other.hi);
                 if overlaps {
                     return Some("range overlaps an active range");
                 }
@@ -996,13 +1000,6 @@ mod tests {
         let split = with(
             with(r1, MetadataRecord::SealRange { range_id: 1 }),
             range(2, 1, 0, 2, vec![1]),
-        );
-        assert!(
-            !last_applies(&with(
-                with(t.clone(), range(1, 1, 0, 2, vec![])),
-                range(2, 1, 1, 3, vec![])
-            )),
-            "overlaps an active range"
         );
         assert!(
             !last_applies(&with(split.clone(), range(4, 1, 1, 3, vec![1]))),
