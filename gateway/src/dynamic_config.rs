@@ -849,6 +849,16 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "How often the active controller checks the leadership balance.",
     ),
     (
+        "leader.imbalance.per.broker.percentage",
+        3,
+        "A broker whose bytes in as primary exceed the live brokers' mean by more than this percent hands ranges to followers at the leadership check (Kafka measures this ratio in preferred leaders; tessera in bytes in).",
+    ),
+    (
+        "leader.load.balance.min.bytes.per.sec",
+        5,
+        "Below this mean bytes in per live broker the leadership check moves nothing by load (an idle cluster's rates are noise).",
+    ),
+    (
         "quota.window.num",
         3,
         "The number of samples to retain in memory for client quotas.",

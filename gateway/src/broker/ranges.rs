@@ -35,6 +35,10 @@ use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::range_policy::{Decision, PolicyConfig, PolicyState, RangeLoad};
 
+/// How many times a split plans its children's spread (a move that ended
+/// as an ordinary seal is planned again on the next segment).
+const SPREAD_ATTEMPTS: usize = 3;
+
 /// How long a merge waits for this broker to lead both parents.
 const MERGE_GATHER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -203,15 +207,44 @@ impl Broker {
     /// Hands split children but the first to followers of their first
     /// segment (`tessera_planner::spread_split_children`): the split opened
     /// them all here, where the parent's log seeds them, and a range split
-    /// for its load should not stay on one broker. Returns at once; each
-    /// move is a seal by quorum that runs on its own.
+    /// for its load should not stay on one broker. Returns at once: a task
+    /// carries the moves out, and plans again when one ended as an
+    /// ordinary seal (the follower did not answer the fence in time, as
+    /// on a busy machine: the primary kept the child), a few times.
     fn spread_children(&self, children: &[RangeId]) {
-        for m in tessera_planner::spread_split_children(&self.image(), children) {
-            tracing::info!(segment = %m.segment, from = m.from, to = m.to, "split: handing a child to a follower, so that the children lead on different brokers");
-            if self.move_leader(m) {
-                Metrics::add(&self.metrics.leader_moves_planned, 1);
+        let children = children.to_vec();
+        let broker = self.weak();
+        tokio::spawn(async move {
+            for _ in 0..SPREAD_ATTEMPTS {
+                let Some(b) = broker.upgrade() else { return };
+                let moves = tessera_planner::spread_split_children(&b.image(), &children);
+                if moves.is_empty() {
+                    return;
+                }
+                let segments: Vec<_> = moves.iter().map(|m| m.segment).collect();
+                for m in moves {
+                    tracing::info!(segment = %m.segment, from = m.from, to = m.to, "split: handing a child to a follower, so that the children lead on different brokers");
+                    if b.move_leader(m) {
+                        Metrics::add(&b.metrics.leader_moves_planned, 1);
+                    }
+                }
+                drop(b);
+                // Until those seals are done (each is retried until the
+                // image shows its segment sealed), a minute at most.
+                let deadline = Instant::now() + Duration::from_secs(60);
+                while Instant::now() < deadline {
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    let Some(b) = broker.upgrade() else { return };
+                    let image = b.image();
+                    let sealed = |s: &tessera_metadata::SegmentId| {
+                        image.segments.get(s).is_none_or(|seg| seg.is_sealed())
+                    };
+                    if segments.iter().all(sealed) {
+                        break;
+                    }
+                }
             }
-        }
+        });
     }
 
     /// Makes this broker lead every parent of a merge
