@@ -148,8 +148,23 @@ def test_replicas_of_a_compacted_topic_are_cleaned_alike_and_failover_serves_the
     # applies the passes it finds pending (or fetches again the copies it
     # cannot clean to the recorded bytes) and ends identical too; the
     # segments written on the other replica sets are cleaned as well.
-    follower = next(n for n in (1, 2, 3) if n != leader_of(admin, topic))
-    kill_and_restart_later(workdir, follower, 8).join()
+    leader = leader_of(admin, topic)
+    follower = next(n for n in (1, 2, 3) if n != leader)
+    restart = kill_and_restart_later(workdir, follower, 8)
+    # Records while the set is without it, so the segment re-placed on the
+    # two others holds data when it is sealed (on a busy machine the
+    # follower came back before any was written: an empty segment, and
+    # "no re-placement happened").
+    eventually("the active segment re-placed without the killed follower", lambda: any(
+        s["topic"] == topic and s["sealed_bytes"] is None and follower not in s["replicas"]
+        for s in http(cluster["admin"][leader - 1] + "/segments")), timeout=30)
+    for i in range(300):
+        k = f"key-{KEYS - 1}".encode()
+        v = f"while-down-{i}-".encode() + b"z" * 40
+        want[k] = v
+        p.produce(topic, key=k, value=v, partition=0)
+    assert p.flush(60) == 0
+    restart.join()
     eventually("the follower serves again", lambda: admin_ready(cluster["admin"][follower - 1]), timeout=60)
     # Trickle updates so the active segment rolls and the tombstones' horizon
     # passes while passes keep running.
