@@ -40,7 +40,7 @@ pub enum Need {
 /// answer 404 and reveal nothing).
 pub fn need_of(method: &str, path: &str) -> Need {
     match (method, path) {
-        ("GET", "/ranges") | ("GET", "/segments") => Need::Describe,
+        ("GET", "/ranges") | ("GET", "/segments") | ("GET", "/balance") => Need::Describe,
         ("POST", _) => Need::Alter,
         _ => Need::Open,
     }
@@ -180,6 +180,7 @@ mod tests {
         assert_eq!(need_of("GET", "/ready"), Need::Open);
         assert_eq!(need_of("GET", "/ranges"), Need::Describe);
         assert_eq!(need_of("GET", "/segments"), Need::Describe);
+        assert_eq!(need_of("GET", "/balance"), Need::Describe);
         assert_eq!(need_of("POST", "/ranges/split"), Need::Alter);
         assert_eq!(need_of("POST", "/ranges/merge"), Need::Alter);
         assert_eq!(need_of("POST", "/anything"), Need::Alter);

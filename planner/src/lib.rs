@@ -745,23 +745,7 @@ pub fn cover_partitions(
     topic_id: TopicId,
 ) -> Result<Vec<MetadataRecord>, PlanError> {
     let topic = image.topics.get(&topic_id).ok_or(PlanError::UnknownTopic)?;
-    let mut covered: Vec<(u32, u32)> = image
-        .active_ranges(topic_id)
-        .iter()
-        .map(|r| (r.lo, r.hi))
-        .collect();
-    covered.sort_unstable();
-    let mut gaps = Vec::new();
-    let mut at = 0;
-    for (lo, hi) in covered {
-        if lo > at {
-            gaps.push((at, lo));
-        }
-        at = at.max(hi);
-    }
-    if at < topic.partitions {
-        gaps.push((at, topic.partitions));
-    }
+    let gaps = move_placement::uncovered(image, topic_id, topic.partitions);
     if gaps.is_empty() {
         return Ok(Vec::new());
     }
