@@ -504,10 +504,13 @@ impl RangeLog {
             seq <= newest_local.saturating_add(1)
         })?;
         let active = segments.last().unwrap();
-        if options.replicated && !options.sealed && active.size == 0 {
+        let seeded_child = options.seed.is_some() && active.seq == 0;
+        if (options.replicated || seeded_child) && !options.sealed && active.size == 0 {
             // A follower of this new segment that lacks the older ones
             // fetches the producer state where it starts (written after the
-            // reload, which drops snapshots no partition keeps).
+            // reload, which drops snapshots no partition keeps). So does a
+            // broker an unreplicated child moves to (`primary_move`): only
+            // this log read the parents it inherits from.
             let written = write_history_state(
                 &options.dir,
                 active.seq,
@@ -797,7 +800,7 @@ impl RangeLog {
 
     fn roll_locked(&self, inner: &mut Inner, now: i64) -> Result<SealedSegment, LogError> {
         let rolled = self
-            .seal_active(inner)
+            .seal_active(inner, false)
             .and_then(|sealed| self.open_next_segment(inner, &sealed, now).map(|()| sealed));
         rolled.inspect_err(|e| self.latch_failure("rolling a segment", e))
     }
@@ -836,7 +839,10 @@ impl RangeLog {
 
     /// Fsyncs and indexes the active segment, marks it sealed and writes the
     /// producer-state snapshot for where the next segment starts.
-    fn seal_active(&self, inner: &mut Inner) -> Result<SealedSegment, LogError> {
+    /// `range_seal`: the range stops here (a split, merge or move), and a
+    /// broker that holds none of it may go on from this end: the history
+    /// state is written whole even for an unreplicated log.
+    fn seal_active(&self, inner: &mut Inner, range_seal: bool) -> Result<SealedSegment, LogError> {
         let active = inner.active();
         active.file.sync_data()?;
         active.write_index(&self.options.dir)?;
@@ -848,7 +854,7 @@ impl RangeLog {
             next_seq: active.seq + 1,
             leader_epoch: self.options.leader_epoch,
         };
-        self.write_snapshot(inner, sealed.next_seq);
+        self.write_snapshot(inner, sealed.next_seq, range_seal);
         Ok(sealed)
     }
 
@@ -894,6 +900,14 @@ impl RangeLog {
         let mut inner = self.inner.lock();
         let position = position.min(inner.written_position());
         self.commit_locked(&mut inner, position);
+    }
+
+    /// Whether nothing past the newest segment the image records is
+    /// committed (the replicated layout). Without it (an unreplicated
+    /// range that never moved) the log acknowledges past its own rolls
+    /// before the metadata log records them.
+    pub fn commits_recorded_only(&self) -> bool {
+        self.options.commit_recorded_only
     }
 
     /// Whether the active segment has followers (the commit is a quorum's).
@@ -1404,7 +1418,7 @@ impl RangeLog {
         // No append can run while we hold the lock; it stays Open (and
         // refuses nothing yet) only if sealing fails before the state flips.
         let sealed = self
-            .seal_active(&mut inner)
+            .seal_active(&mut inner, true)
             .inspect_err(|e| self.latch_failure("sealing the range", e))?;
         inner.state = WriteState::Sealed;
         let position = inner.written_position();
@@ -1469,7 +1483,7 @@ impl RangeLog {
         if was == WriteState::Open && !self.options.sealed && !self.failed.load(Ordering::Relaxed) {
             let active = inner.segments.last().unwrap();
             match active.file.sync_data() {
-                Ok(()) => self.write_snapshot(&inner, active.seq + 1),
+                Ok(()) => self.write_snapshot(&inner, active.seq + 1, false),
                 Err(e) => tracing::warn!(
                     dir = %self.options.dir.display(),
                     error = %e,
@@ -1486,10 +1500,12 @@ impl RangeLog {
     /// Snapshots every partition's producer state at its current end as
     /// `<seq>.snapshot`. Only durable data may be described: callers fsync
     /// first. A failure costs a longer replay at the next open, nothing else.
-    fn write_snapshot(&self, inner: &Inner, seq: u32) {
+    /// `whole`: with the aborted transactions, and kept even when empty, as
+    /// a replicated log always writes it (another broker may lead from here).
+    fn write_snapshot(&self, inner: &Inner, seq: u32, whole: bool) {
         let next_offsets = inner.partitions.iter().map(|s| s.next_offset);
         let (dir, lo) = (&self.options.dir, self.options.lo);
-        let written = if self.options.replicated {
+        let written = if self.options.replicated || self.options.commit_recorded_only || whole {
             write_history_state(dir, seq, lo, next_offsets, &inner.producers, &inner.txns)
         } else {
             producer_snapshot_file::write_range_snapshot(

@@ -1189,6 +1189,8 @@ mod replacement;
 pub use replacement::{
     plan_follower_replacements, plan_replacements, replica_load, seal_and_replace, Replacement,
 };
+mod unreplicated;
+pub use unreplicated::{plan_boundary_moves, plan_unreplicated_moves};
 
 #[cfg(test)]
 mod tests;

@@ -8,7 +8,10 @@
 //! more than `imbalance` above the mean of the live brokers sheds ranges
 //! to followers of their active segments (a leader move: nothing copied,
 //! the next segment opens on the follower), each move the one that evens
-//! the pair out most.
+//! the pair out most. An unreplicated range (one replica) has no follower:
+//! it moves whole to the least loaded broker
+//! ([`Replacement::primary_move`](crate::Replacement::primary_move), its
+//! history read remotely), by the same rule.
 //!
 //! No churn, and the two balances never undo each other (rates taken as
 //! fixed during a pass):
@@ -85,8 +88,9 @@ pub fn broker_loads(image: &MetadataImage, rates: &BTreeMap<RangeId, u64>) -> BT
     load
 }
 
-/// Replicated active segments whose replicas are all live: the ranges a
-/// leader move may hand over (failover handles the others).
+/// Active segments whose replicas are all live: the ranges a leader move
+/// (or, unreplicated, a move of the whole range) may hand over (failover
+/// handles the others).
 fn movable(image: &MetadataImage, live: &BTreeMap<i32, u64>) -> Vec<(SegmentId, Vec<i32>)> {
     image
         .ranges
@@ -95,7 +99,7 @@ fn movable(image: &MetadataImage, live: &BTreeMap<i32, u64>) -> Vec<(SegmentId, 
         .filter_map(|r| image.active_segment(r.id))
         .filter(|s| {
             !s.is_sealed()
-                && s.replicas.len() > 1
+                && !s.replicas.is_empty()
                 && s.replicas.iter().all(|b| live.contains_key(b))
         })
         .map(|s| (s.id, s.replicas.clone()))
@@ -204,7 +208,18 @@ fn plan_load_moves(
                 if x == 0 {
                     continue;
                 }
-                for &to in &replicas[1..] {
+                // An unreplicated range moves whole, to any broker: the
+                // least loaded one gains the most.
+                let least = [least_loaded(load, from)];
+                let targets: &[i32] = if replicas.len() == 1 {
+                    match &least {
+                        [Some(b)] => std::slice::from_ref(b),
+                        _ => &[],
+                    }
+                } else {
+                    &replicas[1..]
+                };
+                for &to in targets {
                     let to_load = load[&to];
                     if x >= from_load.saturating_sub(to_load) {
                         continue;
@@ -248,4 +263,12 @@ fn plan_load_moves(
         });
     }
     planned
+}
+
+/// The live broker other than `but` with the least load (ties: lowest id).
+fn least_loaded(load: &BTreeMap<i32, u64>, but: i32) -> Option<i32> {
+    load.iter()
+        .filter(|(b, _)| **b != but)
+        .min_by_key(|(b, l)| (**l, **b))
+        .map(|(b, _)| *b)
 }

@@ -25,10 +25,14 @@ use crate::{LeaderMove, PlanError};
 /// split created them) on different brokers: the first stays with the
 /// parent's primary, each next one goes to the live follower of its active
 /// segment leading the fewest ranges that leads no sibling yet (ties: the
-/// lowest id). A child with no such follower (replication factor 1, or
-/// every follower fenced or leading a sibling) stays where it is.
+/// lowest id). A child with no such follower (every follower fenced or
+/// leading a sibling) stays where it is. An unreplicated child (one
+/// replica) has no follower: it moves whole to the live broker holding the
+/// fewest active segments that leads no sibling (the gateway carries such
+/// a move out as a [`crate::Replacement::primary_move`]).
 pub fn spread_split_children(image: &MetadataImage, children: &[RangeId]) -> Vec<LeaderMove> {
     let mut load = crate::leader_load(image);
+    let mut held = crate::replica_load(image);
     let mut leading: BTreeSet<i32> = BTreeSet::new();
     let mut moves = Vec::new();
     for (i, &child) in children.iter().enumerate() {
@@ -42,17 +46,28 @@ pub fn spread_split_children(image: &MetadataImage, children: &[RangeId]) -> Vec
             leading.insert(primary);
             continue;
         }
-        let to = seg.replicas[1..]
-            .iter()
-            .copied()
-            .filter(|f| load.contains_key(f) && !leading.contains(f))
-            .min_by_key(|f| (load[f], *f));
+        let to = if seg.replicas.len() == 1 {
+            held.keys()
+                .copied()
+                .filter(|b| !leading.contains(b))
+                .min_by_key(|b| (held[b], *b))
+        } else {
+            seg.replicas[1..]
+                .iter()
+                .copied()
+                .filter(|f| load.contains_key(f) && !leading.contains(f))
+                .min_by_key(|f| (load[f], *f))
+        };
         match to {
             Some(to) => {
-                if let Some(n) = load.get_mut(&primary) {
-                    *n -= 1;
+                for counts in [&mut load, &mut held] {
+                    if let Some(n) = counts.get_mut(&primary) {
+                        *n -= 1;
+                    }
+                    if let Some(n) = counts.get_mut(&to) {
+                        *n += 1;
+                    }
                 }
-                *load.get_mut(&to).expect("live") += 1;
                 leading.insert(to);
                 moves.push(LeaderMove {
                     segment: seg.id,
@@ -69,9 +84,10 @@ pub fn spread_split_children(image: &MetadataImage, children: &[RangeId]) -> Vec
 }
 
 /// The leader moves that make `at` lead both parents of a merge: none
-/// when it leads them already. Refused when a parent is not active or its
-/// active segment is not also on `at` (a merge reads both parents' state
-/// where it runs, and their history is not copied for it).
+/// when it leads them already. Refused when a parent is not active or,
+/// replicated, its active segment is not also on `at` (a merge reads both
+/// parents' state where it runs, and their history is not copied for it);
+/// an unreplicated parent moves whole to `at` (a primary move).
 pub fn gather_for_merge(
     image: &MetadataImage,
     parents: &[RangeId],
@@ -92,7 +108,9 @@ pub fn gather_for_merge(
         if primary == at {
             continue;
         }
-        if !seg.replicas.contains(&at) {
+        // An unreplicated parent moves whole to `at` (nothing of it is
+        // there, nor anywhere else but its primary).
+        if seg.replicas.len() > 1 && !seg.replicas.contains(&at) {
             return Err(PlanError::InvalidMove(format!(
                 "range {parent} is led by broker {primary} and not replicated on broker {at}: \
                  merge it where both ranges are led"

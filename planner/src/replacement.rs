@@ -473,6 +473,8 @@ fn choose_swap(
 /// replica or the new broker was fenced) or the end is held by another
 /// replica than the primary, this is an ordinary [`seal_by_quorum`] (the
 /// holder leads the next segment, one epoch up, fenced replicas replaced).
+/// An unreplicated range's move ([`Replacement::moves_primary`]) opens the
+/// next segment on the new broker, its only replica sealing it.
 pub fn seal_and_replace(
     image: &MetadataImage,
     seal: &QuorumSeal,
@@ -485,7 +487,8 @@ pub fn seal_and_replace(
     let still_valid = seal.segment == plan.segment
         && !segment.is_sealed()
         && segment.replicas == plan.current
-        && plan.replicas.first() == Some(&seal.holder)
+        && (plan.replicas.first() == Some(&seal.holder)
+            || (plan.moves_primary() && plan.from == seal.holder))
         && segment.primary() == Some(seal.holder)
         && plan.replicas.iter().all(live)
         && crate::active_range(image, seal.segment.range).is_ok()

@@ -2006,8 +2006,13 @@ fn split_first_range(brokers: i32, partitions: u32, rf: i16) -> (MetadataImage, 
 }
 
 /// Carries out a leader move as the broker does when the follower holds
-/// the end: a seal by quorum with it as the holder.
+/// the end: a seal by quorum with it as the holder. An unreplicated range
+/// moves whole: its only replica seals, the next segment opens on `to`.
 fn carry_out(image: &mut MetadataImage, m: &LeaderMove) {
+    if image.active_segment(m.segment.range).unwrap().replicas == [m.from] {
+        replace(image, &[Replacement::primary_move(m.segment, m.from, m.to)]);
+        return;
+    }
     let seal = QuorumSeal {
         segment: m.segment,
         size_bytes: 0,
@@ -2074,10 +2079,12 @@ fn a_split_child_goes_to_the_less_loaded_follower() {
 
 #[test]
 fn a_split_child_without_a_live_follower_stays_with_its_sibling() {
-    // Replication factor 1: no follower to hand it to.
-    let (image, children) = split_first_range(3, 6, 1);
+    // Replication factor 1 moves whole instead (see
+    // a_split_of_an_unreplicated_range_moves_its_second_child_whole), but
+    // not off a single node.
+    let (image, children) = split_first_range(1, 6, 1);
     assert!(spread_split_children(&image, &children).is_empty());
-    // Every follower fenced: nowhere to go either.
+    // Every follower fenced: nowhere to go.
     let (mut image, children) = split_first_range(3, 6, 3);
     let primary = BTreeSet::from([primary_of(&image, children[1])]);
     let records = broker_liveness(&image, &primary, &none(), true);
@@ -2277,7 +2284,9 @@ proptest! {
                 if perm % 2 == 1 {
                     set[1..].reverse();
                 }
-                set[..3].to_vec()
+                // Some unreplicated ranges: they move whole, to any broker.
+                let rf = if perm % 5 == 0 { 1 } else { 3 };
+                set[..rf].to_vec()
             })
             .collect();
         let (mut image, range_ids) = assigned_cluster(brokers, &assignments);
@@ -2405,4 +2414,140 @@ proptest! {
         prop_assert!(spread <= 2, "{:?}", loads);
 
     }
+}
+
+/// The active segment's replicas and leader epoch.
+fn active_of(image: &MetadataImage, range: RangeId) -> (Vec<i32>, i32) {
+    let s = image.active_segment(range).unwrap();
+    (s.replicas.clone(), s.leader_epoch)
+}
+
+#[test]
+fn unreplicated_ranges_move_whole_to_the_least_loaded_brokers_until_within_one() {
+    // Four RF=1 ranges on broker 1, brokers 2 and 3 hold nothing; one RF=3
+    // range on all three (its followers cannot move: no broker is outside).
+    let (mut image, ranges) =
+        assigned_cluster(3, &[vec![1], vec![1], vec![1], vec![1], vec![1, 2, 3]]);
+    assert_eq!(
+        replica_load(&image),
+        BTreeMap::from([(1, 5), (2, 1), (3, 1)])
+    );
+    let plans = plan_boundary_moves(&image, 8);
+    let moved: Vec<(RangeId, i32, i32)> = plans
+        .iter()
+        .map(|p| (p.segment.range, p.from, p.to))
+        .collect();
+    // 5,1,1 -> 4,2,1 -> 3,2,2: then a difference of one, no gain.
+    assert_eq!(moved, vec![(ranges[0], 1, 2), (ranges[1], 1, 3)]);
+    assert!(plans.iter().all(Replacement::moves_primary));
+    let before = active_of(&image, ranges[0]);
+    replace(&mut image, &plans);
+    let (replicas, epoch) = active_of(&image, ranges[0]);
+    assert_eq!(
+        replicas,
+        vec![2],
+        "the next segment on the new broker alone"
+    );
+    assert_eq!(epoch, before.1 + 1, "one leader epoch up");
+    assert_eq!(
+        image.segments_of(ranges[0])[0].replicas,
+        vec![1],
+        "the history stays where it was written"
+    );
+    assert!(
+        plan_boundary_moves(&image, 8).is_empty(),
+        "balanced: nothing more moves, nothing moves back"
+    );
+    // Bounded per look.
+    let (image, _) = assigned_cluster(3, &[vec![1], vec![1], vec![1], vec![1]]);
+    assert_eq!(plan_boundary_moves(&image, 1).len(), 1);
+}
+
+#[test]
+fn unreplicated_ranges_never_move_to_a_fenced_broker_or_off_a_single_node() {
+    let (image, _) = assigned_cluster(1, &[vec![1], vec![1], vec![1]]);
+    assert!(plan_boundary_moves(&image, 8).is_empty(), "one node");
+    let (image, _) = assigned_cluster(3, &[vec![1], vec![1], vec![1], vec![1]]);
+    let image = fenced_one(&fenced_one(&image, 2), 3);
+    assert!(
+        plan_boundary_moves(&image, 8).is_empty(),
+        "a draining or dead broker receives nothing"
+    );
+}
+
+#[test]
+fn an_unreplicated_move_whose_image_moved_on_is_an_ordinary_seal() {
+    let (image, ranges) = assigned_cluster(3, &[vec![1], vec![1], vec![1]]);
+    let plan = plan_boundary_moves(&image, 1).remove(0);
+    assert_eq!(plan.to, 2);
+    // Broker 2 was fenced between the plan and the seal: the range stays.
+    let fenced = fenced_one(&image, 2);
+    let seal = QuorumSeal {
+        segment: plan.segment,
+        size_bytes: 10,
+        spans: vec![],
+        holder: 1,
+    };
+    let records = seal_and_replace(&fenced, &seal, &plan).unwrap();
+    let mut after = fenced.clone();
+    assert_eq!(commit(&mut after, &records), 0);
+    assert_eq!(active_of(&after, ranges[0]).0, vec![1]);
+    // A plain re-placement never opens a segment off its holder.
+    let bogus = Replacement {
+        segment: plan.segment,
+        current: vec![1],
+        replicas: vec![2, 1],
+        from: 1,
+        to: 2,
+    };
+    assert!(!bogus.moves_primary());
+    let records = seal_and_replace(&image, &seal, &bogus).unwrap();
+    let mut after = image.clone();
+    assert_eq!(commit(&mut after, &records), 0);
+    assert_eq!(active_of(&after, ranges[0]).0, vec![1]);
+}
+
+#[test]
+fn a_busy_unreplicated_range_moves_whole_to_the_least_loaded_broker() {
+    let (image, ranges) = assigned_cluster(3, &[vec![1], vec![1], vec![2], vec![3]]);
+    let rates: BTreeMap<RangeId, u64> = ranges.iter().copied().zip([5, 5, 1, 2]).collect();
+    let moves = plan_balance(&image, &rates, BALANCE, 8);
+    let first = &moves[0];
+    assert_eq!(
+        (
+            first.leader_move.segment.range,
+            first.leader_move.from,
+            first.leader_move.to
+        ),
+        (ranges[0], 1, 2),
+        "to the least loaded broker, no follower needed: {moves:?}"
+    );
+    assert!(first.reason.contains("bytes in"));
+    let mut image = image;
+    for m in &moves {
+        carry_out(&mut image, &m.leader_move);
+    }
+    let loads = broker_loads(&image, &rates);
+    assert!(
+        loads.values().max().unwrap() - loads.values().min().unwrap() <= 5,
+        "{loads:?}"
+    );
+}
+
+#[test]
+fn a_split_of_an_unreplicated_range_moves_its_second_child_whole() {
+    let (mut image, children) = split_first_range(3, 6, 1);
+    let parent_primary = primary_of(&image, children[0]);
+    let moves = spread_split_children(&image, &children);
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    assert_eq!(moves[0].from, parent_primary);
+    assert_ne!(moves[0].to, parent_primary);
+    carry_out(&mut image, &moves[0]);
+    assert_ne!(primary_of(&image, children[1]), parent_primary);
+    assert_eq!(primary_of(&image, children[0]), parent_primary);
+    // Gathering them back for a merge moves the child whole again.
+    let gather = gather_for_merge(&image, &children, parent_primary).unwrap();
+    assert_eq!(gather.len(), 1);
+    carry_out(&mut image, &gather[0]);
+    assert_eq!(primary_of(&image, children[1]), parent_primary);
 }

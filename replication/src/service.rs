@@ -418,6 +418,19 @@ pub fn fence(
             // nothing: the log's active segment is a later one, maybe
             // opened on this broker as the new primary.
             if dir.segment_sealed(segment) != Some(true) {
+                if !log.commits_recorded_only() && !log.is_replicated() {
+                    // An unreplicated log has acknowledged what it wrote
+                    // past this roll already: sealing the range at this
+                    // segment's end would drop that. The roll's record
+                    // comes; the fencer then finds the segment sealed.
+                    return Message::Refused {
+                        segment,
+                        retry: true,
+                        reason:
+                            "an unreplicated log rolled past the segment; its record is pending"
+                                .into(),
+                    };
+                }
                 let _ = log.seal();
             }
             return Message::Fenced {

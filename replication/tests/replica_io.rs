@@ -1099,6 +1099,49 @@ async fn a_late_fence_of_a_recorded_segment_does_not_seal_the_next_one() {
     assert!(log.is_sealed());
 }
 
+/// An unreplicated log (replication factor 1, never moved) acknowledges
+/// past its own rolls before the metadata log records them. A move's fence
+/// of the segment it rolled away from must not seal it there: what it
+/// acknowledged in the next segment would be dropped (the range would go
+/// on elsewhere from segment 0's end). The fence is refused, to be retried
+/// once the roll is recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fence_never_drops_what_an_unreplicated_log_acknowledged_past_its_roll() {
+    let a = tempfile::tempdir().unwrap();
+    let log = RangeLog::open(
+        RangeLogOptions {
+            segment_bytes: 1 << 30,
+            ..RangeLogOptions::new(a.path(), 0, 2)
+        },
+        tokio::sync::watch::channel(0).0,
+    )
+    .unwrap();
+    let mut batch = make_batch(2, 1000);
+    log.append(0, &mut batch, None).unwrap();
+    log.roll().unwrap().expect("rolled");
+    let mut batch = make_batch(1, 2000);
+    let end = log.append(0, &mut batch, None).unwrap().end_position;
+    log.wait_durable(end).await.expect("acknowledged");
+    let store = ReplicaStore::default();
+    let unrecorded = PrimaryDir {
+        dir: a.path().to_path_buf(),
+        log: log.clone(),
+        sealed: false,
+        epochs: BTreeMap::new(),
+    };
+    match service::fence(SegmentKey { range: 7, seq: 0 }, 0, &store, &unrecorded) {
+        Message::Refused { retry: true, .. } => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(
+        !log.is_sealed(),
+        "the acknowledged record after the roll stays"
+    );
+    let mut batch = make_batch(1, 3000);
+    log.append(0, &mut batch, None)
+        .expect("the log still takes appends");
+}
+
 /// A zombie primary: its log (epoch 0) rolled to segment 1 on its own
 /// while a failover sealed segment 0 elsewhere and opened segment 1 at
 /// epoch 1 on another broker, with this broker among the followers. A

@@ -251,11 +251,14 @@ pub(super) fn replace_followers(
 /// Active segments whose followers are replaced per tick, at most.
 const FOLLOWER_REPLACEMENTS_PER_TICK: usize = 64;
 
-/// One look for ranges to re-place (`tessera_planner::plan_replacements`),
-/// each carried out by a seal-by-quorum onto its planned replicas.
+/// One look for ranges to re-place (`tessera_planner::plan_boundary_moves`:
+/// followers swapped, unreplicated ranges moved whole), each carried out by
+/// a seal-by-quorum onto its planned replicas.
 fn rebalance(b: &Broker, image: &tessera_metadata::MetadataImage) {
-    let plans =
-        tessera_planner::plan_replacements(image, b.config.replica_placement_rebalance_max_ranges);
+    let plans = tessera_planner::plan_boundary_moves(
+        image,
+        b.config.replica_placement_rebalance_max_ranges,
+    );
     if plans.is_empty() {
         return;
     }

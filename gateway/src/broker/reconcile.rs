@@ -277,7 +277,14 @@ impl Broker {
             // resumes one) also while its active set shrank to the
             // primary alone (its followers were fenced with no broker to
             // replace them): its segments are recorded per boundary.
-            let replicated_layout = replicated || topic.replication_factor > 1;
+            // So does an unreplicated range that moved
+            // (`Replacement::primary_move`): some of its history is on
+            // another broker, its producer state comes from the snapshot
+            // where its local segments start, and a boundary must be
+            // recorded before anything past it is acknowledged (a move
+            // fences the primary at the image's active segment).
+            let moved = segments.iter().any(|s| s.replicas != last.replicas);
+            let replicated_layout = replicated || topic.replication_factor > 1 || moved;
             if replicated_layout && range.active {
                 // Segments past the image's newest are rolls this broker
                 // made as primary and never got recorded: followers refuse

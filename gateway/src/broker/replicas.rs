@@ -873,8 +873,20 @@ impl Broker {
     /// the holder that leads the next segment. If it still lags, the seal
     /// is an ordinary one (the holder leads). False if a seal of that
     /// segment is already running.
+    /// An unreplicated range has no follower to hand to: it moves whole
+    /// (`Replacement::primary_move`, its history read remotely).
     pub(crate) fn move_leader(&self, plan: tessera_planner::LeaderMove) -> bool {
         let segment = plan.segment;
+        let unreplicated = self
+            .image()
+            .segments
+            .get(&segment)
+            .is_some_and(|s| s.replicas == [plan.from]);
+        if unreplicated {
+            return self.replace_segment(tessera_planner::Replacement::primary_move(
+                segment, plan.from, plan.to,
+            ));
+        }
         if !self.replicas.sealing.lock().insert(segment) {
             return false;
         }

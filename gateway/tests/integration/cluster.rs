@@ -450,3 +450,299 @@ async fn concurrent_splits_on_two_brokers_leave_no_partition_without_a_range() {
         r.shutdown().await;
     }
 }
+
+/// An unreplicated range (replication factor 1: no follower to hand it to)
+/// on a broker leading two busy ranges moves whole to another broker at a
+/// boundary: the old primary seals it, the new one opens the next segment,
+/// fetches the producer snapshot from the old one and reads the sealed
+/// history from it remotely. Offsets go on densely through the move, the
+/// idempotent producers go on at their next sequence (a retry of a batch
+/// written before the move is answered with its first offsets), every
+/// record is read back through the new primary, and a split of the moved
+/// range puts its second child on yet another broker. Before, RF=1 ranges
+/// never moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreplicated_range_moves_whole_and_reads_its_history_remotely() {
+    use tessera_log::batch::testing::make_idempotent_batch;
+
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = start_cluster_with(
+        dir.path(),
+        3,
+        &[
+            ("leader.imbalance.check.interval.seconds", "1"),
+            ("leader.load.balance.min.bytes.per.sec", "1000"),
+            ("replica.placement.rebalance.enable", "false"),
+        ],
+    )
+    .await;
+    for name in ["solo-a", "solo-b"] {
+        nodes[0]
+            .broker
+            .create_topic(
+                NewTopic {
+                    name: name.into(),
+                    partitions: 6,
+                    replication_factor: 1,
+                    // A few rolls before the move: the history it reads
+                    // remotely is more than one segment.
+                    configs: BTreeMap::from([("segment.bytes".to_string(), "8192".to_string())]),
+                },
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    let busy = leader_of(&nodes, "solo-a", 0).await.config().node_id;
+    let mut targets = vec![("solo-a", 0u32)];
+    for p in (0..6).step_by(2) {
+        if leader_of(&nodes, "solo-b", p).await.config().node_id == busy {
+            targets.push(("solo-b", p));
+        }
+    }
+    assert_eq!(
+        targets.len(),
+        2,
+        "each broker leads one range of each topic"
+    );
+    let range_of = |topic: &str, p: u32| {
+        let image = nodes[0].broker.image();
+        let t = image.topic_by_name(topic).unwrap();
+        image.active_range_for(t.id, p).unwrap().id
+    };
+    let ranges: Vec<u64> = targets.iter().map(|(t, p)| range_of(t, *p)).collect();
+    let primary_of = |range: u64| {
+        nodes[0]
+            .broker
+            .image()
+            .active_segment(range)
+            .and_then(|s| s.primary())
+    };
+
+    // Three one-record batches of another idempotent producer first: a
+    // retry of them after the move must be known as a duplicate (a
+    // producer's last five batches are).
+    for (i, (topic, p)) in targets.iter().enumerate() {
+        for k in 0..3 {
+            let leader = leader_of(&nodes, topic, *p).await;
+            let image = leader.image();
+            let t = image.topic_by_name(topic).unwrap().clone();
+            let route = leader.route(&image, &t, *p as i32).unwrap();
+            let batch = make_idempotent_batch(1, 1, 8000 + i as i64, 0, k);
+            assert_eq!(
+                leader.append_durably(&route, *p, batch).await.unwrap(),
+                k as i64
+            );
+        }
+    }
+    // Idempotent batches of 60 records into each busy range, through
+    // whichever broker leads it, until told to stop; each target's
+    // (first sequence, offset) pairs.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let brokers: Vec<Arc<Broker>> = nodes.iter().map(|r| r.broker.clone()).collect();
+    let appended = Arc::new(parking_lot::Mutex::new(vec![Vec::<(i32, i64)>::new(); 2]));
+    let load = {
+        let (stop, targets, appended) = (stop.clone(), targets.clone(), appended.clone());
+        tokio::spawn(async move {
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                for (i, (topic, p)) in targets.iter().enumerate() {
+                    let seq = appended.lock()[i].len() as i32 * 60;
+                    for b in &brokers {
+                        let image = b.image();
+                        let t = image.topic_by_name(topic).unwrap().clone();
+                        let Ok(route) = b.route(&image, &t, *p as i32) else {
+                            continue;
+                        };
+                        let batch = make_idempotent_batch(60, 1, 7000 + i as i64, 0, seq);
+                        if let Ok(offset) = b.append_durably(&route, *p, batch).await {
+                            appended.lock()[i].push((seq, offset));
+                            break;
+                        }
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    common::eventually(
+        "one busy unreplicated range moved to another broker",
+        || {
+            let primaries: Vec<_> = ranges.iter().map(|r| primary_of(*r)).collect();
+            primaries.iter().all(Option::is_some) && primaries[0] != primaries[1]
+        },
+    )
+    .await;
+    let moved = if primary_of(ranges[0]) != Some(busy) {
+        0
+    } else {
+        1
+    };
+    let new_primary = primary_of(ranges[moved]).unwrap();
+    let at_move = appended.lock()[moved].len();
+    common::eventually("the moved range takes appends on its new primary", || {
+        appended.lock()[moved].len() >= at_move + 10
+    })
+    .await;
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    load.await.unwrap();
+    let appended = appended.lock().clone();
+    for (i, pairs) in appended.iter().enumerate() {
+        let dense: Vec<(i32, i64)> = (0..pairs.len())
+            .map(|k| (k as i32 * 60, 3 + k as i64 * 60))
+            .collect();
+        assert_eq!(
+            pairs, &dense,
+            "{:?}: each batch at the next offset",
+            targets[i]
+        );
+    }
+    let segments = nodes[0].broker.image().segments_of(ranges[moved]);
+    assert!(
+        segments.iter().filter(|s| s.replicas == [busy]).count() >= 2,
+        "the history left behind spans segments: {segments:?}"
+    );
+    assert!(segments.iter().all(|s| s.replicas.len() == 1));
+
+    let (topic, p) = targets[moved];
+    let leader = leader_of(&nodes, topic, p).await;
+    assert_eq!(leader.config().node_id, new_primary);
+    let image = leader.image();
+    let t = image.topic_by_name(topic).unwrap().clone();
+    // Retries of batches from before the move: their original offsets.
+    let route = leader.route(&image, &t, p as i32).unwrap();
+    for k in 0..3 {
+        let retry = make_idempotent_batch(1, 1, 8000 + moved as i64, 0, k);
+        assert_eq!(
+            leader.append_durably(&route, p, retry).await.unwrap(),
+            k as i64,
+            "a duplicate from before the move is known to the new primary"
+        );
+    }
+    // Every record, the history on the old primary included.
+    let records = leader.read_records(&t, p as i32).await.unwrap();
+    let offsets: Vec<i64> = records.iter().map(|r| r.offset).collect();
+    let all: Vec<i64> = (0..3 + appended[moved].len() as i64 * 60).collect();
+    assert_eq!(offsets, all, "every record once, at its offset");
+
+    // A split of the moved range spreads its children: the second moves
+    // whole to a broker leading neither.
+    let (left, right) = leader
+        .split_range(ranges[moved], Some(p + 1))
+        .await
+        .unwrap();
+    common::eventually(
+        "the split's unreplicated children on different brokers",
+        || {
+            let image = nodes[0].broker.image();
+            let [l, r] = [left, right].map(|r| image.active_segment(r).and_then(|s| s.primary()));
+            l.is_some() && r.is_some() && l != r
+        },
+    )
+    .await;
+    let next = 3 + appended[moved].len() as i64 * 60;
+    for q in [p, p + 1] {
+        let expected = if q == p { next } else { 0 };
+        assert_eq!(
+            produce_to(&nodes, topic, q, 1).await,
+            expected,
+            "partition {q} goes on at its next offset"
+        );
+    }
+    for r in nodes {
+        r.shutdown().await;
+    }
+}
+
+/// Unreplicated ranges piled on one broker (an operator's assignment)
+/// spread at their next boundary by count: the broker holding the most
+/// active segments hands whole ranges to those holding the fewest until
+/// they are within one. Plain (non-idempotent) producers leave no producer
+/// state, and the moved range still opens on its new broker (the seal
+/// writes the empty history state it fetches). Offsets go on densely and
+/// every record is read back through the new primaries.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreplicated_ranges_piled_on_one_broker_spread_at_their_boundaries() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = start_cluster_with(
+        dir.path(),
+        3,
+        &[
+            ("replica.placement.rebalance.interval.ms", "500"),
+            ("auto.leader.rebalance.enable", "false"),
+        ],
+    )
+    .await;
+    let topics = ["piled-0", "piled-1", "piled-2", "piled-3"];
+    for name in topics {
+        nodes[0]
+            .broker
+            .create_topic_assigned(
+                NewTopic {
+                    name: name.into(),
+                    partitions: 1,
+                    replication_factor: 1,
+                    configs: BTreeMap::from([("segment.bytes".to_string(), "300".to_string())]),
+                },
+                Some(vec![vec![1]]),
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    let ranges: Vec<u64> = topics
+        .iter()
+        .map(|t| {
+            let image = nodes[0].broker.image();
+            let t = image.topic_by_name(t).unwrap();
+            image.active_range_for(t.id, 0).unwrap().id
+        })
+        .collect();
+    let primaries = || -> Vec<i32> {
+        let image = nodes[0].broker.image();
+        ranges
+            .iter()
+            .map(|r| {
+                image
+                    .active_segment(*r)
+                    .and_then(|s| s.primary())
+                    .unwrap_or(-1)
+            })
+            .collect()
+    };
+    // Records on broker 1 before anything moves (rolls included): the
+    // re-placement waits a session before its first look.
+    for t in topics {
+        for i in 0..10 {
+            assert_eq!(produce_to(&nodes, t, 0, i).await, i);
+        }
+    }
+    common::eventually("the piled ranges spread over the three brokers", || {
+        let p = primaries();
+        (1..=3).all(|b| p.contains(&b))
+    })
+    .await;
+    let p = primaries();
+    assert_eq!(
+        p.iter().filter(|b| **b == 1).count(),
+        2,
+        "within one: {p:?}"
+    );
+    for t in topics {
+        for i in 10..15 {
+            assert_eq!(produce_to(&nodes, t, 0, i).await, i, "{t}");
+        }
+        let leader = leader_of(&nodes, t, 0).await;
+        let topic = leader.image().topic_by_name(t).unwrap().clone();
+        let offsets: Vec<i64> = leader
+            .read_records(&topic, 0)
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.offset)
+            .collect();
+        assert_eq!(offsets, (0..15).collect::<Vec<i64>>(), "{t}");
+    }
+    for r in nodes {
+        r.shutdown().await;
+    }
+}
