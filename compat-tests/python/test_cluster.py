@@ -646,3 +646,55 @@ def test_a_paused_primary_does_not_send_consumers_back_to_the_beginning(cluster)
             seen.append((m.offset(), m.value().decode()))
     c.close()
     assert seen == [(i, f"{i}") for i in range(200)], seen[:5]
+
+
+@pytest.mark.cluster_overrides({"replica.placement.rebalance.interval.ms": "1000",
+                                "auto.leader.rebalance.enable": "false"})
+def test_unreplicated_topics_piled_on_one_broker_spread_under_load(cluster):
+    """Replication factor 1 topics an operator put all on broker 1 spread
+    over the cluster at their next segment boundaries (issue 23: RF=1
+    ranges move whole; the new primary reads the older history from the
+    old one). Real producers (idempotent and plain) write before, during
+    and after the moves; a real consumer reads every acknowledged record
+    back once, at its offset, through the new leaders."""
+    boot = ",".join(cluster["bootstrap"])
+    a = admin_client(boot)
+    topics = [f"piled-{i}" for i in range(4)]
+    futures = a.create_topics([NewTopic(t, replica_assignment=[[1], [1]],
+                                        config={"segment.bytes": "16384"}) for t in topics],
+                              request_timeout=30)
+    for f in futures.values():
+        f.result(30)
+
+    def leaders(t):
+        md = a.list_topics(t, timeout=10).topics[t]
+        return {p.id: p.leader for p in md.partitions.values()}
+
+    assert all(set(leaders(t).values()) == {1} for t in topics)
+    acks = Acks()
+    idempotent = Producer({"bootstrap.servers": boot, "acks": "all", "enable.idempotence": True,
+                           "linger.ms": 5})
+    plain = Producer({"bootstrap.servers": boot, "acks": "1", "linger.ms": 5})
+
+    def write(n: int, tag: str):
+        for i in range(n):
+            for k, t in enumerate(topics):
+                (plain if k == 0 else idempotent).produce(
+                    t, value=b"%s-%d" % (tag.encode(), i), partition=i % 2, on_delivery=acks)
+            if i % 500 == 0:
+                idempotent.poll(0)
+                plain.poll(0)
+        assert idempotent.flush(60) == 0 and plain.flush(60) == 0
+
+    write(3000, "before")
+
+    def spread():
+        write(200, "during")
+        led = {b for t in topics for b in leaders(t).values()}
+        return led == {1, 2, 3}
+
+    eventually("the piled topics led by every broker", spread, timeout=90)
+    write(3000, "after")
+    assert acks.errors == [], acks.errors[:3]
+    for t in topics:
+        assert read_back({"bootstrap.servers": boot}, t, 2) == acks.of(t), t

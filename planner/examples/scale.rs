@@ -43,7 +43,7 @@ use std::time::{Duration, Instant};
 use tessera_metadata::records::BrokerRegistration;
 use tessera_metadata::{decode_committed_value, MetadataImage, MetadataRecord, RangeId, TopicId};
 use tessera_planner::{
-    create_topic_with, heal_segments_with, plan_balance, plan_replacements, seal_and_replace,
+    create_topic_with, heal_segments_with, plan_balance, plan_boundary_moves, seal_and_replace,
     seal_by_quorum, seal_by_quorum_with, split_range, spread_split_children, LeaderMove,
     LoadBalanceSettings, PlacementLoad, QuorumSeal, TopicSpec,
 };
@@ -317,7 +317,7 @@ impl Cluster {
                 n += 1;
             }
         }
-        let plans = self.plan(|img, _| plan_replacements(img, MOVES_PER_PASS));
+        let plans = self.plan(|img, _| plan_boundary_moves(img, MOVES_PER_PASS));
         for p in plans {
             let holder = self
                 .image
