@@ -767,3 +767,81 @@ def test_a_leader_without_the_history_reads_it_from_the_replicas_that_hold_it(cl
         lost = [k for k, v in delivered.acked.items() if got.get(k) != v]
         assert lost == [], f"{isolation}: {len(lost)} of {len(delivered.acked)} records not read: {lost[:5]}"
     assert metric(cluster["admin"][spare - 1], "tessera_remote_read_bytes_total") > 0
+
+
+@pytest.mark.cluster_overrides({"replica.placement.rebalance.interval.ms": "1000",
+                                "auto.leader.rebalance.enable": "false"})
+def test_kill_9_during_moves_of_unreplicated_ranges_loses_no_acknowledged_record(cluster):
+    """RF=1 topics piled on broker 1 move whole to the other brokers under
+    an idempotent acks=all producer (issue 23); then broker 1, which keeps
+    the history every moved range reads remotely, and a broker that
+    received ranges are killed with SIGKILL and started again, while the
+    producer goes on. Every acknowledged record is read back at its
+    offset, once."""
+    boot = ",".join(cluster["bootstrap"])
+    workdir = cluster["workdir"]
+    a = AdminClient({"bootstrap.servers": boot})
+    topics = [f"moved-{i}" for i in range(4)]
+    futures = a.create_topics([NewTopic(t, 2, replica_assignment=[[1], [1]],
+                                        config={"segment.bytes": "32768"}) for t in topics],
+                              request_timeout=30)
+    for f in futures.values():
+        f.result(30)
+    by_topic: dict[str, dict[tuple[int, int], bytes]] = {t: {} for t in topics}
+
+    class ByTopic(Deliveries):
+        def __call__(self, err, msg):
+            super().__call__(err, msg)
+            if err is None:
+                with self.lock:
+                    by_topic[msg.topic()][(msg.partition(), msg.offset())] = msg.value()
+
+    delivered = ByTopic()
+    stop = threading.Event()
+
+    def produce():
+        p = Producer({"bootstrap.servers": boot, "enable.idempotence": True, "acks": "all",
+                      "linger.ms": 5, "message.timeout.ms": 120000})
+        i = 0
+        while not stop.is_set():
+            try:
+                p.produce(topics[i % 4], value=b"v%d" % i, partition=(i // 4) % 2,
+                          on_delivery=delivered)
+            except BufferError:
+                p.poll(0.05)
+                continue
+            i += 1
+            if i % 100 == 0:
+                p.poll(0)
+                time.sleep(0.01)
+        assert p.flush(150) == 0
+
+    producer = Worker(produce, name="rf1-producer")
+    producer.start()
+
+    def leaders() -> set[int]:
+        md = a.list_topics(timeout=10).topics
+        return {p.leader for t in topics for p in md[t].partitions.values()}
+
+    eventually("the RF=1 topics led by every broker", lambda: leaders() == {1, 2, 3}, timeout=90)
+    time.sleep(2)
+    for victim in (1, 2):
+        cmd = kill_node(workdir, victim)
+        time.sleep(4)
+        restart_node(workdir, victim, cmd)
+        time.sleep(4)
+    time.sleep(5)
+    stop.set()
+    producer.result(200)
+    assert delivered.errors == [], delivered.errors[:3]
+    total = 0
+    for t in topics:
+        acked = by_topic[t]
+        assert acked, t
+        got = read_back({"bootstrap.servers": boot}, t, 2, timeout=120)
+        missing = [k for k, v in acked.items() if got.get(k) != v]
+        assert missing == [], f"{t}: {len(missing)} acknowledged records not read at their offsets"
+        values = list(got.values())
+        assert len(values) == len(set(values)), f"{t}: a record stored twice"
+        total += len(acked)
+    assert total > 1000
