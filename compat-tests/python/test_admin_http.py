@@ -119,7 +119,8 @@ def test_the_ranges_api_answers_only_authorized_callers(secured_broker):
 
     # No credentials, wrong ones, another scheme: 401 with the challenge,
     # for reading and for splitting alike.
-    for path, method in [("/ranges", "GET"), ("/segments", "GET"), (split, "POST")]:
+    for path, method in [("/ranges", "GET"), ("/segments", "GET"), ("/balance", "GET"),
+                         (split, "POST")]:
         status, headers, body = call(b, method, path)
         assert status == 401, (path, status, body)
         assert headers.get("WWW-Authenticate", "").startswith("Basic"), headers
@@ -135,6 +136,7 @@ def test_the_ranges_api_answers_only_authorized_callers(secured_broker):
     # ACL; DESCRIBE on the cluster lets bob read, not split.
     for user in ["alice", "bob"]:
         assert call(b, "GET", "/ranges", user, f"{user}-secret")[0] == 403
+        assert call(b, "GET", "/balance", user, f"{user}-secret")[0] == 403
         status, _, body = call(b, "POST", split, user, f"{user}-secret")
         assert status == 403, body
         assert "may not ALTER the cluster" in body or "may not Alter the cluster" in body, body
@@ -146,10 +148,12 @@ def test_the_ranges_api_answers_only_authorized_callers(secured_broker):
         f.result(timeout=30)
     status, _, body = call(b, "GET", "/ranges", "bob", "bob-secret")
     assert status == 200 and topic in body, body
+    status, _, body = call(b, "GET", "/balance", "bob", "bob-secret")
+    assert status == 200 and "decisions" in body, body
     assert call(b, "POST", split, "bob", "bob-secret")[0] == 403
 
-    # Every refusal above was counted (13 x 401 + 2 x 2 + 1 x 403).
-    assert refused_count(b) - refused_before >= 3 * 4 + 1 + 4 + 1
+    # Every refusal above was counted (17 x 401 + 2 x 3 + 1 x 403).
+    assert refused_count(b) - refused_before >= 4 * 4 + 1 + 6 + 1
 
     # The super user splits; the CLI does the same with --user/--password
     # and fails without them.
