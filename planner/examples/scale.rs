@@ -45,7 +45,7 @@ use tessera_metadata::{decode_committed_value, MetadataImage, MetadataRecord, Ra
 use tessera_planner::{
     create_topic_with, heal_segments_with, plan_balance, plan_boundary_moves, seal_and_replace,
     seal_by_quorum, seal_by_quorum_with, split_range, spread_split_children, LeaderMove,
-    LoadBalanceSettings, PlacementLoad, QuorumSeal, TopicSpec,
+    LoadBalanceSettings, PlacementLoad, QuorumSeal, Replacement, TopicSpec,
 };
 
 /// The broker's defaults: 10 % above the mean sheds, from 1 MiB/s.
@@ -290,8 +290,18 @@ impl Cluster {
     }
 
     /// A leader move carried out as the broker does when the follower
-    /// holds the end: a seal by quorum with it as the holder.
+    /// holds the end: a seal by quorum with it as the holder. An
+    /// unreplicated range moves whole (`Replacement::primary_move`), as the
+    /// gateway's `move_leader` does.
     fn move_leader(&mut self, m: &LeaderMove) -> bool {
+        let unreplicated = self
+            .image
+            .segments
+            .get(&m.segment)
+            .is_some_and(|s| s.replicas == [m.from]);
+        if unreplicated {
+            return self.replace(&Replacement::primary_move(m.segment, m.from, m.to));
+        }
         let seal = QuorumSeal {
             segment: m.segment,
             size_bytes: 0,
@@ -319,24 +329,34 @@ impl Cluster {
         }
         let plans = self.plan(|img, _| plan_boundary_moves(img, MOVES_PER_PASS));
         for p in plans {
-            let holder = self
-                .image
-                .segments
-                .get(&p.segment)
-                .and_then(|s| s.primary())
-                .unwrap_or(p.from);
-            let seal = QuorumSeal {
-                segment: p.segment,
-                size_bytes: 0,
-                spans: Vec::new(),
-                holder,
-            };
-            if let Ok(records) = self.plan(|img, _| seal_and_replace(img, &seal, &p)) {
-                self.commit(&records);
+            if self.replace(&p) {
                 n += 1;
             }
         }
         n
+    }
+
+    /// A re-placement carried out with the primary holding the end.
+    fn replace(&mut self, p: &Replacement) -> bool {
+        let holder = self
+            .image
+            .segments
+            .get(&p.segment)
+            .and_then(|s| s.primary())
+            .unwrap_or(p.from);
+        let seal = QuorumSeal {
+            segment: p.segment,
+            size_bytes: 0,
+            spans: Vec::new(),
+            holder,
+        };
+        match self.plan(|img, _| seal_and_replace(img, &seal, p)) {
+            Ok(records) => {
+                self.commit(&records);
+                true
+            }
+            Err(_) => false,
+        }
     }
 
     /// Fails over every active segment whose primary is fenced or gone
