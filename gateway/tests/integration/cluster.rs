@@ -192,6 +192,51 @@ async fn produce_to(nodes: &[Running], topic: &str, partition: u32, id: i64) -> 
         .unwrap()
 }
 
+/// The active range holding `partition` of `topic`, in node 1's image.
+fn range_of(nodes: &[Running], topic: &str, partition: u32) -> u64 {
+    let image = nodes[0].broker.image();
+    let t = image.topic_by_name(topic).unwrap();
+    image.active_range_for(t.id, partition).unwrap().id
+}
+
+/// The primary of `range`'s active segment, in node 1's image.
+fn primary_of(nodes: &[Running], range: u64) -> Option<i32> {
+    nodes[0]
+        .broker
+        .image()
+        .active_segment(range)
+        .and_then(|s| s.primary())
+}
+
+/// Two topics of `partitions` partitions in ranges of `width`, one range
+/// per broker each: the broker leading partition 0 of the first, the
+/// partition of each topic it leads, and their ranges (the pair a test
+/// makes busy on one broker).
+async fn busy_pair(
+    nodes: &[Running],
+    topics: [&'static str; 2],
+    partitions: u32,
+    width: usize,
+) -> (i32, Vec<(&'static str, u32)>, Vec<u64>) {
+    let busy = leader_of(nodes, topics[0], 0).await.config().node_id;
+    let mut targets = vec![(topics[0], 0u32)];
+    for p in (0..partitions).step_by(width) {
+        if leader_of(nodes, topics[1], p).await.config().node_id == busy {
+            targets.push((topics[1], p));
+        }
+    }
+    assert_eq!(
+        targets.len(),
+        2,
+        "each broker leads one range of each topic"
+    );
+    let ranges = targets
+        .iter()
+        .map(|(t, p)| range_of(nodes, t, *p))
+        .collect();
+    (busy, targets, ranges)
+}
+
 /// A split on a cluster puts its children on different brokers (the
 /// second handed to a follower, nothing copied), each partition's offsets
 /// go on densely across it, and a merge of the spread children gathers
@@ -309,31 +354,8 @@ async fn a_broker_leading_the_busy_ranges_hands_one_to_a_follower() {
             .unwrap();
     }
     // One range of each topic on the same broker: those two are busy.
-    let busy = leader_of(&nodes, "hot-a", 0).await.config().node_id;
-    let mut targets = vec![("hot-a", 0u32)];
-    for p in 0..3 {
-        if leader_of(&nodes, "hot-b", p).await.config().node_id == busy {
-            targets.push(("hot-b", p));
-        }
-    }
-    assert_eq!(
-        targets.len(),
-        2,
-        "each broker leads one range of each topic"
-    );
-    let range_of = |topic: &str, p: u32| {
-        let image = nodes[0].broker.image();
-        let t = image.topic_by_name(topic).unwrap();
-        image.active_range_for(t.id, p).unwrap().id
-    };
-    let ranges: Vec<u64> = targets.iter().map(|(t, p)| range_of(t, *p)).collect();
-    let primary_of = |range: u64| {
-        nodes[0]
-            .broker
-            .image()
-            .active_segment(range)
-            .and_then(|s| s.primary())
-    };
+    let (busy, targets, ranges) = busy_pair(&nodes, ["hot-a", "hot-b"], 3, 1).await;
+    let primary_of = |range: u64| primary_of(&nodes, range);
 
     // ~300 KB/s into each busy range, through whichever broker leads it.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -421,12 +443,7 @@ async fn concurrent_splits_on_two_brokers_leave_no_partition_without_a_range() {
         leader_of(&nodes, topic, 2).await,
     );
     assert_ne!(a.config().node_id, b.config().node_id);
-    let range_of = |p: u32| {
-        let image = nodes[0].broker.image();
-        let t = image.topic_by_name(topic).unwrap();
-        image.active_range_for(t.id, p).unwrap().id
-    };
-    let (ra, rb) = (range_of(0), range_of(2));
+    let (ra, rb) = (range_of(&nodes, topic, 0), range_of(&nodes, topic, 2));
     let (first, second) = tokio::join!(a.split_range(ra, None), b.split_range(rb, None));
     // One may have lost its child ids (it says so); neither range stays.
     let outcomes = [first, second];
@@ -493,31 +510,8 @@ async fn an_unreplicated_range_moves_whole_and_reads_its_history_remotely() {
             .await
             .unwrap();
     }
-    let busy = leader_of(&nodes, "solo-a", 0).await.config().node_id;
-    let mut targets = vec![("solo-a", 0u32)];
-    for p in (0..6).step_by(2) {
-        if leader_of(&nodes, "solo-b", p).await.config().node_id == busy {
-            targets.push(("solo-b", p));
-        }
-    }
-    assert_eq!(
-        targets.len(),
-        2,
-        "each broker leads one range of each topic"
-    );
-    let range_of = |topic: &str, p: u32| {
-        let image = nodes[0].broker.image();
-        let t = image.topic_by_name(topic).unwrap();
-        image.active_range_for(t.id, p).unwrap().id
-    };
-    let ranges: Vec<u64> = targets.iter().map(|(t, p)| range_of(t, *p)).collect();
-    let primary_of = |range: u64| {
-        nodes[0]
-            .broker
-            .image()
-            .active_segment(range)
-            .and_then(|s| s.primary())
-    };
+    let (busy, targets, ranges) = busy_pair(&nodes, ["solo-a", "solo-b"], 6, 2).await;
+    let primary_of = |range: u64| primary_of(&nodes, range);
 
     // Three one-record batches of another idempotent producer first: a
     // retry of them after the move must be known as a duplicate (a
@@ -689,14 +683,7 @@ async fn unreplicated_ranges_piled_on_one_broker_spread_at_their_boundaries() {
             .await
             .unwrap();
     }
-    let ranges: Vec<u64> = topics
-        .iter()
-        .map(|t| {
-            let image = nodes[0].broker.image();
-            let t = image.topic_by_name(t).unwrap();
-            image.active_range_for(t.id, 0).unwrap().id
-        })
-        .collect();
+    let ranges: Vec<u64> = topics.iter().map(|t| range_of(&nodes, t, 0)).collect();
     let primaries = || -> Vec<i32> {
         let image = nodes[0].broker.image();
         ranges
