@@ -294,13 +294,8 @@ impl Cluster {
     /// unreplicated range moves whole (`Replacement::primary_move`), as the
     /// gateway's `move_leader` does.
     fn move_leader(&mut self, m: &LeaderMove) -> bool {
-        let unreplicated = self
-            .image
-            .segments
-            .get(&m.segment)
-            .is_some_and(|s| s.replicas == [m.from]);
-        if unreplicated {
-            return self.replace(&Replacement::primary_move(m.segment, m.from, m.to));
+        if let Some(whole) = m.as_primary_move(&self.image) {
+            return self.replace(&whole);
         }
         let seal = QuorumSeal {
             segment: m.segment,

@@ -2009,8 +2009,8 @@ fn split_first_range(brokers: i32, partitions: u32, rf: i16) -> (MetadataImage, 
 /// the end: a seal by quorum with it as the holder. An unreplicated range
 /// moves whole: its only replica seals, the next segment opens on `to`.
 fn carry_out(image: &mut MetadataImage, m: &LeaderMove) {
-    if image.active_segment(m.segment.range).unwrap().replicas == [m.from] {
-        replace(image, &[Replacement::primary_move(m.segment, m.from, m.to)]);
+    if let Some(whole) = m.as_primary_move(image) {
+        replace(image, &[whole]);
         return;
     }
     let seal = QuorumSeal {

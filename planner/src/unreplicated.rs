@@ -44,6 +44,19 @@ impl Replacement {
     }
 }
 
+impl crate::LeaderMove {
+    /// This leader move as the re-placement that carries it out when its
+    /// range is unreplicated (its segment's only replica is `from`): the
+    /// range moves whole. `None`: a replicated range, handed to a follower.
+    pub fn as_primary_move(&self, image: &MetadataImage) -> Option<Replacement> {
+        image
+            .segments
+            .get(&self.segment)
+            .is_some_and(|s| s.replicas == [self.from])
+            .then(|| Replacement::primary_move(self.segment, self.from, self.to))
+    }
+}
+
 /// The unreplicated active segments (one replica, live) of existing
 /// topics, by their primary.
 fn unreplicated_by_primary(

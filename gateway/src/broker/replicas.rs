@@ -877,15 +877,8 @@ impl Broker {
     /// (`Replacement::primary_move`, its history read remotely).
     pub(crate) fn move_leader(&self, plan: tessera_planner::LeaderMove) -> bool {
         let segment = plan.segment;
-        let unreplicated = self
-            .image()
-            .segments
-            .get(&segment)
-            .is_some_and(|s| s.replicas == [plan.from]);
-        if unreplicated {
-            return self.replace_segment(tessera_planner::Replacement::primary_move(
-                segment, plan.from, plan.to,
-            ));
+        if let Some(whole) = plan.as_primary_move(&self.image()) {
+            return self.replace_segment(whole);
         }
         if !self.replicas.sealing.lock().insert(segment) {
             return false;
