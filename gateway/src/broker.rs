@@ -434,6 +434,10 @@ impl Broker {
     /// and the controller.
     pub async fn shutdown(&self) {
         self.ready.store(false, Ordering::Release);
+        // No more heartbeats: the controller fences this broker after its
+        // session (a process that exits stops them anyway; one that stops
+        // a broker in process, as the tests do, must too).
+        self.shutting_down.store(true, Ordering::Release);
         self.stop_reconciling().await;
         self.stop_cleaning().await;
         let logs: Vec<_> = self.logs.read().keys().copied().collect();

@@ -22,7 +22,7 @@ use tessera_replication::primary::{PeerAddresses, Replication};
 use tessera_replication::protocol::{Message, ProtocolError, SegmentKey};
 use tessera_replication::replica_store::ReplicaStore;
 use tessera_replication::service::{self, Directory, Refusal};
-use tessera_replication::snapshot_transfer::{self, LocalHistory};
+use tessera_replication::snapshot_transfer;
 use tessera_replication::{seal_point, FenceReport, SealAction};
 
 use super::{Broker, PartitionRoute};
@@ -594,12 +594,16 @@ impl Broker {
         Ok(())
     }
 
-    /// If this broker follows `segment` (a range's active segment) without
-    /// holding the one before it, fetches the producer snapshot where it
-    /// starts from its primary (or another replica that has it), unless
-    /// already here or being fetched. Without it, this broker leading the
-    /// range later would not know the idempotent producers and open
-    /// transactions of the history it does not hold.
+    /// If this broker follows `segment` (a range's active segment) and its
+    /// own copies do not rebuild the range's producer state (the run of
+    /// segments it holds starts after the range's first, and no snapshot is
+    /// where a segment of that run starts), fetches the producer snapshot
+    /// where that run starts from a replica that has it, unless already
+    /// being fetched. Without it, this broker leading the range later would
+    /// not know the idempotent producers and open transactions of the
+    /// history it does not hold. The run's start, not the active segment's:
+    /// a follower that joined at segment K and first looked after K rolled
+    /// holds K's copy and needs `<K>.snapshot` all the same (seed 15).
     pub(super) fn fetch_producer_snapshot(&self, image: &MetadataImage, segment: &SegmentImage) {
         let me = self.config.node_id;
         if segment.is_sealed()
@@ -611,49 +615,30 @@ impl Broker {
         let Some(dir) = self.range_dir_of(image, segment.id.range) else {
             return;
         };
-        let seq = segment.id.seq;
-        // The nearest segment before this one that is not sealed empty (an
-        // empty one holds no history to miss).
-        let previous = (0..seq).rev().find(|&s| {
-            image
-                .segments
-                .get(&SegmentId::new(segment.id.range, s))
-                .is_none_or(|s| !s.is_sealed_empty())
-        });
-        let local = LocalHistory {
-            holds_previous: seq > 0
-                && previous.is_none_or(|p| {
-                    tessera_log::segment::log_path(&dir, p).exists()
-                        || self
-                            .log_of(segment.id.range)
-                            .is_some_and(|l| l.holds_segment(p))
-                }),
-            holds_snapshot: snapshot_path(&dir, seq).exists(),
-            ancestors_elsewhere: seq == 0 && self.ancestors_elsewhere_of(image, segment.id.range),
-        };
-        if !snapshot_transfer::needs_snapshot(seq, local) {
+        // The common case, one stat: the snapshot where the active segment
+        // starts is here.
+        if snapshot_path(&dir, segment.id.seq).exists() {
             return;
         }
-        if self.replicas.snapshots.lock().running.insert(segment.id) {
-            tokio::spawn(fetch_snapshot(self.weak(), segment.id));
+        let Ok(Some(seq)) = self.snapshot_missing(image, segment, &dir) else {
+            return;
+        };
+        let id = SegmentId::new(segment.id.range, seq);
+        if self.replicas.snapshots.lock().running.insert(id) {
+            tokio::spawn(fetch_snapshot(self.weak(), id));
         }
     }
 
-    /// Whether this broker may open `range` as the primary of its active
-    /// segment `active` now: its producer state must not miss the history
-    /// it does not hold (see [`snapshot_transfer::snapshot_needed_to_lead`]).
-    /// When `<K>.snapshot` is missing, one bounded attempt fetches it from
-    /// a live replica that has it (within what is left of the pass's
-    /// `budget`); failing that the range waits (produce gets
-    /// NOT_LEADER_OR_FOLLOWER, as the log is not open), a task keeps
-    /// fetching and requests a reconcile pass once it has it.
-    pub(super) async fn producer_state_to_lead(
+    /// The producer snapshot (`<K>.snapshot`) this broker lacks to rebuild
+    /// the producer state of `active`'s range from what it holds in `dir`
+    /// (see [`snapshot_transfer::snapshot_needed_to_lead`]); `None` when
+    /// its own segments and snapshots do.
+    fn snapshot_missing(
         &self,
         image: &MetadataImage,
         active: &SegmentImage,
         dir: &std::path::Path,
-        budget: &mut Duration,
-    ) -> anyhow::Result<bool> {
+    ) -> anyhow::Result<Option<u32>> {
         let range = active.id.range;
         let mut local = tessera_log::range_log::local_segment_seqs(dir)?;
         // Segments sealed empty hold no history: held, as far as the
@@ -673,11 +658,31 @@ impl Broker {
             .first()
             .map_or(active.id.seq, |s| s.id.seq);
         let ancestors_elsewhere = self.ancestors_elsewhere_of(image, range);
-        let needed =
-            snapshot_transfer::snapshot_needed_to_lead(first, &local, ancestors_elsewhere, |seq| {
-                snapshot_path(dir, seq).exists()
-            });
-        let Some(seq) = needed else {
+        Ok(snapshot_transfer::snapshot_needed_to_lead(
+            first,
+            &local,
+            ancestors_elsewhere,
+            |seq| snapshot_path(dir, seq).exists(),
+        ))
+    }
+
+    /// Whether this broker may open `range` as the primary of its active
+    /// segment `active` now: its producer state must not miss the history
+    /// it does not hold (see [`snapshot_transfer::snapshot_needed_to_lead`]).
+    /// When `<K>.snapshot` is missing, one bounded attempt fetches it from
+    /// a live replica that has it (within what is left of the pass's
+    /// `budget`); failing that the range waits (produce gets
+    /// NOT_LEADER_OR_FOLLOWER, as the log is not open), a task keeps
+    /// fetching and requests a reconcile pass once it has it.
+    pub(super) async fn producer_state_to_lead(
+        &self,
+        image: &MetadataImage,
+        active: &SegmentImage,
+        dir: &std::path::Path,
+        budget: &mut Duration,
+    ) -> anyhow::Result<bool> {
+        let range = active.id.range;
+        let Some(seq) = self.snapshot_missing(image, active, dir)? else {
             self.replicas.snapshots.lock().awaiting.remove(&range);
             return Ok(true);
         };
@@ -1122,14 +1127,19 @@ async fn fetch_snapshot(broker: Weak<Broker>, id: SegmentId) {
         let Some(b) = broker.upgrade() else { return };
         let image = b.image();
         let me = b.config.node_id;
-        let following = image
-            .segments
-            .get(&id)
-            .is_some_and(|s| !s.is_sealed() && s.replicas[1..].contains(&me));
         let dir = b.range_dir_of(&image, id.range);
         let done = dir
             .as_ref()
             .is_some_and(|dir| snapshot_path(dir, id.seq).exists());
+        // Still following the range and still lacking this snapshot (not
+        // some other one: copies repaired or retention moved the run).
+        let following = image.active_segment(id.range).is_some_and(|active| {
+            !active.is_sealed()
+                && active.replicas[1..].contains(&me)
+                && dir.as_ref().is_some_and(|dir| {
+                    b.snapshot_missing(&image, &active, dir).ok().flatten() == Some(id.seq)
+                })
+        });
         {
             let mut fetches = b.replicas.snapshots.lock();
             let awaited = fetches.awaiting.get(&id.range) == Some(&id.seq);

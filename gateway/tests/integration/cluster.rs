@@ -733,3 +733,139 @@ async fn unreplicated_ranges_piled_on_one_broker_spread_at_their_boundaries() {
         r.shutdown().await;
     }
 }
+
+/// A follower that joins a range at segment K (a re-placement after a
+/// broker left) keeps the producer snapshot where K starts once K rolled
+/// too: its copies start at K, and to lead later it needs `<K>.snapshot`.
+/// Before, the prefetch looked at the active segment only: a follower
+/// whose pass first saw the range after K rolled held K's copy, asked for
+/// nothing, and waited to lead once the primary was gone (fault seed 15,
+/// a 65 s stall). Here the fetched `<K>.snapshot` is removed after the
+/// roll, which leaves the follower in that state.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_keeps_the_producer_snapshot_where_its_copies_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut nodes = start_cluster_with(
+        dir.path(),
+        3,
+        &[
+            ("replica.placement.rebalance.interval.ms", "500"),
+            ("auto.leader.rebalance.enable", "false"),
+        ],
+    )
+    .await;
+    let topic = "joined";
+    nodes[0]
+        .broker
+        .create_topic_assigned(
+            NewTopic {
+                name: topic.into(),
+                partitions: 1,
+                replication_factor: 2,
+                // Every append past the first of a segment rolls.
+                configs: BTreeMap::from([("segment.bytes".to_string(), "14".to_string())]),
+            },
+            Some(vec![vec![1, 2]]),
+            false,
+        )
+        .await
+        .unwrap();
+    let range = range_of(&nodes, topic, 0);
+    let mut next = 0;
+    for _ in 0..3 {
+        assert_eq!(produce_to(&nodes, topic, 0, next).await, next);
+        next += 1;
+    }
+    // Broker 2 leaves; broker 3 takes its place at the next boundary.
+    nodes.remove(1).shutdown().await;
+    let mut joined = None;
+    common::eventually("broker 3 follows the range", || {
+        let image = nodes[0].broker.image();
+        joined = image
+            .segments_of(range)
+            .iter()
+            .find(|s| s.replicas.contains(&3))
+            .map(|s| s.id.seq);
+        joined.is_some()
+    })
+    .await;
+    let joined = joined.unwrap();
+    assert!(
+        joined > 0,
+        "broker 3 joined after the range's first segment"
+    );
+    let follower = nodes[1].broker.clone();
+    assert_eq!(follower.config().node_id, 3);
+    let snapshot = || snapshot_file(dir.path(), 3, topic, range, joined);
+    common::eventually("broker 3 prefetched the snapshot where it joined", || {
+        snapshot().is_some_and(|p| p.exists())
+    })
+    .await;
+    let snapshot = snapshot().unwrap();
+    // The segment it joined at rolls (twice: a pass on broker 3 sees the
+    // image after the file is gone whatever the order).
+    let active = || {
+        nodes[0]
+            .broker
+            .image()
+            .active_segment(range)
+            .unwrap()
+            .id
+            .seq
+    };
+    while active() <= joined {
+        assert_eq!(produce_to(&nodes, topic, 0, next).await, next);
+        next += 1;
+    }
+    std::fs::remove_file(&snapshot).unwrap();
+    assert_eq!(produce_to(&nodes, topic, 0, next).await, next);
+    common::eventually(
+        "broker 3 fetched the snapshot where its copies start again",
+        || snapshot.exists(),
+    )
+    .await;
+    assert!(
+        nodes[0]
+            .broker
+            .image()
+            .active_segment(range)
+            .unwrap()
+            .replicas
+            .contains(&3),
+        "broker 3 still follows the range"
+    );
+    for r in nodes {
+        r.shutdown().await;
+    }
+}
+
+/// `<seq>.snapshot` of `range` of `topic` in node `node`'s data, once its
+/// range directory exists (`.../<topic>-<id>/<range>/`).
+fn snapshot_file(
+    dir: &Path,
+    node: usize,
+    topic: &str,
+    range: u64,
+    seq: u32,
+) -> Option<std::path::PathBuf> {
+    fn topic_dir(dir: &Path, prefix: &str) -> Option<std::path::PathBuf> {
+        for entry in std::fs::read_dir(dir).ok()?.flatten() {
+            let path = entry.path();
+            if !path.is_dir() {
+                continue;
+            }
+            if entry.file_name().to_string_lossy().starts_with(prefix) {
+                return Some(path);
+            }
+            if let Some(found) = topic_dir(&path, prefix) {
+                return Some(found);
+            }
+        }
+        None
+    }
+    let range_dir =
+        topic_dir(&dir.join(format!("node-{node}")), &format!("{topic}-"))?.join(range.to_string());
+    range_dir
+        .is_dir()
+        .then(|| tessera_log::producer_snapshot_file::snapshot_path(&range_dir, seq))
+}
