@@ -74,6 +74,12 @@ if ! command -v gcc >/dev/null 2>&1; then
     as_root apt-get install -y gcc
 fi
 
+if ! command -v chromium >/dev/null 2>&1; then
+    step "installing chromium (apt; test_console.py drives the console in it with playwright-core)"
+    as_root apt-get update
+    as_root apt-get install -y chromium
+fi
+
 # shellcheck source=scripts/python-env.sh
 . "$ROOT/scripts/python-env.sh"
 ensure_venv

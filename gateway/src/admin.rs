@@ -26,32 +26,38 @@ pub async fn serve(listener: TcpListener, broker: Arc<Broker>) {
     }
 }
 
-/// Why the caller may not have this route (status line and message), or
-/// None: open routes, and callers whose principal the ACLs allow.
-fn refusal(
+/// Who the caller is, if this route needs one (`None`: open routes), or
+/// why they may not have it (status line and message).
+fn admit(
     broker: &Broker,
     head: &str,
     peer: std::net::SocketAddr,
     method: &str,
     path: &str,
-) -> Option<(&'static str, String)> {
-    let op = match admin_auth::need_of(method, path) {
-        Need::Open => return None,
-        Need::Describe => Op::Describe,
-        Need::Alter => Op::Alter,
-    };
+) -> Result<Option<String>, (&'static str, String)> {
+    let need = admin_auth::need_of(method, path);
+    if need == Need::Open {
+        return Ok(None);
+    }
     let image = broker.image();
     let principal = match admin_auth::caller(head, &broker.config().listeners, &image) {
         Caller::Principal(p) => p,
-        Caller::Unauthenticated(reason) => return Some(("401 Unauthorized", reason.to_string())),
+        Caller::Unauthenticated(reason) => return Err(("401 Unauthorized", reason.to_string())),
+    };
+    let op = match need {
+        Need::Open | Need::Authenticated => return Ok(Some(principal)),
+        Need::Describe => Op::Describe,
+        Need::Alter => Op::Alter,
     };
     let authz = Authz::for_principal(broker, Arc::from(principal.as_str()), peer.ip().to_string());
-    (!authz.allows_cluster(op)).then(|| {
-        (
+    if authz.allows_cluster(op) {
+        Ok(Some(principal))
+    } else {
+        Err((
             "403 Forbidden",
             format!("{principal} may not {op} the cluster"),
-        )
-    })
+        ))
+    }
 }
 
 fn error_json(message: &str) -> String {
@@ -102,7 +108,7 @@ fn render_broker_metrics(broker: &Broker) -> String {
 async fn handle(
     mut stream: TcpStream,
     peer: std::net::SocketAddr,
-    broker: &Broker,
+    broker: &Arc<Broker>,
 ) -> std::io::Result<()> {
     let mut buf = vec![0u8; 4096];
     let mut len = 0;
@@ -129,21 +135,22 @@ async fn handle(
             .and_then(|(_, v)| v.parse().ok())
     };
     let json = "application/json";
-    if let Some((status, message)) = refusal(broker, &head, peer, method, path) {
-        Metrics::add(&broker.metrics().admin_requests_refused, 1);
-        tracing::info!(%peer, method, path, status, reason = %message, "admin request refused");
-        let challenge = if status.starts_with("401") {
-            "WWW-Authenticate: Basic realm=\"tessera\"\r\n"
-        } else {
-            ""
-        };
-        let body = error_json(&message);
-        let response = format!(
-            "HTTP/1.1 {status}\r\nContent-Type: {json}\r\n{challenge}Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
-            body.len()
-        );
-        stream.write_all(response.as_bytes()).await?;
-        return stream.shutdown().await;
+    let principal = match admit(broker, &head, peer, method, path) {
+        Ok(principal) => principal,
+        Err(refused) => return refuse(&mut stream, broker, peer, method, path, refused).await,
+    };
+    if crate::console::owns(path) {
+        let principal = principal.unwrap_or_else(|| "User:ANONYMOUS".into());
+        let reply = crate::console::handle(
+            broker,
+            &principal,
+            peer.ip().to_string(),
+            method,
+            path,
+            query,
+        )
+        .await;
+        return respond(&mut stream, reply.status, reply.content_type, &reply.body).await;
     }
     let (status, content_type, body) = match (method, path) {
         ("GET", "/health") => ("200 OK", "text/plain", "ok\n".to_string()),
@@ -201,8 +208,59 @@ async fn handle(
             "method not allowed\n".to_string(),
         ),
     };
+    respond(&mut stream, status, content_type, &body).await
+}
+
+/// Answers a refused request (401 with a Basic challenge, or 403).
+async fn refuse(
+    stream: &mut TcpStream,
+    broker: &Broker,
+    peer: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    (status, message): (&'static str, String),
+) -> std::io::Result<()> {
+    Metrics::add(&broker.metrics().admin_requests_refused, 1);
+    tracing::info!(%peer, method, path, status, reason = %message, "admin request refused");
+    let challenge = if status.starts_with("401") {
+        "WWW-Authenticate: Basic realm=\"tessera\", charset=\"UTF-8\"\r\n"
+    } else {
+        ""
+    };
+    write_response(
+        stream,
+        status,
+        "application/json",
+        challenge,
+        &error_json(&message),
+    )
+    .await
+}
+
+async fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    body: &str,
+) -> std::io::Result<()> {
+    write_response(stream, status, content_type, "", body).await
+}
+
+/// One response, then the connection closes. The console's pages come
+/// from this origin only and are never framed (a clickjacked console could
+/// act with the operator's credentials).
+async fn write_response(
+    stream: &mut TcpStream,
+    status: &str,
+    content_type: &str,
+    extra_headers: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let response = format!(
-        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        "HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n{extra_headers}\
+         Content-Security-Policy: default-src 'self'; frame-ancestors 'none'\r\n\
+         X-Frame-Options: DENY\r\nX-Content-Type-Options: nosniff\r\nCache-Control: no-store\r\n\
+         Content-Length: {}\r\nConnection: close\r\n\r\n{body}",
         body.len()
     );
     stream.write_all(response.as_bytes()).await?;

@@ -8,6 +8,9 @@
 //! - Reading ranges and segments needs DESCRIBE on the cluster; splitting
 //!   and merging need ALTER on the cluster (what Kafka's
 //!   AlterPartitionReassignments needs).
+//! - The console (`/`, `/console/...`, `/api/v1/...`) needs an
+//!   authenticated caller; what it shows them is then what the ACLs let
+//!   them describe or read.
 //! - Without credentials the caller is `User:ANONYMOUS`, and only where an
 //!   anonymous client could use the Kafka port too: every listener
 //!   PLAINTEXT. On a broker with a SASL or SSL listener, anonymous admin
@@ -30,6 +33,9 @@ use crate::sasl::scram::{ScramCredential, ScramMechanism};
 pub enum Need {
     /// Nothing: probes and metrics.
     Open,
+    /// An authenticated caller: the console, whose answers the ACLs then
+    /// narrow resource by resource.
+    Authenticated,
     /// DESCRIBE on the cluster.
     Describe,
     /// ALTER on the cluster.
@@ -41,6 +47,7 @@ pub enum Need {
 pub fn need_of(method: &str, path: &str) -> Need {
     match (method, path) {
         ("GET", "/ranges") | ("GET", "/segments") | ("GET", "/balance") => Need::Describe,
+        (_, path) if crate::console::owns(path) => Need::Authenticated,
         ("POST", _) => Need::Alter,
         _ => Need::Open,
     }

@@ -40,8 +40,16 @@ pub struct BrokerConfig {
     /// The inter-broker listener's advertised host and port.
     pub advertised_host: String,
     pub advertised_port: u16,
-    /// `admin.listener`: HTTP address for /metrics, /health, /ready.
+    /// `admin.listener`: HTTP address for /metrics, /health, /ready, the
+    /// ranges API and the web console.
     pub admin_listener: SocketAddr,
+    /// `console.enable`: the web console at `/` of the admin listener
+    /// (true). Tessera's own key, as are the two below.
+    pub console_enable: bool,
+    /// `console.read.only`: the console shows and changes nothing (false).
+    pub console_read_only: bool,
+    /// `console.messages.enable`: the console shows message contents (true).
+    pub console_messages_enable: bool,
     /// `log.dirs`
     pub data_dir: PathBuf,
     /// `broker.rack`
@@ -291,6 +299,9 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("super.users", ""),
     ("allow.everyone.if.no.acl.found", "false"),
     ("admin.listener", "127.0.0.1:9644"),
+    ("console.enable", "true"),
+    ("console.read.only", "false"),
+    ("console.messages.enable", "true"),
     ("log.dirs", "./tessera-data"),
     ("broker.rack", ""),
     ("process.roles", "broker,controller"),
@@ -1011,6 +1022,9 @@ impl BrokerConfig {
             advertised_host,
             advertised_port,
             admin_listener: resolve("admin.listener", &admin_host, admin_port)?,
+            console_enable: parse(map, "console.enable")?,
+            console_read_only: parse(map, "console.read.only")?,
+            console_messages_enable: parse(map, "console.messages.enable")?,
             data_dir: PathBuf::from(
                 get("log.dirs")
                     .split(',')

@@ -819,6 +819,21 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "The rate at which this broker copies segments for healing and repair.",
     ),
     (
+        "console.enable",
+        1,
+        "The web console at / of the admin listener.",
+    ),
+    (
+        "console.read.only",
+        1,
+        "The web console shows the cluster but changes nothing.",
+    ),
+    (
+        "console.messages.enable",
+        1,
+        "The web console shows message keys, values and headers.",
+    ),
+    (
         "replica.producer.snapshot.prefetch.enable",
         1,
         "A follower without the range's older segments fetches the producer snapshot where its segment starts as it follows it (false only in tests: fetched only when the broker is to lead).",

@@ -9,6 +9,7 @@ pub mod authz;
 pub mod broker;
 pub mod config;
 pub mod connection_limits;
+pub mod console;
 pub mod dynamic_config;
 pub mod error;
 pub mod inter_broker;

@@ -130,7 +130,7 @@ impl Broker {
 
     /// Rates of active ranges from their primaries' reports, current
     /// within a broker session.
-    pub(super) fn reported_range_rates(
+    pub(crate) fn reported_range_rates(
         &self,
         image: &tessera_metadata::MetadataImage,
     ) -> BTreeMap<RangeId, u64> {

@@ -1,0 +1,66 @@
+// The console in a real browser (Debian's chromium, driven by
+// playwright-core): the cluster page, the topics list and its search, a
+// topic's partitions and ranges, and its messages. Run by
+// compat-tests/python/test_console.py with the admin URL and a topic that
+// holds JSON records; prints what it saw as JSON and exits non-zero on any
+// failure (a page error included).
+"use strict";
+
+const { chromium } = require("playwright-core");
+
+async function main() {
+  const [base, topic, screenshot] = process.argv.slice(2);
+  const browser = await chromium.launch({
+    executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
+    args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+      "--disable-component-update", "--disable-sync", "--no-first-run"],
+  });
+  const errors = [];
+  try {
+    const page = await browser.newPage();
+    page.on("pageerror", (e) => errors.push(String(e)));
+    page.on("console", (m) => m.type() === "error" && errors.push(m.text()));
+    const seen = {};
+
+    await page.goto(base + "/");
+    await page.waitForSelector("text=Brokers");
+    seen.cluster = await page.textContent("main");
+
+    await page.click("header nav >> text=Topics");
+    await page.fill("#search", topic.slice(0, 12));
+    await page.press("#search", "Enter");
+    await page.waitForSelector(`a:has-text("${topic}")`);
+    seen.topics = await page.textContent("main");
+
+    await page.click(`a:has-text("${topic}")`);
+    await page.waitForSelector("text=Ranges and segments");
+    seen.topic = await page.textContent("main");
+
+    await page.click("text=messages >> nth=0");
+    await page.waitForSelector("text=partition 0");
+    await page.waitForSelector("pre");
+    seen.messages = await page.textContent("main");
+
+    // Newest first, through the form.
+    await page.selectOption("select[name=mode]", "newest");
+    await page.click("button:has-text('Show')");
+    await page.waitForFunction(() => location.hash.includes("newest=true"));
+    await page.waitForSelector("td >> text=/^\\d+$/");
+    seen.newest_first = await page.$$eval("tbody tr td:first-child", (cells) =>
+      cells.map((c) => Number(c.textContent)));
+    if (screenshot) await page.screenshot({ path: screenshot, fullPage: true });
+    seen.errors = errors;
+    console.log(JSON.stringify(seen));
+  } finally {
+    await browser.close();
+  }
+  if (errors.length) {
+    console.error("page errors:", errors);
+    process.exit(1);
+  }
+}
+
+main().catch((e) => {
+  console.error(e);
+  process.exit(1);
+});

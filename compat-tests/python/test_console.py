@@ -1,0 +1,263 @@
+"""The web console on the admin port: its page and assets from the binary,
+and the JSON API its pages read, against records real clients wrote, on
+one node and on a cluster (partitions led by other nodes), tried with bad
+input and as users the ACLs limit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import urllib.parse
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Producer
+from confluent_kafka.admin import (
+    AclBinding,
+    AclOperation,
+    AclPermissionType,
+    AdminClient,
+    NewTopic,
+    ResourcePatternType,
+    ResourceType,
+)
+
+from helpers import create_topic, sasl_conf, unique_topic
+from test_admin_http import call, secured_broker  # noqa: F401 - the SASL + ACL broker fixture
+from test_cluster import cluster, eventually  # noqa: F401 - the 3-node cluster fixture
+
+
+def tessera_only(broker):
+    if os.environ.get("COMPAT_BROKER", "tessera") != "tessera" or not broker.has_admin_http:
+        pytest.skip("tessera's console")
+
+
+class Url:
+    """An admin base URL, as the cluster fixture gives them."""
+
+    def __init__(self, base: str):
+        self.base = base
+
+    def admin_url(self, path: str) -> str:
+        return self.base + path
+
+
+def api(broker, path, user=None, password=None):
+    status, headers, body = call(broker, "GET", "/api/v1/" + path, user, password)
+    return status, (json.loads(body) if headers.get("Content-Type", "").startswith("application/json") else body)
+
+
+def ok(broker, path, user=None, password=None):
+    status, body = api(broker, path, user, password)
+    assert status == 200, (path, status, body)
+    return body
+
+
+def produce(bootstrap, topic, records, extra=None):
+    """Each (partition, key, value, headers) acknowledged with acks=all."""
+    p = Producer({"bootstrap.servers": bootstrap, "acks": "all", **(extra or {})})
+    failures = []
+    for partition, key, value, headers in records:
+        p.produce(topic, key=key, value=value, headers=headers, partition=partition,
+                  on_delivery=lambda err, _m: err and failures.append(err))
+    assert p.flush(60) == 0 and not failures, failures
+
+
+def test_the_console_shows_a_node_its_topics_and_their_messages(broker):
+    tessera_only(broker)
+    topic = unique_topic("console")
+    create_topic(broker, topic, partitions=2)
+    big = b"v" * 10_000
+    records = [(0, f"k{i}".encode(), json.dumps({"n": i}).encode(), [("h", b"x")]) for i in range(30)]
+    records += [(0, b"bin", bytes([0xFF, 0x00, 0x10]), None), (0, b"big", big, None), (1, None, b"one", None)]
+    produce(broker.bootstrap, topic, records)
+
+    status, headers, page = call(broker, "GET", "/")
+    assert status == 200 and headers["Content-Type"].startswith("text/html"), (status, headers)
+    assert "Tessera console" in page and "/console/app.js" in page
+    assert "frame-ancestors 'none'" in headers.get("Content-Security-Policy", "")
+    for asset, kind in [("/console/app.js", "text/javascript"), ("/console/app.css", "text/css")]:
+        status, headers, _ = call(broker, "GET", asset)
+        assert status == 200 and headers["Content-Type"].startswith(kind), (asset, status, headers)
+
+    session = ok(broker, "session")
+    assert session["principal"] == "User:ANONYMOUS" and session["messages_enabled"] is True
+    cluster_view = ok(broker, "cluster")
+    assert [b["id"] for b in cluster_view["brokers"]] == [session["node_id"]]
+    assert cluster_view["brokers"][0]["fenced"] is False
+    assert cluster_view["topics"] >= 1 and cluster_view["offline_partitions"] == 0
+
+    listed = ok(broker, "topics?search=" + urllib.parse.quote(topic.upper()))
+    assert [t["name"] for t in listed] == [topic], listed
+    assert listed[0]["partitions"] == 2 and listed[0]["internal"] is False
+    assert ok(broker, "topics?search=no-such-topic-anywhere") == []
+
+    view = ok(broker, "topics/" + urllib.parse.quote(topic))
+    ends = {p["partition"]: (p["log_start"], p["log_end"]) for p in view["partitions"]}
+    assert ends == {0: (0, 32), 1: (0, 1)}, ends
+    assert all(p["leader"] == session["node_id"] for p in view["partitions"])
+    assert view["ranges"] and all(r["segments"] for r in view["ranges"])
+    configs = {c["name"]: c for c in view["configs"]}
+    assert configs["cleanup.policy"]["value"] == "delete"
+    assert configs["cleanup.policy"]["source"] == "DEFAULT_CONFIG"
+
+    base = f"topics/{urllib.parse.quote(topic)}/partitions/0/messages"
+    oldest = ok(broker, base + "?limit=5")
+    assert [m["offset"] for m in oldest["messages"]] == [0, 1, 2, 3, 4]
+    assert oldest["next"] == 5 and oldest["log_end"] == 32
+    first = oldest["messages"][0]
+    assert first["key"]["text"] == "k0" and json.loads(first["value"]["text"]) == {"n": 0}
+    assert first["headers"] == [["h", {"text": "x", "size": 1, "truncated": False}]]
+
+    newest = ok(broker, base + "?newest=true&limit=3")
+    assert [m["offset"] for m in newest["messages"]] == [31, 30, 29]
+    binary = newest["messages"][1]
+    assert binary["value"]["hex"] == "ff0010" and "text" not in binary["value"]
+    cut = newest["messages"][0]
+    assert cut["value"]["truncated"] is True and cut["value"]["size"] == 10_000
+    assert len(cut["value"]["text"]) < 10_000
+    whole = ok(broker, base + "?offset=31&limit=1&full=true")["messages"][0]
+    assert whole["value"]["text"] == big.decode() and whole["value"]["truncated"] is False
+
+    assert [m["offset"] for m in ok(broker, base + "?offset=10&limit=2")["messages"]] == [10, 11]
+    found = ok(broker, base + "?q=" + urllib.parse.quote('"n": 17'))["messages"]
+    assert [m["offset"] for m in found] == [17], found
+    by_time = ok(broker, base + f"?timestamp={first['timestamp']}&limit=1")["messages"]
+    assert by_time[0]["offset"] == 0
+    assert ok(broker, base + "?offset=32")["messages"] == []
+
+    # Bad input: a clear error, and the broker keeps serving.
+    for path, expected in [
+        ("topics/no-such-topic", 404),
+        (f"topics/{topic}/partitions/7/messages", 404),
+        (f"topics/{topic}/partitions/x/messages", 400),
+        (base + "?offset=abc", 400),
+        (base + "?limit=-1", 400),
+        ("no/such/api", 404),
+    ]:
+        status, body = api(broker, path)
+        assert status == expected and body["error"], (path, status, body)
+    assert call(broker, "POST", "/api/v1/cluster")[0] == 405
+    assert ok(broker, "cluster")["brokers"]
+
+
+def test_any_node_of_a_cluster_shows_partitions_led_by_the_others(cluster):
+    boot = cluster["bootstrap"]
+    topic = unique_topic("console-cluster")
+    a = AdminClient({"bootstrap.servers": boot[0]})
+    a.create_topics([NewTopic(topic, 3, 3)], request_timeout=30)[topic].result(30)
+    leaders = eventually(
+        f"{topic} led on three nodes",
+        lambda: (t := a.list_topics(topic, timeout=10).topics.get(topic)) is not None
+        and t.error is None and len(t.partitions) == 3
+        and all(p.leader > 0 for p in t.partitions.values())
+        and {p.id: p.leader for p in t.partitions.values()},
+    )
+    produce(",".join(boot), topic, [(p, None, f"p{p}-{i}".encode(), None) for p in range(3) for i in range(p + 2)])
+    for node, base in enumerate(cluster["admin"]):
+        n = Url(base)
+        view = ok(n, "cluster")
+        assert view["node_id"] == node + 1 and len(view["brokers"]) == 3
+        page = ok(n, f"topics/{topic}")
+        assert {p["partition"]: p["leader"] for p in page["partitions"]} == leaders
+        assert {p["partition"]: p["log_end"] for p in page["partitions"]} == {0: 2, 1: 3, 2: 4}, page
+        for p in range(3):
+            got = ok(n, f"topics/{topic}/partitions/{p}/messages")
+            assert got["leader"] == leaders[p]
+            assert [m["value"]["text"] for m in got["messages"]] == [f"p{p}-{i}" for i in range(p + 2)]
+    assert len(set(leaders.values())) > 1, f"partitions spread over nodes: {leaders}"
+
+
+def test_the_console_shows_only_what_the_acls_allow(secured_broker):
+    b = secured_broker
+    seen, hidden = unique_topic("console-seen"), unique_topic("console-hidden")
+    for t in (seen, hidden):
+        create_topic(b, t, partitions=1)
+    produce(b.bootstrap, seen, [(0, b"k", b"secret-value", None)])
+
+    # No credentials or wrong ones: 401 with a Basic challenge (the browser
+    # asks for a login), for the page and the API alike.
+    for path in ["/", "/api/v1/cluster", "/api/v1/topics", f"/api/v1/topics/{seen}/partitions/0/messages"]:
+        status, headers, _ = call(b, "GET", path)
+        assert status == 401 and headers.get("WWW-Authenticate", "").startswith("Basic"), (path, status)
+        assert call(b, "GET", path, "alice", "wrong")[0] == 401
+
+    # alice (PLAIN) has no ACL: she sees the brokers, no topic, and an
+    # unknown topic's answer for one she may not describe.
+    assert ok(b, "session", "alice", "alice-secret")["principal"] == "User:alice"
+    assert ok(b, "cluster", "alice", "alice-secret")["brokers"]
+    assert ok(b, "topics", "alice", "alice-secret") == []
+    assert api(b, f"topics/{seen}", "alice", "alice-secret")[0] == 404
+    assert api(b, f"topics/{seen}/partitions/0/messages", "alice", "alice-secret")[0] == 404
+
+    admin = AdminClient(sasl_conf(b, "PLAIN", "admin", "admin-secret"))
+
+    def grant(op):
+        binding = AclBinding(ResourceType.TOPIC, seen, ResourcePatternType.LITERAL, "User:alice", "*",
+                             op, AclPermissionType.ALLOW)
+        for f in admin.create_acls([binding], request_timeout=30).values():
+            f.result(timeout=30)
+
+    grant(AclOperation.DESCRIBE)
+    assert [t["name"] for t in ok(b, "topics", "alice", "alice-secret")] == [seen]
+    view = ok(b, f"topics/{seen}", "alice", "alice-secret")
+    assert view["configs"] is None, "no DESCRIBE_CONFIGS"
+    status, body = api(b, f"topics/{seen}/partitions/0/messages", "alice", "alice-secret")
+    assert status == 403 and "may not read" in body["error"].lower(), (status, body)
+    grant(AclOperation.READ)
+    got = ok(b, f"topics/{seen}/partitions/0/messages", "alice", "alice-secret")
+    assert [m["value"]["text"] for m in got["messages"]] == ["secret-value"]
+    assert api(b, f"topics/{hidden}", "alice", "alice-secret")[0] == 404
+    # The super user sees both.
+    names = {t["name"] for t in ok(b, "topics", "admin", "admin-secret")}
+    assert {seen, hidden} <= names
+
+
+def test_the_console_can_be_turned_off_or_hide_message_contents(broker_factory):
+    off = broker_factory(overrides={"console.enable": "false"})
+    tessera_only(off)
+    assert call(off, "GET", "/")[0] == 404
+    assert call(off, "GET", "/api/v1/cluster")[0] == 404
+    assert call(off, "GET", "/health")[0] == 200
+
+    hidden = broker_factory(overrides={"console.messages.enable": "false", "console.read.only": "true"})
+    topic = unique_topic("console-hidden")
+    create_topic(hidden, topic, partitions=1)
+    produce(hidden.bootstrap, topic, [(0, b"k", b"v", None)])
+    session = ok(hidden, "session")
+    assert session["messages_enabled"] is False and session["read_only"] is True
+    assert ok(hidden, f"topics/{topic}")["partitions"][0]["log_end"] == 1
+    status, body = api(hidden, f"topics/{topic}/partitions/0/messages")
+    assert status == 403 and "console.messages.enable" in body["error"], (status, body)
+
+
+def test_the_console_pages_work_in_a_browser(broker, tmp_path):
+    """Debian's chromium driven by playwright-core (scripts/test.sh installs
+    both): the pages render from the binary's assets, navigate, search and
+    browse messages newest first, with no script error."""
+    tessera_only(broker)
+    chromium = os.environ.get("CHROMIUM", "/usr/bin/chromium")
+    if os.environ.get("TESSERA_SKIP_BROWSER") == "1":
+        pytest.skip("TESSERA_SKIP_BROWSER=1")
+    assert os.path.exists(chromium), f"{chromium} missing: scripts/test.sh installs Debian's chromium"
+    topic = unique_topic("console-browser")
+    create_topic(broker, topic, partitions=1)
+    produce(broker.bootstrap, topic, [(0, f"k{i}".encode(), json.dumps({"n": i}).encode(), None)
+                                      for i in range(12)])
+    node_dir = Path(__file__).resolve().parent.parent / "node"
+    out = subprocess.run(
+        ["node", str(node_dir / "console_browser.js"), broker.admin_url(""), topic,
+         str(tmp_path / "console.png")],
+        capture_output=True, timeout=180, cwd=node_dir, env={**os.environ, "CHROMIUM": chromium},
+    )
+    assert out.returncode == 0, (out.stdout.decode(errors="replace")[-3000:],
+                                 out.stderr.decode(errors="replace")[-3000:])
+    seen = json.loads(out.stdout.decode().strip().splitlines()[-1])
+    assert "Brokers" in seen["cluster"] and "live" in seen["cluster"]
+    assert topic in seen["topics"]
+    assert "Partitions" in seen["topic"] and "Configs" in seen["topic"]
+    assert '"n": 0' in seen["messages"] and '"n": 11' in seen["messages"], seen["messages"][:2000]
+    assert seen["newest_first"] == list(range(11, -1, -1)), seen["newest_first"]
+    assert seen["errors"] == []
+    assert (tmp_path / "console.png").stat().st_size > 0

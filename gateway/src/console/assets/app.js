@@ -1,0 +1,191 @@
+// Tessera's console: hash-routed pages over the JSON API of /api/v1.
+// No framework and no build step: this file is served from the binary.
+"use strict";
+
+const main = document.getElementById("main");
+let session = null;
+
+function esc(value) {
+  return String(value ?? "").replace(/[&<>"']/g, (c) => ({
+    "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;",
+  })[c]);
+}
+
+function bytes(n) {
+  if (n == null) return "";
+  const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+  let i = 0;
+  while (n >= 1024 && i < units.length - 1) { n /= 1024; i++; }
+  return (i ? n.toFixed(1) : n) + " " + units[i];
+}
+
+async function api(path) {
+  const response = await fetch("/api/v1/" + path, { credentials: "same-origin" });
+  const body = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok) throw new Error(body.error || response.statusText);
+  return body;
+}
+
+function table(headers, rows) {
+  const head = headers.map((h) => `<th class="${h.num ? "num" : ""}">${esc(h.label ?? h)}</th>`).join("");
+  const body = rows.map((r) => "<tr>" + r.map((cell, i) =>
+    `<td class="${headers[i].num ? "num" : ""}">${cell}</td>`).join("") + "</tr>").join("");
+  return `<table><thead><tr>${head}</tr></thead><tbody>${body ||
+    `<tr><td colspan="${headers.length}" class="muted">none</td></tr>`}</tbody></table>`;
+}
+
+function card(label, value, cls = "") {
+  return `<div class="card"><div class="v ${cls}">${esc(value)}</div><div class="k">${esc(label)}</div></div>`;
+}
+
+const num = (label) => ({ label, num: true });
+
+async function clusterPage() {
+  const c = await api("cluster");
+  const brokers = c.brokers.map((b) => [
+    esc(b.id) + (b.controller ? ' <span class="tag">controller</span>' : "") +
+      (b.id === c.node_id ? ' <span class="tag">this node</span>' : ""),
+    esc(b.host + ":" + b.port),
+    esc(b.rack ?? ""),
+    b.fenced ? '<span class="bad">fenced</span>' : '<span class="ok">live</span>',
+    esc(b.leader_partitions), esc(b.replicas), esc(bytes(b.bytes_in_per_sec) + "/s"),
+  ]);
+  main.innerHTML = `<h1>Cluster <span class="muted">${esc(c.cluster_id)}</span></h1>
+    <div class="cards">
+      ${card("brokers", c.brokers.length)}
+      ${card("topics", c.topics)}
+      ${card("partitions", c.partitions)}
+      ${card("ranges", c.ranges)}
+      ${card("under-replicated", c.under_replicated_partitions, c.under_replicated_partitions ? "bad" : "")}
+      ${card("offline", c.offline_partitions, c.offline_partitions ? "bad" : "")}
+      ${card("version", c.version)}
+    </div>
+    <h2>Brokers</h2>
+    ${table(["id", "address", "rack", "state", num("leads partitions"), num("active segments"), num("bytes in")], brokers)}`;
+}
+
+async function topicsPage(params) {
+  const search = params.get("search") ?? "";
+  const topics = await api("topics?search=" + encodeURIComponent(search));
+  const rows = topics.map((t) => [
+    `<a href="#/topics/${encodeURIComponent(t.name)}">${esc(t.name)}</a>` +
+      (t.internal ? ' <span class="tag">internal</span>' : ""),
+    esc(t.partitions), esc(t.replication_factor), esc(t.ranges),
+    esc(bytes(t.sealed_bytes)), esc(bytes(t.bytes_in_per_sec) + "/s"),
+  ]);
+  main.innerHTML = `<h1>Topics</h1>
+    <div class="toolbar"><input id="search" placeholder="search topics" value="${esc(search)}"></div>
+    ${table(["name", num("partitions"), num("replication"), num("ranges"), num("sealed size"), num("bytes in")], rows)}`;
+  const input = document.getElementById("search");
+  input.addEventListener("change", () => {
+    location.hash = "#/topics?search=" + encodeURIComponent(input.value);
+  });
+}
+
+async function topicPage(name) {
+  const t = await api("topics/" + encodeURIComponent(name));
+  const partitions = t.partitions.map((p) => [
+    esc(p.partition),
+    p.leader >= 0 ? esc(p.leader) : '<span class="bad">none</span>',
+    esc(p.leader_epoch), esc(p.replicas.join(", ")),
+    esc(p.isr.join(", ")) + (p.isr.length < p.replicas.length ? ' <span class="tag bad">under-replicated</span>' : ""),
+    esc(p.log_start ?? "?"), esc(p.log_end ?? "?"), esc(p.range ?? ""),
+    session.messages_enabled
+      ? `<a href="#/topics/${encodeURIComponent(name)}/${p.partition}">messages</a>` : "",
+  ]);
+  const strip = t.ranges.filter((r) => r.active).sort((a, b) => a.lo - b.lo).map((r) =>
+    `<div class="r" data-width="${r.hi - r.lo}" title="range ${r.id}">range ${esc(r.id)}: partitions ${esc(r.lo)}–${esc(r.hi - 1)}</div>`).join("");
+  const ranges = t.ranges.map((r) => [
+    esc(r.id) + (r.active ? "" : ' <span class="tag">sealed</span>'),
+    esc(`${r.lo}–${r.hi - 1}`), esc(r.parents.join(", ")),
+    esc(bytes(r.bytes_in_per_sec) + "/s"),
+    '<div class="chain">' + r.segments.map((s) =>
+      `<span class="seg ${s.sealed ? "" : "active"}" title="epoch ${esc(s.leader_epoch)}">#${esc(s.seq)} ` +
+      `[${esc(s.replicas.join(","))}] ${s.sealed ? esc(bytes(s.sealed_bytes)) : "active"}</span>`).join("") + "</div>",
+  ]);
+  const configs = t.configs == null ? '<p class="muted">Not allowed to describe this topic\'s configs.</p>' :
+    table(["name", "value", "source"], t.configs.map((c) => [
+      `<span title="${esc(c.doc)}">${esc(c.name)}</span>`, esc(c.value),
+      c.source === "DYNAMIC_TOPIC_CONFIG" ? "<b>topic</b>" : esc(c.source)]));
+  main.innerHTML = `<h1>${esc(t.name)} ${t.internal ? '<span class="tag">internal</span>' : ""}</h1>
+    <div class="cards">${card("partitions", t.partitions.length)}${card("replication", t.replication_factor)}
+      ${card("ranges", t.ranges.filter((r) => r.active).length)}${card("bytes in", bytes(t.bytes_in_per_sec) + "/s")}</div>
+    <h2>Partitions</h2>
+    ${table(["partition", "leader", "epoch", "replicas", "in sync", num("log start"), num("log end"), "range", ""], partitions)}
+    <h2>Ranges and segments</h2>
+    <div class="strip">${strip}</div>
+    ${table(["range", "partitions", "parents", num("bytes in"), "segments (replicas, primary first)"], ranges)}
+    <h2>Configs</h2>${configs}`;
+  // Widths through the CSSOM: the page's CSP allows no inline styles.
+  main.querySelectorAll(".strip .r").forEach((r) => { r.style.flex = r.dataset.width; });
+}
+
+function shown(s) {
+  if (s == null) return '<span class="muted">null</span>';
+  let text = s.text;
+  if (text != null) {
+    try { text = JSON.stringify(JSON.parse(text), null, 2); } catch (_) { /* not JSON */ }
+  }
+  const body = text != null ? esc(text) : '<span class="muted">hex</span> ' + esc(s.hex);
+  return `<pre>${body}</pre>` + (s.truncated ? `<span class="muted">${esc(bytes(s.size))}, cut</span>` : "");
+}
+
+async function messagesPage(name, partition, params) {
+  const query = new URLSearchParams(params);
+  query.set("limit", query.get("limit") ?? "50");
+  const page = await api(`topics/${encodeURIComponent(name)}/partitions/${partition}/messages?${query}`);
+  const rows = page.messages.map((m) => [
+    esc(m.offset), esc(new Date(m.timestamp).toISOString()), shown(m.key), shown(m.value),
+    m.headers.map(([k, v]) => `<div><b>${esc(k)}</b>: ${v == null ? "null" : esc(v.text ?? v.hex)}</div>`).join(""),
+    (m.key?.truncated || m.value?.truncated)
+      ? `<a href="#/topics/${encodeURIComponent(name)}/${partition}?offset=${m.offset}&limit=1&full=true">all</a>` : "",
+  ]);
+  const base = `#/topics/${encodeURIComponent(name)}/${partition}`;
+  main.innerHTML = `<h1><a href="#/topics/${encodeURIComponent(name)}">${esc(name)}</a> / partition ${esc(partition)}</h1>
+    <p class="muted">leader ${esc(page.leader)}, offsets ${esc(page.log_start)} to ${esc(page.log_end)}</p>
+    <form class="toolbar" id="browse">
+      <select name="mode"><option value="oldest">oldest first</option><option value="newest">newest first</option>
+        <option value="offset">from offset</option><option value="timestamp">from time (ms)</option></select>
+      <input name="at" placeholder="offset or ms">
+      <input name="q" placeholder="key or value contains" value="${esc(params.get("q") ?? "")}">
+      <button>Show</button>
+      ${page.next != null && page.next < (page.log_end ?? 0) && params.get("newest") !== "true"
+        ? `<a href="${base}?offset=${page.next}&q=${encodeURIComponent(params.get("q") ?? "")}">next page</a>` : ""}
+    </form>
+    ${table(["offset", "timestamp", "key", "value", "headers", ""], rows)}`;
+  document.getElementById("browse").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const f = new FormData(e.target);
+    const q = new URLSearchParams();
+    const mode = f.get("mode");
+    if (mode === "newest") q.set("newest", "true");
+    if (mode === "offset") q.set("offset", f.get("at"));
+    if (mode === "timestamp") q.set("timestamp", f.get("at"));
+    if (f.get("q")) q.set("q", f.get("q"));
+    location.hash = base + "?" + q;
+  });
+}
+
+async function route() {
+  const [path, search] = location.hash.replace(/^#/, "").split("?");
+  const params = new URLSearchParams(search ?? "");
+  const parts = (path || "/cluster").split("/").filter(Boolean).map(decodeURIComponent);
+  document.querySelectorAll("header nav a").forEach((a) =>
+    a.classList.toggle("current", a.dataset.page === parts[0]));
+  try {
+    if (!session) {
+      session = await api("session");
+      document.getElementById("session").textContent =
+        `${session.principal} on node ${session.node_id}` + (session.read_only ? " (read-only)" : "");
+    }
+    if (parts[0] === "topics" && parts.length === 1) await topicsPage(params);
+    else if (parts[0] === "topics" && parts.length === 2) await topicPage(parts[1]);
+    else if (parts[0] === "topics" && parts.length === 3) await messagesPage(parts[1], parts[2], params);
+    else await clusterPage();
+  } catch (e) {
+    main.innerHTML = `<div class="error">${esc(e.message)}</div>`;
+  }
+}
+
+window.addEventListener("hashchange", route);
+route();
