@@ -9,7 +9,7 @@
 const { chromium } = require("playwright-core");
 
 async function main() {
-  const [base, topic, screenshot] = process.argv.slice(2);
+  const [base, topic, screenshot, group] = process.argv.slice(2);
   const browser = await chromium.launch({
     executablePath: process.env.CHROMIUM || "/usr/bin/chromium",
     args: ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -49,6 +49,13 @@ async function main() {
     seen.newest_first = await page.$$eval("tbody tr td:first-child", (cells) =>
       cells.map((c) => Number(c.textContent)));
     if (screenshot) await page.screenshot({ path: screenshot, fullPage: true });
+
+    // A consumer group, from the groups list.
+    await page.click("header nav >> text=Consumer groups");
+    await page.waitForSelector(`a:has-text("${group}")`);
+    await page.click(`a:has-text("${group}")`);
+    await page.waitForSelector("text=Offsets and lag");
+    seen.group = await page.textContent("main");
     seen.errors = errors;
     console.log(JSON.stringify(seen));
   } finally {

@@ -8,11 +8,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 import urllib.parse
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Producer
+from confluent_kafka import Consumer, Producer
 from confluent_kafka.admin import (
     AclBinding,
     AclOperation,
@@ -167,6 +168,14 @@ def test_any_node_of_a_cluster_shows_partitions_led_by_the_others(cluster):
             assert got["leader"] == leaders[p]
             assert [m["value"]["text"] for m in got["messages"]] == [f"p{p}-{i}" for i in range(p + 2)]
     assert len(set(leaders.values())) > 1, f"partitions spread over nodes: {leaders}"
+    group = unique_topic("console-cluster-group")
+    consume_and_commit(",".join(boot), topic, group, 9).close()
+    for base in cluster["admin"]:
+        n = Url(base)
+        eventually(f"{group} listed by {base}", lambda: [g for g in ok(n, "groups") if g["group_id"] == group])
+        page = ok(n, f"groups/{group}")
+        assert sorted((o["partition"], o["committed"], o["lag"]) for o in page["offsets"]) == [
+            (0, 2, 0), (1, 3, 0), (2, 4, 0)], page
 
 
 def test_the_console_shows_only_what_the_acls_allow(secured_broker):
@@ -232,6 +241,47 @@ def test_the_console_can_be_turned_off_or_hide_message_contents(broker_factory):
     assert status == 403 and "console.messages.enable" in body["error"], (status, body)
 
 
+def consume_and_commit(bootstrap, topic, group, count):
+    """A consumer of `group` that read and committed `count` records of
+    `topic`, still in the group (the caller closes it)."""
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                  "enable.auto.commit": False, "client.id": "console-test"})
+    c.subscribe([topic])
+    got = 0
+    deadline = time.monotonic() + 60
+    while got < count and time.monotonic() < deadline:
+        m = c.poll(1.0)
+        if m is not None and m.error() is None:
+            got += 1
+    assert got == count, got
+    c.commit(asynchronous=False)
+    return c
+
+
+def test_the_console_shows_groups_their_members_and_lag(broker):
+    tessera_only(broker)
+    topic, group = unique_topic("console-lag"), unique_topic("console-group")
+    create_topic(broker, topic, partitions=1)
+    produce(broker.bootstrap, topic, [(0, None, b"r%d" % i, None) for i in range(10)])
+    consumer = consume_and_commit(broker.bootstrap, topic, group, 10)
+    try:
+        produce(broker.bootstrap, topic, [(0, None, b"late%d" % i, None) for i in range(4)])
+        listed = eventually(f"{group} listed Stable", lambda: [
+            g for g in ok(broker, "groups") if g["group_id"] == group and g["state"] == "Stable"])
+        assert listed[0]["protocol_type"] == "consumer", listed
+        page = ok(broker, "groups/" + urllib.parse.quote(group))
+        assert page["state"] == "Stable" and len(page["members"]) == 1, page
+        member = page["members"][0]
+        assert member["client_id"] == "console-test" and member["assignment"] == [[topic, [0]]], member
+        assert page["offsets"] == [{"topic": topic, "partition": 0, "committed": 10, "log_end": 14, "lag": 4}]
+        assert page["total_lag"] == 4
+    finally:
+        consumer.close()
+    empty = eventually(f"{group} empty", lambda: (p := ok(broker, "groups/" + group))["state"] == "Empty" and p)
+    assert empty["members"] == [] and empty["total_lag"] == 4
+    assert api(broker, "groups/no-such-group")[0] == 404
+
+
 def test_the_console_pages_work_in_a_browser(broker, tmp_path):
     """Debian's chromium driven by playwright-core (scripts/test.sh installs
     both): the pages render from the binary's assets, navigate, search and
@@ -245,10 +295,12 @@ def test_the_console_pages_work_in_a_browser(broker, tmp_path):
     create_topic(broker, topic, partitions=1)
     produce(broker.bootstrap, topic, [(0, f"k{i}".encode(), json.dumps({"n": i}).encode(), None)
                                       for i in range(12)])
+    group = unique_topic("console-browser-group")
+    consume_and_commit(broker.bootstrap, topic, group, 12).close()
     node_dir = Path(__file__).resolve().parent.parent / "node"
     out = subprocess.run(
         ["node", str(node_dir / "console_browser.js"), broker.admin_url(""), topic,
-         str(tmp_path / "console.png")],
+         str(tmp_path / "console.png"), group],
         capture_output=True, timeout=180, cwd=node_dir, env={**os.environ, "CHROMIUM": chromium},
     )
     assert out.returncode == 0, (out.stdout.decode(errors="replace")[-3000:],
@@ -259,5 +311,6 @@ def test_the_console_pages_work_in_a_browser(broker, tmp_path):
     assert "Partitions" in seen["topic"] and "Configs" in seen["topic"]
     assert '"n": 0' in seen["messages"] and '"n": 11' in seen["messages"], seen["messages"][:2000]
     assert seen["newest_first"] == list(range(11, -1, -1)), seen["newest_first"]
+    assert "total lag" in seen["group"] and topic in seen["group"], seen["group"][:2000]
     assert seen["errors"] == []
     assert (tmp_path / "console.png").stat().st_size > 0

@@ -24,7 +24,7 @@ use crate::broker::Broker;
 use crate::dynamic_config::BrokerView;
 
 /// How long the console waits for a leader's answer.
-const LEADER_TIMEOUT: Duration = Duration::from_secs(5);
+pub(super) const LEADER_TIMEOUT: Duration = Duration::from_secs(5);
 const LIST_OFFSETS_VERSION: i16 = 7;
 const FETCH_VERSION: i16 = 12;
 /// Records a messages page shows at most.
@@ -102,6 +102,8 @@ pub async fn handle(broker: &Arc<Broker>, authz: &Authz<'_>, path: &str, query: 
         ["cluster"] => Ok(cluster(broker)),
         ["topics"] => Ok(topics(broker, authz, query.get("search").unwrap_or(""))),
         ["topics", name] => topic(broker, authz, name).await,
+        ["groups"] => Ok(super::groups::list(broker, authz).await),
+        ["groups", group] => super::groups::describe(broker, authz, group).await,
         ["topics", name, "partitions", p, "messages"] => match p.parse::<i32>() {
             Ok(p) => messages(broker, authz, name, p, query).await,
             Err(_) => Err(Reply::error("400 Bad Request", "partition: not a number")),
@@ -212,7 +214,10 @@ fn source_name(source: i8) -> &'static str {
 }
 
 /// The leader of each partition of `topic`, as Metadata reports it.
-fn leaders(image: &tessera_metadata::MetadataImage, topic: &TopicImage) -> BTreeMap<i32, Vec<i32>> {
+pub(super) fn leaders(
+    image: &tessera_metadata::MetadataImage,
+    topic: &TopicImage,
+) -> BTreeMap<i32, Vec<i32>> {
     let mut by_leader: BTreeMap<i32, Vec<i32>> = BTreeMap::new();
     for p in crate::api::metadata::describe_topic(image, topic, i32::MIN).partitions {
         if p.leader_id.0 >= 0 {
@@ -227,7 +232,7 @@ fn leaders(image: &tessera_metadata::MetadataImage, topic: &TopicImage) -> BTree
 
 /// One ListOffsets of `partitions` of `topic` at `timestamp` (-2 earliest,
 /// -1 latest, else the first offset at or after it) to `leader`.
-async fn list_offsets(
+pub(super) async fn list_offsets(
     broker: &Broker,
     leader: i32,
     topic: &str,

@@ -9,6 +9,7 @@
 //! has no writes).
 
 pub mod api;
+pub mod groups;
 pub mod views;
 
 use std::sync::Arc;

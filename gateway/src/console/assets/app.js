@@ -120,6 +120,35 @@ async function topicPage(name) {
   main.querySelectorAll(".strip .r").forEach((r) => { r.style.flex = r.dataset.width; });
 }
 
+async function groupsPage() {
+  const groups = await api("groups");
+  const rows = groups.map((g) => [
+    `<a href="#/groups/${encodeURIComponent(g.group_id)}">${esc(g.group_id)}</a>`,
+    esc(g.state), esc(g.protocol_type), esc(g.coordinator),
+  ]);
+  main.innerHTML = `<h1>Consumer groups</h1>${table(["group", "state", "protocol type", "coordinator"], rows)}`;
+}
+
+async function groupPage(id) {
+  const g = await api("groups/" + encodeURIComponent(id));
+  const members = g.members.map((m) => [
+    esc(m.member_id) + (m.group_instance_id ? ` <span class="tag">${esc(m.group_instance_id)}</span>` : ""),
+    esc(m.client_id), esc(m.client_host),
+    m.assignment.map(([t, ps]) => `${esc(t)}: ${esc(ps.join(", "))}`).join("<br>"),
+  ]);
+  const offsets = g.offsets.map((o) => [
+    `<a href="#/topics/${encodeURIComponent(o.topic)}">${esc(o.topic)}</a>`, esc(o.partition),
+    esc(o.committed), esc(o.log_end ?? "?"), esc(o.lag ?? "?"),
+  ]);
+  main.innerHTML = `<h1>${esc(g.group_id)}</h1>
+    <div class="cards">${card("state", g.state)}${card("protocol", g.protocol || g.protocol_type || "none")}
+      ${card("members", g.members.length)}${card("coordinator", g.coordinator)}
+      ${card("total lag", g.total_lag, g.total_lag ? "bad" : "ok")}</div>
+    <h2>Members</h2>${table(["member", "client id", "host", "assignment"], members)}
+    <h2>Offsets and lag</h2>
+    ${table(["topic", num("partition"), num("committed"), num("log end"), num("lag")], offsets)}`;
+}
+
 function shown(s) {
   if (s == null) return '<span class="muted">null</span>';
   let text = s.text;
@@ -181,6 +210,8 @@ async function route() {
     if (parts[0] === "topics" && parts.length === 1) await topicsPage(params);
     else if (parts[0] === "topics" && parts.length === 2) await topicPage(parts[1]);
     else if (parts[0] === "topics" && parts.length === 3) await messagesPage(parts[1], parts[2], params);
+    else if (parts[0] === "groups" && parts.length === 1) await groupsPage();
+    else if (parts[0] === "groups" && parts.length === 2) await groupPage(parts[1]);
     else await clusterPage();
   } catch (e) {
     main.innerHTML = `<div class="error">${esc(e.message)}</div>`;
