@@ -32,7 +32,20 @@ async function main() {
     await page.waitForSelector(`a:has-text("${topic}")`);
     seen.topics = await page.textContent("main");
 
-    await page.click(`a:has-text("${topic}")`);
+    // A write through a form (the CSRF token goes with it).
+    const made = topic + "-made";
+    await page.fill("#create-topic input[name=name]", made);
+    await page.fill("#create-topic input[name=partitions]", "3");
+    await page.click("#create-topic button");
+    await page.fill("#search", made);
+    await page.press("#search", "Enter");
+    await page.waitForSelector(`a:has-text("${made}")`);
+    seen.created = await page.textContent("main");
+    await page.fill("#search", topic.slice(0, 12));
+    await page.press("#search", "Enter");
+    await page.waitForSelector(`a:text-is("${topic}")`);
+
+    await page.click(`a:text-is("${topic}")`);
     await page.waitForSelector("text=Ranges and segments");
     seen.topic = await page.textContent("main");
 

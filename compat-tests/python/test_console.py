@@ -139,7 +139,10 @@ def test_the_console_shows_a_node_its_topics_and_their_messages(broker):
     ]:
         status, body = api(broker, path)
         assert status == expected and body["error"], (path, status, body)
-    assert call(broker, "POST", "/api/v1/cluster")[0] == 405
+    assert call(broker, "POST", "/api/v1/cluster")[0] == 403, "a write without the CSRF token"
+    token = ok(broker, "session")["csrf_token"]
+    assert post(broker, "cluster", {}, token)[0] == 404
+    assert call(broker, "PUT", "/api/v1/cluster")[0] == 405
     assert ok(broker, "cluster")["brokers"]
 
 
@@ -218,6 +221,17 @@ def test_the_console_shows_only_what_the_acls_allow(secured_broker):
     got = ok(b, f"topics/{seen}/partitions/0/messages", "alice", "alice-secret")
     assert [m["value"]["text"] for m in got["messages"]] == ["secret-value"]
     assert api(b, f"topics/{hidden}", "alice", "alice-secret")[0] == 404
+    # Writes need what the Kafka API would: alice may neither create nor
+    # delete (her token is hers: admin's is refused for her).
+    alice_token = ok(b, "session", "alice", "alice-secret")["csrf_token"]
+    admin_token = ok(b, "session", "admin", "admin-secret")["csrf_token"]
+    assert alice_token != admin_token
+    assert post(b, f"topics/{seen}/delete", {}, admin_token, "alice", "alice-secret")[0] == 403
+    status, body = post(b, f"topics/{seen}/delete", {}, alice_token, "alice", "alice-secret")
+    assert status == 403 and "not allowed" in body["error"], (status, body)
+    status, body = post(b, "topics", {"name": unique_topic("alice")}, alice_token, "alice", "alice-secret")
+    assert status == 403, (status, body)
+    assert api(b, f"topics/{seen}", "alice", "alice-secret")[0] == 200
     # The super user sees both.
     names = {t["name"] for t in ok(b, "topics", "admin", "admin-secret")}
     assert {seen, hidden} <= names
@@ -239,6 +253,9 @@ def test_the_console_can_be_turned_off_or_hide_message_contents(broker_factory):
     assert ok(hidden, f"topics/{topic}")["partitions"][0]["log_end"] == 1
     status, body = api(hidden, f"topics/{topic}/partitions/0/messages")
     assert status == 403 and "console.messages.enable" in body["error"], (status, body)
+    status, body = post(hidden, f"topics/{topic}/delete", {}, session["csrf_token"])
+    assert status == 403 and "read-only" in body["error"], (status, body)
+    assert ok(hidden, f"topics/{topic}")["partitions"], "still there"
 
 
 def consume_and_commit(bootstrap, topic, group, count):
@@ -282,6 +299,118 @@ def test_the_console_shows_groups_their_members_and_lag(broker):
     assert api(broker, "groups/no-such-group")[0] == 404
 
 
+def post(broker, path, body, token=None, user=None, password=None, raw=None):
+    """(status, json) of a console write."""
+    import base64
+    import urllib.error
+    import urllib.request
+
+    data = raw if raw is not None else json.dumps(body).encode()
+    request = urllib.request.Request(broker.admin_url("/api/v1/" + path), method="POST", data=data)
+    request.add_header("Content-Type", "application/json")
+    if token is not None:
+        request.add_header("X-Tessera-CSRF", token)
+    if user is not None:
+        request.add_header("Authorization", "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
+    try:
+        with urllib.request.urlopen(request, timeout=60) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read() or b"{}")
+
+
+def test_the_console_writes_topics_with_kafkas_validation_and_a_csrf_token(broker):
+    tessera_only(broker)
+    token = ok(broker, "session")["csrf_token"]
+    topic = unique_topic("console-made")
+    new = {"name": topic, "partitions": 2, "configs": {"retention.ms": "3600000"}}
+    # No token, a wrong one: refused, nothing created.
+    assert post(broker, "topics", new)[0] == 403
+    status, body = post(broker, "topics", new, token="0" * 64)
+    assert status == 403 and "CSRF" in body["error"], body
+    a = AdminClient({"bootstrap.servers": broker.bootstrap})
+    assert topic not in a.list_topics(timeout=10).topics
+
+    status, body = post(broker, "topics", new, token)
+    assert status == 200 and body["partitions"] == 2, body
+    listed = a.list_topics(topic, timeout=10).topics[topic]
+    assert listed.error is None and len(listed.partitions) == 2
+    from confluent_kafka.admin import ConfigResource
+    resource = ConfigResource(ConfigResource.Type.TOPIC, topic)
+    described = a.describe_configs([resource])[resource].result(30)
+    assert described["retention.ms"].value == "3600000"
+
+    # Kafka's validation, with Kafka's messages and codes.
+    for bad, code in [
+        ({"name": topic}, 36),                                  # TOPIC_ALREADY_EXISTS
+        ({"name": "bad name!"}, 17),                            # INVALID_TOPIC_EXCEPTION
+        ({"name": unique_topic("rf"), "replication_factor": 3}, 38),  # INVALID_REPLICATION_FACTOR
+        ({"name": unique_topic("cfg"), "configs": {"retention.ms": "soon"}}, 40),  # INVALID_CONFIG
+        ({"name": unique_topic("none"), "partitions": 0}, 37),  # INVALID_PARTITIONS
+    ]:
+        status, body = post(broker, "topics", bad, token)
+        assert status == 400 and body["code"] == code and body["error"], (bad, status, body)
+    assert post(broker, "topics", None, token, raw=b"{not json")[0] == 400
+    assert post(broker, "topics", None, token, raw=b"x" * (70 << 10))[0] == 413
+
+    path = "topics/" + urllib.parse.quote(topic)
+    assert post(broker, path + "/configs", {"set": {"cleanup.policy": "compact"}}, token)[0] == 200
+    assert a.describe_configs([resource])[resource].result(30)["cleanup.policy"].value == "compact"
+    status, body = post(broker, path + "/configs", {"set": {"cleanup.policy": "sometimes"}}, token)
+    assert status == 400 and body["code"] == 40, body
+    assert post(broker, path + "/configs", {"delete": ["cleanup.policy"]}, token)[0] == 200
+    assert a.describe_configs([resource])[resource].result(30)["cleanup.policy"].value == "delete"
+
+    assert post(broker, path + "/partitions", {"count": 4}, token)[0] == 200
+    assert len(a.list_topics(topic, timeout=10).topics[topic].partitions) == 4
+    status, body = post(broker, path + "/partitions", {"count": 3}, token)
+    assert status == 400 and body["code"] == 37, body  # INVALID_PARTITIONS
+
+    assert post(broker, "topics/__consumer_offsets/delete", {}, token)[0] in (400, 404)
+    assert post(broker, path + "/delete", {}, token)[0] == 200
+    eventually(f"{topic} gone", lambda: topic not in a.list_topics(timeout=10).topics)
+    assert api(broker, path)[0] == 404
+    assert ok(broker, "cluster")["brokers"], "the broker serves on"
+
+
+def test_the_console_resets_and_deletes_only_empty_groups(broker):
+    tessera_only(broker)
+    token = ok(broker, "session")["csrf_token"]
+    topic, group = unique_topic("console-reset"), unique_topic("console-reset-group")
+    create_topic(broker, topic, partitions=1)
+    produce(broker.bootstrap, topic, [(0, None, b"r%d" % i, None) for i in range(10)])
+    consumer = consume_and_commit(broker.bootstrap, topic, group, 10)
+    path = "groups/" + urllib.parse.quote(group)
+    try:
+        status, body = post(broker, path + "/offsets", {"topic": topic, "to": "earliest"}, token)
+        assert status == 409 and "active members" in body["error"], body
+        status, body = post(broker, path + "/delete", {}, token)
+        assert status == 409 and "active members" in body["error"], body
+    finally:
+        consumer.close()
+    eventually(f"{group} empty", lambda: ok(broker, path)["state"] == "Empty")
+    assert post(broker, path + "/offsets", {"topic": topic, "to": "earliest"}, token)[0] == 200
+    assert ok(broker, path)["offsets"][0]["committed"] == 0
+    assert post(broker, path + "/offsets", {"topic": topic, "to": "offset", "value": 7}, token)[0] == 200
+    page = ok(broker, path)
+    assert (page["offsets"][0]["committed"], page["total_lag"]) == (7, 3), page
+    assert post(broker, path + "/offsets", {"topic": topic, "to": "sideways"}, token)[0] == 400
+    # A consumer of the group resumes where the reset put it.
+    c = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": group, "enable.auto.commit": False})
+    c.subscribe([topic])
+    first = None
+    deadline = time.monotonic() + 60
+    while first is None and time.monotonic() < deadline:
+        m = c.poll(1.0)
+        if m is not None and m.error() is None:
+            first = m.offset()
+    c.close()
+    assert first == 7, first
+    eventually(f"{group} empty again", lambda: ok(broker, path)["state"] == "Empty")
+    assert post(broker, path + "/delete", {}, token)[0] == 200
+    assert api(broker, path)[0] == 404
+
+
 def test_the_console_pages_work_in_a_browser(broker, tmp_path):
     """Debian's chromium driven by playwright-core (scripts/test.sh installs
     both): the pages render from the binary's assets, navigate, search and
@@ -308,6 +437,9 @@ def test_the_console_pages_work_in_a_browser(broker, tmp_path):
     seen = json.loads(out.stdout.decode().strip().splitlines()[-1])
     assert "Brokers" in seen["cluster"] and "live" in seen["cluster"]
     assert topic in seen["topics"]
+    assert topic + "-made" in seen["created"]
+    a = AdminClient({"bootstrap.servers": broker.bootstrap})
+    assert len(a.list_topics(topic + "-made", timeout=10).topics[topic + "-made"].partitions) == 3
     assert "Partitions" in seen["topic"] and "Configs" in seen["topic"]
     assert '"n": 0' in seen["messages"] and '"n": 11' in seen["messages"], seen["messages"][:2000]
     assert seen["newest_first"] == list(range(11, -1, -1)), seen["newest_first"]

@@ -141,15 +141,27 @@ async fn handle(
     };
     if crate::console::owns(path) {
         let principal = principal.unwrap_or_else(|| "User:ANONYMOUS".into());
-        let reply = crate::console::handle(
-            broker,
-            &principal,
-            peer.ip().to_string(),
+        let body = match read_body(&mut stream, &head, &buf[..len]).await? {
+            Ok(body) => body,
+            Err(status) => {
+                return respond(
+                    &mut stream,
+                    status,
+                    json,
+                    &error_json("request body too large or malformed"),
+                )
+                .await
+            }
+        };
+        let request = crate::console::Request {
             method,
             path,
             query,
-        )
-        .await;
+            head: &head,
+            body: &body,
+        };
+        let reply =
+            crate::console::handle(broker, &principal, peer.ip().to_string(), request).await;
         return respond(&mut stream, reply.status, reply.content_type, &reply.body).await;
     }
     let (status, content_type, body) = match (method, path) {
@@ -209,6 +221,47 @@ async fn handle(
         ),
     };
     respond(&mut stream, status, content_type, &body).await
+}
+
+/// The most a console write's body may hold.
+const MAX_BODY_BYTES: usize = 64 << 10;
+
+/// A request's body (`Content-Length` bytes: what came with the head, then
+/// the rest), or the status refusing it.
+async fn read_body(
+    stream: &mut TcpStream,
+    head: &str,
+    received: &[u8],
+) -> std::io::Result<Result<Vec<u8>, &'static str>> {
+    let length = head.lines().skip(1).find_map(|line| {
+        let (name, value) = line.split_once(':')?;
+        name.trim()
+            .eq_ignore_ascii_case("content-length")
+            .then(|| value.trim().parse::<usize>())
+    });
+    let length = match length {
+        None => return Ok(Ok(Vec::new())),
+        Some(Ok(n)) if n <= MAX_BODY_BYTES => n,
+        Some(Ok(_)) => return Ok(Err("413 Payload Too Large")),
+        Some(Err(_)) => return Ok(Err("400 Bad Request")),
+    };
+    let start = received
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .map_or(received.len(), |i| i + 4);
+    let mut body = received[start..].to_vec();
+    body.truncate(length);
+    while body.len() < length {
+        let mut chunk = vec![0u8; length - body.len()];
+        let n = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read(&mut chunk))
+            .await
+            .map_err(|_| std::io::Error::new(std::io::ErrorKind::TimedOut, "body"))??;
+        if n == 0 {
+            return Ok(Err("400 Bad Request"));
+        }
+        body.extend_from_slice(&chunk[..n]);
+    }
+    Ok(Ok(body))
 }
 
 /// Answers a refused request (401 with a Basic challenge, or 403).

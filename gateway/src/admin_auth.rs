@@ -46,8 +46,8 @@ pub enum Need {
 /// answer 404 and reveal nothing).
 pub fn need_of(method: &str, path: &str) -> Need {
     match (method, path) {
-        ("GET", "/ranges") | ("GET", "/segments") | ("GET", "/balance") => Need::Describe,
         (_, path) if crate::console::owns(path) => Need::Authenticated,
+        ("GET", "/ranges") | ("GET", "/segments") | ("GET", "/balance") => Need::Describe,
         ("POST", _) => Need::Alter,
         _ => Need::Open,
     }
@@ -191,6 +191,9 @@ mod tests {
         assert_eq!(need_of("POST", "/ranges/split"), Need::Alter);
         assert_eq!(need_of("POST", "/ranges/merge"), Need::Alter);
         assert_eq!(need_of("POST", "/anything"), Need::Alter);
+        assert_eq!(need_of("GET", "/"), Need::Authenticated);
+        assert_eq!(need_of("GET", "/api/v1/topics"), Need::Authenticated);
+        assert_eq!(need_of("POST", "/api/v1/topics"), Need::Authenticated);
     }
 
     #[test]

@@ -127,18 +127,15 @@ pub fn decode_assignment(bytes: &[u8]) -> Vec<(String, Vec<i32>)> {
     }
 }
 
-/// A group's page: members and their assignments, committed offsets and lag.
-pub async fn describe(
-    broker: &Arc<Broker>,
-    authz: &Authz<'_>,
-    group: &str,
-) -> Result<Reply, Reply> {
-    if !authz.may(Op::Describe, Resource::Group, group) {
-        return Err(Reply::error(
-            "404 Not Found",
-            &format!("unknown group {group}"),
-        ));
-    }
+/// Where a group's coordinator is.
+pub(super) struct Coordinator {
+    pub node_id: i32,
+    pub host: String,
+    pub port: u16,
+}
+
+/// The coordinator of `group`, by FindCoordinator to this node.
+pub(super) async fn coordinator_of(broker: &Broker, group: &str) -> Result<Coordinator, Reply> {
     let image = broker.image();
     let me = image
         .brokers
@@ -165,7 +162,28 @@ pub async fn describe(
             ),
         ));
     }
-    let (host, port) = (found.host.to_string(), found.port as u16);
+    Ok(Coordinator {
+        node_id: found.node_id.0,
+        host: found.host.to_string(),
+        port: u16::try_from(found.port).unwrap_or(0),
+    })
+}
+
+/// A group's page: members and their assignments, committed offsets and lag.
+pub async fn describe(
+    broker: &Arc<Broker>,
+    authz: &Authz<'_>,
+    group: &str,
+) -> Result<Reply, Reply> {
+    if !authz.may(Op::Describe, Resource::Group, group) {
+        return Err(Reply::error(
+            "404 Not Found",
+            &format!("unknown group {group}"),
+        ));
+    }
+    let image = broker.image();
+    let found = coordinator_of(broker, group).await?;
+    let (host, port) = (found.host.clone(), found.port);
     let described = crate::peer::call(
         broker.inter_broker(),
         &host,
@@ -255,7 +273,7 @@ pub async fn describe(
         state: g.group_state.to_string(),
         protocol_type: g.protocol_type.to_string(),
         protocol: g.protocol_data.to_string(),
-        coordinator: found.node_id.0,
+        coordinator: found.node_id,
         members: g
             .members
             .into_iter()

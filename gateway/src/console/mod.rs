@@ -5,12 +5,17 @@
 //! Basic with the brokers' PLAIN or SCRAM users; the browser asks for
 //! them), then see only what the ACLs let their principal describe or
 //! read. `console.messages.enable=false` hides message contents;
-//! `console.read.only=true` is reported to the page (this first version
-//! has no writes).
+//! `console.read.only=true` refuses every write (and the page hides them).
+//! Writes are POSTs carrying the session's CSRF token in
+//! `X-Tessera-CSRF`: a header another site's form cannot send, and a value
+//! it cannot know (an HMAC of the principal under a secret of this
+//! process), so a browser holding the operator's Basic credentials cannot
+//! be made to write by a page of another origin.
 
 pub mod api;
 pub mod groups;
 pub mod views;
+pub mod writes;
 
 use std::sync::Arc;
 
@@ -73,6 +78,42 @@ struct Session<'a> {
     node_id: i32,
     read_only: bool,
     messages_enabled: bool,
+    /// Sent back in `X-Tessera-CSRF` with every write.
+    csrf_token: String,
+}
+
+/// The header a write carries its CSRF token in.
+pub const CSRF_HEADER: &str = "x-tessera-csrf";
+
+/// The CSRF token of `principal`'s sessions on this process.
+pub fn csrf_token(principal: &str) -> String {
+    use hmac::{Hmac, Mac};
+    static SECRET: std::sync::OnceLock<[u8; 32]> = std::sync::OnceLock::new();
+    let secret = SECRET.get_or_init(rand::random);
+    let mut mac = Hmac::<sha2::Sha256>::new_from_slice(secret).expect("any key length");
+    mac.update(principal.as_bytes());
+    mac.finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The value of header `name` (case-insensitive) in a request head.
+fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
+    head.lines().skip(1).find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+/// One request to the console, its head and body read.
+pub struct Request<'a> {
+    pub method: &'a str,
+    pub path: &'a str,
+    pub query: &'a str,
+    pub head: &'a str,
+    pub body: &'a [u8],
 }
 
 /// Answers a console request of `principal` (authenticated already).
@@ -80,16 +121,18 @@ pub async fn handle(
     broker: &Arc<Broker>,
     principal: &str,
     host: String,
-    method: &str,
-    path: &str,
-    query: &str,
+    request: Request<'_>,
 ) -> Reply {
     let config = broker.config();
     if !config.console_enable {
         return Reply::error("404 Not Found", "the console is off (console.enable=false)");
     }
-    if method != "GET" {
-        return Reply::error("405 Method Not Allowed", "the console API is read-only");
+    let path = request.path;
+    if request.method == "POST" && path.starts_with("/api/v1/") {
+        return write(broker, principal, host, &request).await;
+    }
+    if request.method != "GET" {
+        return Reply::error("405 Method Not Allowed", "GET, or POST for a write");
     }
     match path {
         "/" | "/console/" | "/console/index.html" => {
@@ -103,11 +146,64 @@ pub async fn handle(
             node_id: config.node_id,
             read_only: config.console_read_only,
             messages_enabled: config.console_messages_enable,
+            csrf_token: csrf_token(principal),
         }),
         _ if path.starts_with("/api/v1/") => {
             let authz = Authz::for_principal(broker, Arc::from(principal), host);
-            api::handle(broker, &authz, path, &api::Query::parse(query)).await
+            api::handle(broker, &authz, path, &api::Query::parse(request.query)).await
         }
         _ => Reply::error("404 Not Found", "not found"),
+    }
+}
+
+async fn write(
+    broker: &Arc<Broker>,
+    principal: &str,
+    host: String,
+    request: &Request<'_>,
+) -> Reply {
+    if broker.config().console_read_only {
+        return Reply::error(
+            "403 Forbidden",
+            "the console is read-only (console.read.only=true)",
+        );
+    }
+    let expected = csrf_token(principal);
+    let sent = header(request.head, CSRF_HEADER).unwrap_or("");
+    if !crate::sasl::constant_time_eq(sent.as_bytes(), expected.as_bytes()) {
+        return Reply::error(
+            "403 Forbidden",
+            "missing or wrong CSRF token (X-Tessera-CSRF: the session's csrf_token)",
+        );
+    }
+    let segments: Vec<String> = request
+        .path
+        .trim_start_matches("/api/v1/")
+        .split('/')
+        .map(api::percent_decode)
+        .collect();
+    let segments: Vec<&str> = segments.iter().map(String::as_str).collect();
+    let authz = Authz::for_principal(broker, Arc::from(principal), host);
+    writes::handle(broker, &authz, &segments, request.body)
+        .await
+        .unwrap_or_else(|reply| reply)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn csrf_tokens_differ_by_principal_and_stay_the_same_for_one() {
+        assert_eq!(csrf_token("User:alice"), csrf_token("User:alice"));
+        assert_ne!(csrf_token("User:alice"), csrf_token("User:bob"));
+        assert_eq!(csrf_token("User:alice").len(), 64);
+    }
+
+    #[test]
+    fn headers_are_found_whatever_their_case() {
+        let head = "POST /api/v1/topics HTTP/1.1\r\nHost: x\r\nX-Tessera-CSRF: abc \r\n\r\n";
+        assert_eq!(header(head, CSRF_HEADER), Some("abc"));
+        assert_eq!(header(head, "authorization"), None);
     }
 }

@@ -26,6 +26,49 @@ async function api(path) {
   return body;
 }
 
+// Writes: JSON POSTs with the session's CSRF token.
+async function post(path, body) {
+  const response = await fetch("/api/v1/" + path, {
+    method: "POST",
+    credentials: "same-origin",
+    headers: { "Content-Type": "application/json", "X-Tessera-CSRF": session.csrf_token },
+    body: JSON.stringify(body ?? {}),
+  });
+  const answer = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok) throw new Error(answer.error || response.statusText);
+  return answer;
+}
+
+const writable = () => session && !session.read_only;
+
+// Runs a form's write; shows its error beside the form, or reloads the page.
+function onSubmit(id, action) {
+  const form = document.getElementById(id);
+  if (!form) return;
+  form.addEventListener("submit", async (e) => {
+    e.preventDefault();
+    const status = form.querySelector(".status");
+    try {
+      status.textContent = "…";
+      await action(new FormData(form));
+      status.textContent = "";
+      route();
+    } catch (err) {
+      status.textContent = err.message;
+      status.className = "status bad";
+    }
+  });
+}
+
+function configsOf(text) {
+  const configs = {};
+  for (const pair of (text || "").split(",").map((p) => p.trim()).filter(Boolean)) {
+    const [k, ...v] = pair.split("=");
+    configs[k.trim()] = v.join("=").trim();
+  }
+  return configs;
+}
+
 function table(headers, rows) {
   const head = headers.map((h) => `<th class="${h.num ? "num" : ""}">${esc(h.label ?? h)}</th>`).join("");
   const body = rows.map((r) => "<tr>" + r.map((cell, i) =>
@@ -75,7 +118,21 @@ async function topicsPage(params) {
   ]);
   main.innerHTML = `<h1>Topics</h1>
     <div class="toolbar"><input id="search" placeholder="search topics" value="${esc(search)}"></div>
-    ${table(["name", num("partitions"), num("replication"), num("ranges"), num("sealed size"), num("bytes in")], rows)}`;
+    ${table(["name", num("partitions"), num("replication"), num("ranges"), num("sealed size"), num("bytes in")], rows)}
+    ${writable() ? `<h2>Create a topic</h2>
+    <form class="toolbar" id="create-topic">
+      <input name="name" placeholder="name" required>
+      <input name="partitions" type="number" min="1" placeholder="partitions (default)">
+      <input name="replication_factor" type="number" min="1" placeholder="replication (default)">
+      <input name="configs" placeholder="configs: key=value, ...">
+      <button>Create</button><span class="status"></span>
+    </form>` : ""}`;
+  onSubmit("create-topic", (f) => post("topics", {
+    name: f.get("name"),
+    partitions: f.get("partitions") ? Number(f.get("partitions")) : null,
+    replication_factor: f.get("replication_factor") ? Number(f.get("replication_factor")) : null,
+    configs: configsOf(f.get("configs")),
+  }));
   const input = document.getElementById("search");
   input.addEventListener("change", () => {
     location.hash = "#/topics?search=" + encodeURIComponent(input.value);
@@ -115,7 +172,23 @@ async function topicPage(name) {
     <h2>Ranges and segments</h2>
     <div class="strip">${strip}</div>
     ${table(["range", "partitions", "parents", num("bytes in"), "segments (replicas, primary first)"], ranges)}
-    <h2>Configs</h2>${configs}`;
+    <h2>Configs</h2>${configs}
+    ${writable() ? `<h2>Change</h2>
+    <form class="toolbar" id="set-config"><input name="key" placeholder="config" required>
+      <input name="value" placeholder="value (empty: back to its default)"><button>Set config</button><span class="status"></span></form>
+    <form class="toolbar" id="add-partitions"><input name="count" type="number" min="1" placeholder="new partition count" required>
+      <button>Add partitions</button><span class="status"></span></form>
+    <form class="toolbar" id="delete-topic"><input name="confirm" placeholder="type the topic's name to delete it" required>
+      <button>Delete topic</button><span class="status"></span></form>` : ""}`;
+  const path = "topics/" + encodeURIComponent(name);
+  onSubmit("set-config", (f) => post(path + "/configs", f.get("value")
+    ? { set: { [f.get("key")]: f.get("value") } } : { delete: [f.get("key")] }));
+  onSubmit("add-partitions", (f) => post(path + "/partitions", { count: Number(f.get("count")) }));
+  onSubmit("delete-topic", async (f) => {
+    if (f.get("confirm") !== name) throw new Error("the name does not match");
+    await post(path + "/delete");
+    location.hash = "#/topics";
+  });
   // Widths through the CSSOM: the page's CSP allows no inline styles.
   main.querySelectorAll(".strip .r").forEach((r) => { r.style.flex = r.dataset.width; });
 }
@@ -146,7 +219,24 @@ async function groupPage(id) {
       ${card("total lag", g.total_lag, g.total_lag ? "bad" : "ok")}</div>
     <h2>Members</h2>${table(["member", "client id", "host", "assignment"], members)}
     <h2>Offsets and lag</h2>
-    ${table(["topic", num("partition"), num("committed"), num("log end"), num("lag")], offsets)}`;
+    ${table(["topic", num("partition"), num("committed"), num("log end"), num("lag")], offsets)}
+    ${writable() ? `<h2>Change (the group must be empty)</h2>
+    <form class="toolbar" id="reset-offsets"><input name="topic" placeholder="topic" required
+        value="${esc(g.offsets[0]?.topic ?? "")}">
+      <select name="to"><option value="earliest">to earliest</option><option value="latest">to latest</option>
+        <option value="timestamp">to time (ms)</option><option value="offset">to offset</option></select>
+      <input name="value" placeholder="ms or offset"><button>Reset offsets</button><span class="status"></span></form>
+    <form class="toolbar" id="delete-group"><input name="confirm" placeholder="type the group's id to delete it" required>
+      <button>Delete group</button><span class="status"></span></form>` : ""}`;
+  const path = "groups/" + encodeURIComponent(id);
+  onSubmit("reset-offsets", (f) => post(path + "/offsets", {
+    topic: f.get("topic"), to: f.get("to"), value: f.get("value") ? Number(f.get("value")) : null,
+  }));
+  onSubmit("delete-group", async (f) => {
+    if (f.get("confirm") !== id) throw new Error("the id does not match");
+    await post(path + "/delete");
+    location.hash = "#/groups";
+  });
 }
 
 function shown(s) {
