@@ -58,7 +58,11 @@ async function main() {
     await page.selectOption("select[name=mode]", "newest");
     await page.click("button:has-text('Show')");
     await page.waitForFunction(() => location.hash.includes("newest=true"));
-    await page.waitForSelector("td >> text=/^\\d+$/");
+    // The newest-first page has replaced the oldest-first one.
+    await page.waitForFunction(() => {
+      const cells = [...document.querySelectorAll("tbody tr td:first-child")].map((c) => Number(c.textContent));
+      return cells.length > 1 && cells[0] > cells[cells.length - 1];
+    });
     seen.newest_first = await page.$$eval("tbody tr td:first-child", (cells) =>
       cells.map((c) => Number(c.textContent)));
     if (screenshot) await page.screenshot({ path: screenshot, fullPage: true });
@@ -69,6 +73,15 @@ async function main() {
     await page.click(`a:has-text("${group}")`);
     await page.waitForSelector("text=Offsets and lag");
     seen.group = await page.textContent("main");
+
+    // ACLs and users: a SCRAM user set through the form is listed.
+    await page.click("header nav >> text=ACLs and users");
+    await page.waitForSelector("text=SCRAM users");
+    await page.fill("#add-user input[name=name]", "browser-user");
+    await page.fill("#add-user input[name=password]", "browser-secret");
+    await page.click("#add-user button");
+    await page.waitForSelector("td >> text=browser-user");
+    seen.access = await page.textContent("main");
     seen.errors = errors;
     console.log(JSON.stringify(seen));
   } finally {

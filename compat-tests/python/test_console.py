@@ -444,5 +444,56 @@ def test_the_console_pages_work_in_a_browser(broker, tmp_path):
     assert '"n": 0' in seen["messages"] and '"n": 11' in seen["messages"], seen["messages"][:2000]
     assert seen["newest_first"] == list(range(11, -1, -1)), seen["newest_first"]
     assert "total lag" in seen["group"] and topic in seen["group"], seen["group"][:2000]
+    assert "browser-user" in seen["access"] and "browser-secret" not in seen["access"]
     assert seen["errors"] == []
     assert (tmp_path / "console.png").stat().st_size > 0
+
+
+def test_the_console_manages_acls_and_scram_users_for_those_allowed(secured_broker):
+    b = secured_broker
+    admin_token = ok(b, "session", "admin", "admin-secret")["csrf_token"]
+    topic = unique_topic("console-acl")
+    create_topic(b, topic, partitions=1)
+    acl = {"resource_type": "TOPIC", "resource_name": topic, "pattern_type": "LITERAL",
+           "principal": "User:carol", "host": "*", "operation": "READ", "permission": "ALLOW"}
+
+    # alice may not describe the cluster: no ACL or user list, no change.
+    alice_token = ok(b, "session", "alice", "alice-secret")["csrf_token"]
+    assert api(b, "acls", "alice", "alice-secret")[0] == 403
+    assert api(b, "users", "alice", "alice-secret")[0] == 403
+    assert post(b, "acls", acl, alice_token, "alice", "alice-secret")[0] == 403
+
+    status, body = post(b, "acls", acl, admin_token, "admin", "admin-secret")
+    assert status == 200, body
+    assert acl in ok(b, "acls", "admin", "admin-secret")
+    admin = AdminClient(sasl_conf(b, "PLAIN", "admin", "admin-secret"))
+    from confluent_kafka.admin import AclBindingFilter
+    found = admin.describe_acls(AclBindingFilter(ResourceType.TOPIC, topic, ResourcePatternType.LITERAL,
+                                                 None, None, AclOperation.ANY, AclPermissionType.ANY),
+                                request_timeout=30).result(30)
+    assert [(x.principal, x.operation) for x in found] == [("User:carol", AclOperation.READ)], found
+    for bad in [{**acl, "operation": "JUMP"}, {**acl, "principal": "carol"}, {**acl, "pattern_type": "MATCH"}]:
+        status, body = post(b, "acls", bad, admin_token, "admin", "admin-secret")
+        assert status == 400 and body["error"], (bad, status, body)
+    status, body = post(b, "acls/delete", acl, admin_token, "admin", "admin-secret")
+    assert status == 200 and body["deleted"] == 1, body
+    assert acl not in ok(b, "acls", "admin", "admin-secret")
+
+    # A SCRAM user made in the console logs in on the Kafka listener and on
+    # the admin port; its secrets are never shown; removed, it cannot.
+    user = {"name": "dave", "mechanism": "SCRAM-SHA-256", "password": "dave-secret"}
+    assert post(b, "users", {**user, "password": ""}, admin_token, "admin", "admin-secret")[0] == 400
+    assert post(b, "users", {**user, "mechanism": "MD5"}, admin_token, "admin", "admin-secret")[0] == 400
+    status, body = post(b, "users", user, admin_token, "admin", "admin-secret")
+    assert status == 200, body
+    listed = ok(b, "users", "admin", "admin-secret")
+    assert {"name": "dave", "mechanism": "SCRAM-SHA-256", "iterations": 4096} in listed, listed
+    _, _, raw = call(b, "GET", "/api/v1/users", "admin", "admin-secret")
+    assert "salt" not in raw and "key" not in raw and "dave-secret" not in raw
+    dave = AdminClient(sasl_conf(b, "SCRAM-SHA-256", "dave", "dave-secret"))
+    assert dave.list_topics(timeout=20) is not None
+    assert ok(b, "session", "dave", "dave-secret")["principal"] == "User:dave"
+    status, body = post(b, "users/delete", {"name": "dave", "mechanism": "SCRAM-SHA-256"},
+                        admin_token, "admin", "admin-secret")
+    assert status == 200, body
+    assert call(b, "GET", "/api/v1/session", "dave", "dave-secret")[0] == 401

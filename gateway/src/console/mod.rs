@@ -14,6 +14,7 @@
 
 pub mod api;
 pub mod groups;
+pub mod security;
 pub mod views;
 pub mod writes;
 

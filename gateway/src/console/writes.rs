@@ -95,6 +95,10 @@ pub async fn handle(
         ["topics", name, "configs"] => alter_configs(broker, authz, name, body(bytes)?).await,
         ["groups", group, "offsets"] => reset_offsets(broker, authz, group, body(bytes)?).await,
         ["groups", group, "delete"] => delete_group(broker, authz, group).await,
+        ["acls"] => super::security::write_acl(broker, authz, body(bytes)?, false).await,
+        ["acls", "delete"] => super::security::write_acl(broker, authz, body(bytes)?, true).await,
+        ["users"] => super::security::write_user(broker, authz, bytes, false).await,
+        ["users", "delete"] => super::security::write_user(broker, authz, bytes, true).await,
         _ => Err(Reply::error("404 Not Found", "no such console write")),
     }
 }

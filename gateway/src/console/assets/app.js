@@ -239,6 +239,49 @@ async function groupPage(id) {
   });
 }
 
+const ACL_FIELDS = ["resource_type", "resource_name", "pattern_type", "principal", "host", "operation", "permission"];
+
+async function accessPage() {
+  const [acls, users] = await Promise.all([api("acls"), api("users")]);
+  const w = writable();
+  const aclRows = acls.map((a, i) => [
+    ...ACL_FIELDS.map((f) => esc(a[f])),
+    w ? `<button data-acl="${i}">remove</button>` : "",
+  ]);
+  const userRows = users.map((u, i) => [esc(u.name), esc(u.mechanism), esc(u.iterations),
+    w ? `<button data-user="${i}">remove</button>` : ""]);
+  const select = (name, options) => `<select name="${name}">${options.map((o) => `<option>${o}</option>`).join("")}</select>`;
+  main.innerHTML = `<h1>ACLs and users</h1>
+    <h2>ACLs</h2>
+    ${table(["resource", "name", "pattern", "principal", "host", "operation", "permission", ""], aclRows)}
+    ${w ? `<form class="toolbar" id="add-acl">
+      ${select("resource_type", ["TOPIC", "GROUP", "CLUSTER", "TRANSACTIONAL_ID", "USER"])}
+      <input name="resource_name" placeholder="resource name (* for all)" required>
+      ${select("pattern_type", ["LITERAL", "PREFIXED"])}
+      <input name="principal" placeholder="User:name" required>
+      <input name="host" value="*">
+      ${select("operation", ["READ", "WRITE", "CREATE", "DELETE", "ALTER", "DESCRIBE", "CLUSTER_ACTION",
+        "DESCRIBE_CONFIGS", "ALTER_CONFIGS", "IDEMPOTENT_WRITE", "ALL"])}
+      ${select("permission", ["ALLOW", "DENY"])}
+      <button>Add ACL</button><span class="status"></span></form>` : ""}
+    <h2>SCRAM users</h2>
+    ${table(["user", "mechanism", num("iterations"), ""], userRows)}
+    ${w ? `<form class="toolbar" id="add-user"><input name="name" placeholder="user" required>
+      ${select("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])}
+      <input name="password" type="password" placeholder="password" autocomplete="new-password" required>
+      <button>Set password</button><span class="status"></span></form>` : ""}
+    <p class="status" id="access-status"></p>`;
+  onSubmit("add-acl", (f) => post("acls", Object.fromEntries(ACL_FIELDS.map((k) => [k, f.get(k)]))));
+  onSubmit("add-user", (f) => post("users", { name: f.get("name"), mechanism: f.get("mechanism"), password: f.get("password") }));
+  const failed = (e) => { const s = document.getElementById("access-status"); s.textContent = e.message; s.className = "status bad"; };
+  main.querySelectorAll("button[data-acl]").forEach((b) => b.addEventListener("click", () =>
+    post("acls/delete", acls[Number(b.dataset.acl)]).then(route, failed)));
+  main.querySelectorAll("button[data-user]").forEach((b) => b.addEventListener("click", () => {
+    const u = users[Number(b.dataset.user)];
+    post("users/delete", { name: u.name, mechanism: u.mechanism }).then(route, failed);
+  }));
+}
+
 function shown(s) {
   if (s == null) return '<span class="muted">null</span>';
   let text = s.text;
@@ -302,6 +345,7 @@ async function route() {
     else if (parts[0] === "topics" && parts.length === 3) await messagesPage(parts[1], parts[2], params);
     else if (parts[0] === "groups" && parts.length === 1) await groupsPage();
     else if (parts[0] === "groups" && parts.length === 2) await groupPage(parts[1]);
+    else if (parts[0] === "access") await accessPage();
     else await clusterPage();
   } catch (e) {
     main.innerHTML = `<div class="error">${esc(e.message)}</div>`;
