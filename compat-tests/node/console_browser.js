@@ -82,6 +82,14 @@ async function main() {
     await page.click("#add-user button");
     await page.waitForSelector("td >> text=browser-user");
     seen.access = await page.textContent("main");
+
+    // Live rates: drawn, then drawn again from a second sample.
+    await page.click("header nav >> text=Live");
+    await page.waitForSelector("text=This node");
+    await page.waitForSelector(".chart svg polyline", { state: "attached" });
+    await page.waitForTimeout(2500);
+    seen.live = await page.textContent("main");
+    seen.live_charts = await page.$$eval(".chart", (charts) => charts.length);
     seen.errors = errors;
     console.log(JSON.stringify(seen));
   } finally {

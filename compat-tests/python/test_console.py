@@ -232,6 +232,9 @@ def test_the_console_shows_only_what_the_acls_allow(secured_broker):
     status, body = post(b, "topics", {"name": unique_topic("alice")}, alice_token, "alice", "alice-secret")
     assert status == 403, (status, body)
     assert api(b, f"topics/{seen}", "alice", "alice-secret")[0] == 200
+    (range_id,) = [r["id"] for r in ok(b, f"topics/{seen}", "admin", "admin-secret")["ranges"]]
+    status, body = post(b, f"ranges/{range_id}/split", {}, alice_token, "alice", "alice-secret")
+    assert status == 403 and "ALTER the cluster" in body["error"], (status, body)
     # The super user sees both.
     names = {t["name"] for t in ok(b, "topics", "admin", "admin-secret")}
     assert {seen, hidden} <= names
@@ -373,6 +376,39 @@ def test_the_console_writes_topics_with_kafkas_validation_and_a_csrf_token(broke
     assert ok(broker, "cluster")["brokers"], "the broker serves on"
 
 
+def test_the_console_splits_and_merges_ranges_and_shows_live_rates(broker):
+    tessera_only(broker)
+    token = ok(broker, "session")["csrf_token"]
+    topic = unique_topic("console-ranges")
+    create_topic(broker, topic, partitions=4)
+    produce(broker.bootstrap, topic, [(p, None, b"before", None) for p in range(4)])
+    path = "topics/" + urllib.parse.quote(topic)
+    (only,) = [r for r in ok(broker, path)["ranges"] if r["active"]]
+    assert post(broker, f"ranges/{only['id']}/split", {"at": 9}, token)[0] == 409, "outside the range"
+    assert post(broker, "ranges/x/split", {}, token)[0] == 400
+    status, body = post(broker, f"ranges/{only['id']}/split", {"at": 1}, token)
+    assert status == 200, body
+    left, right = body["children"]
+    active = sorted((r["id"], r["lo"], r["hi"]) for r in ok(broker, path)["ranges"] if r["active"])
+    assert active == [(left, 0, 1), (right, 1, 4)], active
+    assert [r["parents"] for r in ok(broker, path)["ranges"] if r["id"] == right] == [[only["id"]]]
+    produce(broker.bootstrap, topic, [(p, None, b"between", None) for p in range(4)])
+    status, body = post(broker, "ranges/merge", {"left": left, "right": right}, token)
+    assert status == 200, body
+    active = [r for r in ok(broker, path)["ranges"] if r["active"]]
+    assert [(r["id"], r["lo"], r["hi"]) for r in active] == [(body["child"], 0, 4)], active
+    produce(broker.bootstrap, topic, [(p, None, b"after", None) for p in range(4)])
+    page = ok(broker, path)
+    assert [p["log_end"] for p in page["partitions"]] == [3, 3, 3, 3], "offsets dense through both moves"
+    values = [m["value"]["text"] for m in ok(broker, path + "/partitions/2/messages")["messages"]]
+    assert values == ["before", "between", "after"], values
+
+    rates = ok(broker, "rates")
+    assert rates["produced_bytes"] > 0 and rates["open_connections"] >= 0
+    assert rates["node_id"] == ok(broker, "session")["node_id"]
+    assert topic in rates["topic_bytes_in_per_sec"]
+
+
 def test_the_console_resets_and_deletes_only_empty_groups(broker):
     tessera_only(broker)
     token = ok(broker, "session")["csrf_token"]
@@ -445,6 +481,7 @@ def test_the_console_pages_work_in_a_browser(broker, tmp_path):
     assert seen["newest_first"] == list(range(11, -1, -1)), seen["newest_first"]
     assert "total lag" in seen["group"] and topic in seen["group"], seen["group"][:2000]
     assert "browser-user" in seen["access"] and "browser-secret" not in seen["access"]
+    assert "produced" in seen["live"] and seen["live_charts"] >= 4, seen["live"][:1000]
     assert seen["errors"] == []
     assert (tmp_path / "console.png").stat().st_size > 0
 

@@ -103,6 +103,7 @@ pub async fn handle(broker: &Arc<Broker>, authz: &Authz<'_>, path: &str, query: 
         ["topics"] => Ok(topics(broker, authz, query.get("search").unwrap_or(""))),
         ["topics", name] => topic(broker, authz, name).await,
         ["groups"] => Ok(super::groups::list(broker, authz).await),
+        ["rates"] => Ok(rates(broker, authz)),
         [what @ ("acls" | "users")] => super::security::read(broker, authz, what),
         ["groups", group] => super::groups::describe(broker, authz, group).await,
         ["topics", name, "partitions", p, "messages"] => match p.parse::<i32>() {
@@ -124,6 +125,47 @@ fn cluster(broker: &Arc<Broker>) -> Reply {
         broker.config().node_id,
         &rates,
     ))
+}
+
+/// What the live page samples every few seconds: this node's counters
+/// (the page turns them into rates) and the bytes in per second every
+/// primary reports, by broker and by topic.
+#[derive(Serialize)]
+struct Rates {
+    at_ms: i64,
+    node_id: i32,
+    produced_bytes: u64,
+    fetched_bytes: u64,
+    produced_batches: u64,
+    open_connections: u64,
+    broker_bytes_in_per_sec: BTreeMap<i32, u64>,
+    topic_bytes_in_per_sec: BTreeMap<String, u64>,
+}
+
+fn rates(broker: &Arc<Broker>, authz: &Authz<'_>) -> Reply {
+    use std::sync::atomic::Ordering::Relaxed;
+    let image = broker.image();
+    let rates = broker.reported_range_rates(&image);
+    let metrics = broker.metrics();
+    let topic_bytes_in_per_sec = views::topics(&image, &rates, "", |name| {
+        authz.may(Op::Describe, Resource::Topic, name)
+    })
+    .into_iter()
+    .map(|t| (t.name, t.bytes_in_per_sec))
+    .collect();
+    Reply::json(&Rates {
+        at_ms: tessera_log::now_ms(),
+        node_id: broker.config().node_id,
+        produced_bytes: metrics.produced_bytes.load(Relaxed),
+        fetched_bytes: metrics.fetched_bytes.load(Relaxed),
+        produced_batches: metrics.produced_batches.load(Relaxed),
+        open_connections: metrics
+            .connections_opened
+            .load(Relaxed)
+            .saturating_sub(metrics.connections_closed.load(Relaxed)),
+        broker_bytes_in_per_sec: tessera_planner::broker_loads(&image, &rates),
+        topic_bytes_in_per_sec,
+    })
 }
 
 fn topics(broker: &Arc<Broker>, authz: &Authz<'_>, search: &str) -> Reply {

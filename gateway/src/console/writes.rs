@@ -57,6 +57,18 @@ struct AlterConfigs {
 }
 
 #[derive(Deserialize)]
+struct Split {
+    /// The first partition of the right child (default: the middle).
+    at: Option<u32>,
+}
+
+#[derive(Deserialize)]
+struct Merge {
+    left: u64,
+    right: u64,
+}
+
+#[derive(Deserialize)]
 struct ResetOffsets {
     topic: String,
     /// `earliest`, `latest`, `timestamp` (ms in `value`) or `offset` (`value`).
@@ -95,6 +107,8 @@ pub async fn handle(
         ["topics", name, "configs"] => alter_configs(broker, authz, name, body(bytes)?).await,
         ["groups", group, "offsets"] => reset_offsets(broker, authz, group, body(bytes)?).await,
         ["groups", group, "delete"] => delete_group(broker, authz, group).await,
+        ["ranges", id, "split"] => split(broker, authz, id, body(bytes)?).await,
+        ["ranges", "merge"] => merge(broker, authz, body(bytes)?).await,
         ["acls"] => super::security::write_acl(broker, authz, body(bytes)?, false).await,
         ["acls", "delete"] => super::security::write_acl(broker, authz, body(bytes)?, true).await,
         ["users"] => super::security::write_user(broker, authz, bytes, false).await,
@@ -201,6 +215,67 @@ async fn alter_configs(
         .map_err(|e| refused(&e))?;
     tracing::info!(topic = name, "console: topic configs altered");
     Ok(Reply::json(&serde_json::json!({ "altered": name })))
+}
+
+/// Range moves need what the admin port's ranges API needs: ALTER on
+/// the cluster.
+fn may_move_ranges(authz: &Authz<'_>) -> Result<(), Reply> {
+    if authz.allows_cluster(Op::Alter) {
+        Ok(())
+    } else {
+        Err(forbidden("ALTER the cluster (split and merge ranges)"))
+    }
+}
+
+/// A move refused where it was asked: said with the broker to ask instead
+/// when another one leads the range.
+fn move_refused(broker: &Broker, range: u64, e: &ApiError) -> Reply {
+    let primary = broker
+        .image()
+        .active_segment(range)
+        .and_then(|s| s.primary())
+        .filter(|p| *p != broker.config().node_id);
+    let message = e.message().unwrap_or_else(|| e.to_string());
+    let message = match primary {
+        Some(p) => format!("{message} (range {range} is led by broker {p}: ask its console)"),
+        None => message,
+    };
+    Reply::error("409 Conflict", &message)
+}
+
+async fn split(
+    broker: &Arc<Broker>,
+    authz: &Authz<'_>,
+    id: &str,
+    s: Split,
+) -> Result<Reply, Reply> {
+    may_move_ranges(authz)?;
+    let range: u64 = id
+        .parse()
+        .map_err(|_| Reply::error("400 Bad Request", "range: not a number"))?;
+    let (left, right) = broker
+        .split_range(range, s.at)
+        .await
+        .map_err(|e| move_refused(broker, range, &e))?;
+    tracing::info!(range, left, right, "console: range split");
+    Ok(Reply::json(
+        &serde_json::json!({ "children": [left, right] }),
+    ))
+}
+
+async fn merge(broker: &Arc<Broker>, authz: &Authz<'_>, m: Merge) -> Result<Reply, Reply> {
+    may_move_ranges(authz)?;
+    let child = broker
+        .merge_ranges(m.left, m.right)
+        .await
+        .map_err(|e| move_refused(broker, m.left, &e))?;
+    tracing::info!(
+        left = m.left,
+        right = m.right,
+        child,
+        "console: ranges merged"
+    );
+    Ok(Reply::json(&serde_json::json!({ "child": child })))
 }
 
 /// Commits new offsets for every partition of `topic` in an empty group,

@@ -152,8 +152,15 @@ async function topicPage(name) {
   ]);
   const strip = t.ranges.filter((r) => r.active).sort((a, b) => a.lo - b.lo).map((r) =>
     `<div class="r" data-width="${r.hi - r.lo}" title="range ${r.id}">range ${esc(r.id)}: partitions ${esc(r.lo)}–${esc(r.hi - 1)}</div>`).join("");
+  const active = t.ranges.filter((r) => r.active).sort((a, b) => a.lo - b.lo);
+  const moves = (r) => {
+    if (!writable() || !r.active) return "";
+    const next = active.find((o) => o.lo === r.hi);
+    return (r.hi - r.lo > 1 ? `<button data-split="${r.id}">split</button> ` : "") +
+      (next ? `<button data-merge="${r.id},${next.id}">merge with ${esc(next.id)}</button>` : "");
+  };
   const ranges = t.ranges.map((r) => [
-    esc(r.id) + (r.active ? "" : ' <span class="tag">sealed</span>'),
+    esc(r.id) + (r.active ? "" : ' <span class="tag">sealed</span>') + " " + moves(r),
     esc(`${r.lo}–${r.hi - 1}`), esc(r.parents.join(", ")),
     esc(bytes(r.bytes_in_per_sec) + "/s"),
     '<div class="chain">' + r.segments.map((s) =>
@@ -189,6 +196,13 @@ async function topicPage(name) {
     await post(path + "/delete");
     location.hash = "#/topics";
   });
+  const moved = (p) => p.then(route, (e) => { main.insertAdjacentHTML("afterbegin", `<div class="error">${esc(e.message)}</div>`); });
+  main.querySelectorAll("button[data-split]").forEach((b) => b.addEventListener("click", () =>
+    moved(post(`ranges/${b.dataset.split}/split`, {}))));
+  main.querySelectorAll("button[data-merge]").forEach((b) => b.addEventListener("click", () => {
+    const [left, right] = b.dataset.merge.split(",").map(Number);
+    moved(post("ranges/merge", { left, right }));
+  }));
   // Widths through the CSSOM: the page's CSP allows no inline styles.
   main.querySelectorAll(".strip .r").forEach((r) => { r.style.flex = r.dataset.width; });
 }
@@ -282,6 +296,47 @@ async function accessPage() {
   }));
 }
 
+// Live rates: sampled every 2 s while the page is open, the last 60 kept.
+let liveTimer = null;
+const samples = [];
+
+function sparkline(values) {
+  const w = 240, h = 48, max = Math.max(1, ...values);
+  const points = values.map((v, i) =>
+    `${(i * w / Math.max(1, values.length - 1)).toFixed(1)},${(h - v * h / max).toFixed(1)}`).join(" ");
+  return `<svg width="${w}" height="${h}" viewBox="0 0 ${w} ${h}"><polyline fill="none" stroke="#2f5fd0" stroke-width="1.5" points="${points}"/></svg>`;
+}
+
+function chart(label, series, format) {
+  const last = series.length ? series[series.length - 1] : 0;
+  return `<div class="chart"><div class="k">${esc(label)}</div><div class="v">${esc(format(last))}</div>${sparkline(series)}</div>`;
+}
+
+async function livePage() {
+  const sample = await api("rates");
+  samples.push(sample);
+  while (samples.length > 60) samples.shift();
+  const rate = (key) => samples.slice(1).map((s, i) =>
+    Math.max(0, (s[key] - samples[i][key]) * 1000 / Math.max(1, s.at_ms - samples[i].at_ms)));
+  const perSec = (n) => bytes(Math.round(n)) + "/s";
+  const brokers = Object.keys(sample.broker_bytes_in_per_sec).map((id) =>
+    chart(`broker ${id} bytes in`, samples.map((s) => s.broker_bytes_in_per_sec[id] ?? 0), perSec));
+  const topics = Object.entries(sample.topic_bytes_in_per_sec).filter(([, v]) => v > 0)
+    .sort((a, b) => b[1] - a[1]).slice(0, 12).map(([name]) =>
+      chart(`${name} bytes in`, samples.map((s) => s.topic_bytes_in_per_sec[name] ?? 0), perSec));
+  main.innerHTML = `<h1>Live <span class="muted">every 2 s, the last 2 minutes</span></h1>
+    <h2>This node (${esc(sample.node_id)})</h2>
+    <div class="charts">
+      ${chart("produced", rate("produced_bytes"), perSec)}
+      ${chart("fetched", rate("fetched_bytes"), perSec)}
+      ${chart("produced batches", rate("produced_batches"), (n) => n.toFixed(0) + "/s")}
+      ${chart("open connections", samples.map((s) => s.open_connections), (n) => String(n))}
+    </div>
+    <h2>Brokers (as their primaries report)</h2><div class="charts">${brokers.join("") || '<p class="muted">no reports yet</p>'}</div>
+    <h2>Busiest topics</h2><div class="charts">${topics.join("") || '<p class="muted">no topic is being written</p>'}</div>`;
+  liveTimer = setTimeout(() => { if (location.hash.startsWith("#/live")) route(); }, 2000);
+}
+
 function shown(s) {
   if (s == null) return '<span class="muted">null</span>';
   let text = s.text;
@@ -334,6 +389,7 @@ async function route() {
   const parts = (path || "/cluster").split("/").filter(Boolean).map(decodeURIComponent);
   document.querySelectorAll("header nav a").forEach((a) =>
     a.classList.toggle("current", a.dataset.page === parts[0]));
+  clearTimeout(liveTimer);
   try {
     if (!session) {
       session = await api("session");
@@ -346,6 +402,7 @@ async function route() {
     else if (parts[0] === "groups" && parts.length === 1) await groupsPage();
     else if (parts[0] === "groups" && parts.length === 2) await groupPage(parts[1]);
     else if (parts[0] === "access") await accessPage();
+    else if (parts[0] === "live") await livePage();
     else await clusterPage();
   } catch (e) {
     main.innerHTML = `<div class="error">${esc(e.message)}</div>`;
