@@ -106,7 +106,8 @@ class Broker:
 
     @property
     def has_admin_http(self) -> bool:
-        return self.kind == "tessera"
+        """Plain HTTP on the admin port (not with admin.listener.ssl.enable)."""
+        return self.kind == "tessera" and self.overrides.get("admin.listener.ssl.enable") != "true"
 
     def require_persistence(self):
         if not self.persistent:

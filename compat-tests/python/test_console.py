@@ -534,3 +534,61 @@ def test_the_console_manages_acls_and_scram_users_for_those_allowed(secured_brok
                         admin_token, "admin", "admin-secret")
     assert status == 200, body
     assert call(b, "GET", "/api/v1/session", "dave", "dave-secret")[0] == 401
+
+
+def test_the_console_speaks_tls_with_the_kafka_listeners_keys(broker_factory, tmp_path):
+    """admin.listener.ssl.enable: the console and the rest of the admin
+    port over TLS with the SSL listener's PEM keys; plain HTTP gets nothing."""
+    import socket
+    import ssl
+
+    from tls_setup import make_certs, needs_openssl  # noqa: F401
+
+    if os.environ.get("COMPAT_BROKER", "tessera") != "tessera":
+        pytest.skip("tessera's console")
+    make_certs(tmp_path)
+    b = broker_factory(start=False)
+    from conftest import free_port
+    b.ssl_port = free_port()
+    b.overrides.update({
+        "listeners": f"PLAINTEXT://{b.host}:{b.port},SSL://{b.host}:{b.ssl_port}",
+        "ssl.keystore.type": "PEM",
+        "ssl.keystore.location": str(tmp_path / "keystore.pem"),
+        "ssl.truststore.type": "PEM",
+        "ssl.truststore.location": str(tmp_path / "ca.pem"),
+        "admin.listener.ssl.enable": "true",
+    })
+    from conftest import tessera_bin
+    out = subprocess.run([str(tessera_bin()), "--data-dir", str(b.data_dir), "users", "add", "bob",
+                          "--password", "bob-secret"], capture_output=True, timeout=60)
+    assert out.returncode == 0, out.stderr.decode(errors="replace")[-2000:]
+    b.start()
+    import base64
+    import urllib.error
+    import urllib.request
+
+    context = ssl.create_default_context(cafile=str(tmp_path / "ca.pem"))
+    def get(path, login=True):
+        request = urllib.request.Request(f"https://127.0.0.1:{b.admin_port}{path}")
+        if login:
+            request.add_header("Authorization", "Basic " + base64.b64encode(b"bob:bob-secret").decode())
+        with urllib.request.urlopen(request, context=context, timeout=10) as r:
+            return r.status, r.read()
+
+    # A TLS listener: no anonymous callers, the browser's Basic login.
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        get("/api/v1/session", login=False)
+    assert refused.value.code == 401
+    status, body = get("/api/v1/session")
+    assert status == 200 and json.loads(body)["principal"] == "User:bob"
+    assert b"Tessera console" in get("/")[1]
+    # Plain HTTP on the TLS port: no answer, and the port serves on.
+    with socket.create_connection(("127.0.0.1", b.admin_port), timeout=10) as s:
+        s.sendall(b"GET /api/v1/session HTTP/1.1\r\nHost: x\r\n\r\n")
+        s.settimeout(15)
+        try:
+            answer = s.recv(4096)
+        except (ConnectionResetError, socket.timeout):
+            answer = b""
+        assert b"principal" not in answer and not answer.startswith(b"HTTP/1.1 200"), answer[:200]
+    assert get("/api/v1/session")[0] == 200

@@ -6,22 +6,50 @@
 
 use std::sync::Arc;
 
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::net::TcpListener;
 
 use crate::admin_auth::{self, Caller, Need};
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
 use crate::metrics::Metrics;
 
-pub async fn serve(listener: TcpListener, broker: Arc<Broker>) {
+/// Serves the admin port; with `tls` (a TLS Kafka listener's name) every
+/// connection handshakes with that listener's current keys first.
+pub async fn serve(listener: TcpListener, broker: Arc<Broker>, tls: Option<String>) {
     loop {
         let Ok((stream, peer)) = listener.accept().await else {
             continue;
         };
         let broker = broker.clone();
+        let acceptor = tls
+            .as_ref()
+            .and_then(|name| broker.config().tls.as_ref().and_then(|t| t.acceptor(name)));
+        if tls.is_some() && acceptor.is_none() {
+            tracing::warn!(%peer, "admin port: no TLS keys to answer with; connection closed");
+            continue;
+        }
         tokio::spawn(async move {
-            let _ = handle(stream, peer, &broker).await;
+            match acceptor {
+                Some(acceptor) => {
+                    let handshake = tokio::time::timeout(
+                        std::time::Duration::from_secs(10),
+                        acceptor.accept(stream),
+                    );
+                    match handshake.await {
+                        Ok(Ok(stream)) => {
+                            let _ = handle(stream, peer, &broker).await;
+                        }
+                        _ => {
+                            Metrics::add(&broker.metrics().tls_handshake_failures, 1);
+                            tracing::debug!(%peer, "admin port: TLS handshake failed");
+                        }
+                    }
+                }
+                None => {
+                    let _ = handle(stream, peer, &broker).await;
+                }
+            }
         });
     }
 }
@@ -105,8 +133,8 @@ fn render_broker_metrics(broker: &Broker) -> String {
     ])
 }
 
-async fn handle(
-    mut stream: TcpStream,
+async fn handle<S: AsyncRead + AsyncWrite + Unpin>(
+    mut stream: S,
     peer: std::net::SocketAddr,
     broker: &Arc<Broker>,
 ) -> std::io::Result<()> {
@@ -228,8 +256,8 @@ const MAX_BODY_BYTES: usize = 64 << 10;
 
 /// A request's body (`Content-Length` bytes: what came with the head, then
 /// the rest), or the status refusing it.
-async fn read_body(
-    stream: &mut TcpStream,
+async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     head: &str,
     received: &[u8],
 ) -> std::io::Result<Result<Vec<u8>, &'static str>> {
@@ -265,8 +293,8 @@ async fn read_body(
 }
 
 /// Answers a refused request (401 with a Basic challenge, or 403).
-async fn refuse(
-    stream: &mut TcpStream,
+async fn refuse<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     broker: &Broker,
     peer: std::net::SocketAddr,
     method: &str,
@@ -290,8 +318,8 @@ async fn refuse(
     .await
 }
 
-async fn respond(
-    stream: &mut TcpStream,
+async fn respond<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     status: &str,
     content_type: &str,
     body: &str,
@@ -302,8 +330,8 @@ async fn respond(
 /// One response, then the connection closes. The console's pages come
 /// from this origin only and are never framed (a clickjacked console could
 /// act with the operator's credentials).
-async fn write_response(
-    stream: &mut TcpStream,
+async fn write_response<S: AsyncRead + AsyncWrite + Unpin>(
+    stream: &mut S,
     status: &str,
     content_type: &str,
     extra_headers: &str,

@@ -43,6 +43,10 @@ pub struct BrokerConfig {
     /// `admin.listener`: HTTP address for /metrics, /health, /ready, the
     /// ranges API and the web console.
     pub admin_listener: SocketAddr,
+    /// `admin.listener.ssl.enable`: the admin port (console included)
+    /// speaks TLS with the keys and client-auth rule of the first SSL or
+    /// SASL_SSL Kafka listener (false). Tessera's own key.
+    pub admin_listener_ssl_enable: bool,
     /// `console.enable`: the web console at `/` of the admin listener
     /// (true). Tessera's own key, as are the two below.
     pub console_enable: bool,
@@ -299,6 +303,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("super.users", ""),
     ("allow.everyone.if.no.acl.found", "false"),
     ("admin.listener", "127.0.0.1:9644"),
+    ("admin.listener.ssl.enable", "false"),
     ("console.enable", "true"),
     ("console.read.only", "false"),
     ("console.messages.enable", "true"),
@@ -1022,6 +1027,7 @@ impl BrokerConfig {
             advertised_host,
             advertised_port,
             admin_listener: resolve("admin.listener", &admin_host, admin_port)?,
+            admin_listener_ssl_enable: parse(map, "admin.listener.ssl.enable")?,
             console_enable: parse(map, "console.enable")?,
             console_read_only: parse(map, "console.read.only")?,
             console_messages_enable: parse(map, "console.messages.enable")?,

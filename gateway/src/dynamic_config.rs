@@ -819,6 +819,11 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "The rate at which this broker copies segments for healing and repair.",
     ),
     (
+        "admin.listener.ssl.enable",
+        1,
+        "The admin port (the console included) speaks TLS with the keys of the first SSL or SASL_SSL listener.",
+    ),
+    (
         "console.enable",
         1,
         "The web console at / of the admin listener.",

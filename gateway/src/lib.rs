@@ -113,7 +113,27 @@ pub async fn start(config: BrokerConfig) -> anyhow::Result<Running> {
             }
         }
     }
-    tokio::spawn(admin::serve(admin_listener, broker.clone()));
+    // The admin port's TLS: the keys of the first TLS Kafka listener.
+    let admin_tls = if broker.config().admin_listener_ssl_enable {
+        let name = specs
+            .iter()
+            .find(|l| {
+                matches!(
+                    l.protocol,
+                    listeners::SecurityProtocol::Ssl | listeners::SecurityProtocol::SaslSsl
+                )
+            })
+            .map(|l| l.name.clone())
+            .ok_or_else(|| {
+                anyhow::anyhow!(
+                    "admin.listener.ssl.enable=true needs an SSL or SASL_SSL listener, whose keys the admin port uses"
+                )
+            })?;
+        Some(name)
+    } else {
+        None
+    };
+    tokio::spawn(admin::serve(admin_listener, broker.clone(), admin_tls));
     tokio::spawn(crate::broker::ranges::run_range_policy(broker.clone()));
     let (shutdown, shutdown_rx) = watch::channel(false);
     let mut servers = Vec::new();
