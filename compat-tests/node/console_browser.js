@@ -75,7 +75,7 @@ async function main() {
     seen.group = await page.textContent("main");
 
     // ACLs and users: a SCRAM user set through the form is listed.
-    await page.click("header nav >> text=ACLs and users");
+    await page.click("header nav >> text=ACLs, users, quotas");
     await page.waitForSelector("text=SCRAM users");
     await page.fill("#add-user input[name=name]", "browser-user");
     await page.fill("#add-user input[name=password]", "browser-secret");

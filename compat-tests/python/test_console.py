@@ -535,6 +535,24 @@ def test_the_console_manages_acls_and_scram_users_for_those_allowed(secured_brok
     assert status == 200, body
     assert call(b, "GET", "/api/v1/session", "dave", "dave-secret")[0] == 401
 
+    # Client quotas: as AlterClientQuotas and DescribeClientQuotas (which
+    # need ALTER_CONFIGS and DESCRIBE_CONFIGS on the cluster).
+    quota = {"user": "carol", "client_id": None, "key": "producer_byte_rate", "value": 1048576.0}
+    assert api(b, "quotas", "alice", "alice-secret")[0] == 403
+    assert post(b, "quotas", quota, alice_token, "alice", "alice-secret")[0] == 403
+    status, body = post(b, "quotas", quota, admin_token, "admin", "admin-secret")
+    assert status == 200, body
+    assert quota in ok(b, "quotas", "admin", "admin-secret")
+    default = {"user": "<default>", "client_id": None, "key": "consumer_byte_rate", "value": 2048.0}
+    assert post(b, "quotas", default, admin_token, "admin", "admin-secret")[0] == 200
+    assert default in ok(b, "quotas", "admin", "admin-secret")
+    status, body = post(b, "quotas", {**quota, "key": "speed"}, admin_token, "admin", "admin-secret")
+    assert status == 400 and body["error"], body
+    assert post(b, "quotas", {**quota, "value": None}, admin_token, "admin", "admin-secret")[0] == 400
+    for q in (quota, default):
+        assert post(b, "quotas/delete", q, admin_token, "admin", "admin-secret")[0] == 200
+    assert ok(b, "quotas", "admin", "admin-secret") == []
+
 
 def test_the_console_speaks_tls_with_the_kafka_listeners_keys(broker_factory, tmp_path):
     """admin.listener.ssl.enable: the console and the rest of the admin

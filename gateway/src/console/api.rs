@@ -104,7 +104,7 @@ pub async fn handle(broker: &Arc<Broker>, authz: &Authz<'_>, path: &str, query: 
         ["topics", name] => topic(broker, authz, name).await,
         ["groups"] => Ok(super::groups::list(broker, authz).await),
         ["rates"] => Ok(rates(broker, authz)),
-        [what @ ("acls" | "users")] => super::security::read(broker, authz, what),
+        [what @ ("acls" | "users" | "quotas")] => super::security::read(broker, authz, what),
         ["groups", group] => super::groups::describe(broker, authz, group).await,
         ["topics", name, "partitions", p, "messages"] => match p.parse::<i32>() {
             Ok(p) => messages(broker, authz, name, p, query).await,

@@ -8,18 +8,20 @@
 
 use std::sync::Arc;
 
+use kafka_protocol::messages::alter_client_quotas_request::{EntityData, EntryData, OpData};
 use kafka_protocol::messages::alter_user_scram_credentials_request::{
     ScramCredentialDeletion, ScramCredentialUpsertion,
 };
 use kafka_protocol::messages::create_acls_request::AclCreation;
 use kafka_protocol::messages::delete_acls_request::DeleteAclsFilter;
 use kafka_protocol::messages::{
-    AlterUserScramCredentialsRequest, CreateAclsRequest, DeleteAclsRequest,
+    AlterClientQuotasRequest, AlterUserScramCredentialsRequest, CreateAclsRequest,
+    DeleteAclsRequest,
 };
 use kafka_protocol::protocol::{Request, StrBytes};
 use serde::{Deserialize, Serialize};
 use tessera_metadata::acl::{AclOperation, AclPermissionType, PatternType, ResourceType};
-use tessera_metadata::MetadataImage;
+use tessera_metadata::{MetadataImage, QuotaEntityName};
 
 use super::api::LEADER_TIMEOUT;
 use super::Reply;
@@ -48,6 +50,90 @@ pub struct UserRow {
     pub name: String,
     pub mechanism: String,
     pub iterations: u32,
+}
+
+/// One client quota: its entity (a user, a client id or both; `<default>`
+/// is Kafka's default entity, null a part the entity does not have), key
+/// and value.
+#[derive(Serialize, Deserialize, Debug, PartialEq)]
+pub struct QuotaRow {
+    pub user: Option<String>,
+    pub client_id: Option<String>,
+    pub key: String,
+    #[serde(default)]
+    pub value: Option<f64>,
+}
+
+/// Kafka's tools' name of the default entity.
+const DEFAULT_ENTITY: &str = "<default>";
+
+fn entity_name(name: &QuotaEntityName) -> String {
+    name.as_option().unwrap_or(DEFAULT_ENTITY).to_string()
+}
+
+/// Every client quota of the image.
+pub fn quotas(image: &MetadataImage) -> Vec<QuotaRow> {
+    image
+        .client_quotas
+        .iter()
+        .flat_map(|(entity, values)| {
+            values.iter().map(move |(key, value)| QuotaRow {
+                user: entity.user.as_ref().map(entity_name),
+                client_id: entity.client_id.as_ref().map(entity_name),
+                key: key.clone(),
+                value: Some(*value),
+            })
+        })
+        .collect()
+}
+
+/// POST `quotas` (set) and `quotas/delete` (remove), as AlterClientQuotas.
+pub async fn write_quota(
+    broker: &Arc<Broker>,
+    authz: &Authz<'_>,
+    q: QuotaRow,
+    remove: bool,
+) -> Result<Reply, Reply> {
+    need_cluster(authz, Op::AlterConfigs)?;
+    let part = |kind: &'static str, name: &Option<String>| {
+        name.as_ref().map(|n| {
+            EntityData::default()
+                .with_entity_type(StrBytes::from_static_str(kind))
+                .with_entity_name((n != DEFAULT_ENTITY).then(|| StrBytes::from_string(n.clone())))
+        })
+    };
+    let entity: Vec<EntityData> = [part("user", &q.user), part("client-id", &q.client_id)]
+        .into_iter()
+        .flatten()
+        .collect();
+    let value = match (remove, q.value) {
+        (true, _) => 0.0,
+        (false, Some(v)) => v,
+        (false, None) => return Err(Reply::error("400 Bad Request", "a value is required")),
+    };
+    let answer = ask_self(
+        broker,
+        1,
+        &AlterClientQuotasRequest::default().with_entries(vec![EntryData::default()
+            .with_entity(entity)
+            .with_ops(vec![OpData::default()
+                .with_key(StrBytes::from_string(q.key.clone()))
+                .with_value(value)
+                .with_remove(remove)])]),
+    )
+    .await?;
+    let result = answer.entries.into_iter().next().unwrap_or_default();
+    tracing::info!(
+        ?q,
+        remove,
+        code = result.error_code,
+        "console: client quota changed"
+    );
+    outcome(
+        result.error_code,
+        result.error_message.as_ref(),
+        serde_json::json!({ "quota": q, "removed": remove }),
+    )
 }
 
 #[derive(Deserialize)]
@@ -129,13 +215,23 @@ fn need_cluster(authz: &Authz<'_>, op: Op) -> Result<(), Reply> {
     }
 }
 
-/// GET `acls` and `users`.
+/// GET `acls`, `users` (DESCRIBE on the cluster) and `quotas`
+/// (DESCRIBE_CONFIGS, as DescribeClientQuotas).
 pub fn read(broker: &Broker, authz: &Authz<'_>, what: &str) -> Result<Reply, Reply> {
-    need_cluster(authz, Op::Describe)?;
     let image = broker.image();
     Ok(match what {
-        "acls" => Reply::json(&acls(&image)),
-        _ => Reply::json(&users(&image)),
+        "acls" => {
+            need_cluster(authz, Op::Describe)?;
+            Reply::json(&acls(&image))
+        }
+        "users" => {
+            need_cluster(authz, Op::Describe)?;
+            Reply::json(&users(&image))
+        }
+        _ => {
+            need_cluster(authz, Op::DescribeConfigs)?;
+            Reply::json(&quotas(&image))
+        }
     })
 }
 

@@ -111,6 +111,10 @@ pub async fn handle(
         ["ranges", "merge"] => merge(broker, authz, body(bytes)?).await,
         ["acls"] => super::security::write_acl(broker, authz, body(bytes)?, false).await,
         ["acls", "delete"] => super::security::write_acl(broker, authz, body(bytes)?, true).await,
+        ["quotas"] => super::security::write_quota(broker, authz, body(bytes)?, false).await,
+        ["quotas", "delete"] => {
+            super::security::write_quota(broker, authz, body(bytes)?, true).await
+        }
         ["users"] => super::security::write_user(broker, authz, bytes, false).await,
         ["users", "delete"] => super::security::write_user(broker, authz, bytes, true).await,
         _ => Err(Reply::error("404 Not Found", "no such console write")),

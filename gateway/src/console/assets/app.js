@@ -257,6 +257,8 @@ const ACL_FIELDS = ["resource_type", "resource_name", "pattern_type", "principal
 
 async function accessPage() {
   const [acls, users] = await Promise.all([api("acls"), api("users")]);
+  // Quotas need DESCRIBE_CONFIGS on the cluster: a user without it sees the rest.
+  const quotas = await api("quotas").catch(() => null);
   const w = writable();
   const aclRows = acls.map((a, i) => [
     ...ACL_FIELDS.map((f) => esc(a[f])),
@@ -284,7 +286,24 @@ async function accessPage() {
       ${select("mechanism", ["SCRAM-SHA-256", "SCRAM-SHA-512"])}
       <input name="password" type="password" placeholder="password" autocomplete="new-password" required>
       <button>Set password</button><span class="status"></span></form>` : ""}
+    <h2>Client quotas</h2>
+    ${quotas == null ? '<p class="muted">Not allowed to describe quotas.</p>' :
+      table(["user", "client id", "quota", num("value"), ""], quotas.map((q, i) => [
+        esc(q.user ?? ""), esc(q.client_id ?? ""), esc(q.key), esc(q.value),
+        w ? `<button data-quota="${i}">remove</button>` : ""]))}
+    ${w && quotas != null ? `<form class="toolbar" id="add-quota">
+      <input name="user" placeholder="user (<default>; empty: none)">
+      <input name="client_id" placeholder="client id (<default>; empty: none)">
+      ${select("key", ["producer_byte_rate", "consumer_byte_rate", "request_percentage", "controller_mutation_rate"])}
+      <input name="value" type="number" step="any" min="0" placeholder="value" required>
+      <button>Set quota</button><span class="status"></span></form>` : ""}
     <p class="status" id="access-status"></p>`;
+  onSubmit("add-quota", (f) => post("quotas", {
+    user: f.get("user") || null, client_id: f.get("client_id") || null,
+    key: f.get("key"), value: Number(f.get("value")),
+  }));
+  main.querySelectorAll("button[data-quota]").forEach((b) => b.addEventListener("click", () =>
+    post("quotas/delete", quotas[Number(b.dataset.quota)]).then(route, failed)));
   onSubmit("add-acl", (f) => post("acls", Object.fromEntries(ACL_FIELDS.map((k) => [k, f.get(k)]))));
   onSubmit("add-user", (f) => post("users", { name: f.get("name"), mechanism: f.get("mechanism"), password: f.get("password") }));
   const failed = (e) => { const s = document.getElementById("access-status"); s.textContent = e.message; s.className = "status bad"; };
