@@ -86,7 +86,7 @@ def test_the_console_shows_a_node_its_topics_and_their_messages(broker):
     assert session["principal"] == "User:ANONYMOUS" and session["messages_enabled"] is True
     cluster_view = ok(broker, "cluster")
     assert [b["id"] for b in cluster_view["brokers"]] == [session["node_id"]]
-    assert cluster_view["brokers"][0]["fenced"] is False
+    assert cluster_view["brokers"][0]["fenced"] is False and cluster_view["brokers"][0]["voter"] is True
     assert cluster_view["topics"] >= 1 and cluster_view["offline_partitions"] == 0
 
     listed = ok(broker, "topics?search=" + urllib.parse.quote(topic.upper()))
@@ -163,6 +163,8 @@ def test_any_node_of_a_cluster_shows_partitions_led_by_the_others(cluster):
         n = Url(base)
         view = ok(n, "cluster")
         assert view["node_id"] == node + 1 and len(view["brokers"]) == 3
+        assert all(b["voter"] for b in view["brokers"]), "three nodes, three voters"
+        assert sum(b["controller"] for b in view["brokers"]) == 1
         page = ok(n, f"topics/{topic}")
         assert {p["partition"]: p["leader"] for p in page["partitions"]} == leaders
         assert {p["partition"]: p["log_end"] for p in page["partitions"]} == {0: 2, 1: 3, 2: 4}, page

@@ -118,11 +118,23 @@ pub async fn handle(broker: &Arc<Broker>, authz: &Authz<'_>, path: &str, query: 
 fn cluster(broker: &Arc<Broker>) -> Reply {
     let image = broker.image();
     let rates = broker.reported_range_rates(&image);
+    // The configured voters; a single node without a voter list is its
+    // own quorum.
+    let mut voters: std::collections::BTreeSet<i32> = broker
+        .controller()
+        .voters()
+        .keys()
+        .filter_map(|id| i32::try_from(*id).ok())
+        .collect();
+    if voters.is_empty() {
+        voters.insert(broker.config().node_id);
+    }
     Reply::json(&views::cluster(
         &image,
         broker.cluster_id(),
         broker.controller_id(),
         broker.config().node_id,
+        &voters,
         &rates,
     ))
 }

@@ -32,7 +32,11 @@ pub struct BrokerRow {
     pub port: u16,
     pub rack: Option<String>,
     pub fenced: bool,
+    /// The active controller.
     pub controller: bool,
+    /// A voter of the metadata quorum (Kafka's `process.roles` with
+    /// `controller`); the others are broker-only nodes.
+    pub voter: bool,
     /// Partitions it leads (primary of their range's active segment).
     pub leader_partitions: u64,
     /// Active segments it holds a replica of.
@@ -146,6 +150,7 @@ pub fn cluster(
     cluster_id: &str,
     controller_id: i32,
     node_id: i32,
+    voters: &std::collections::BTreeSet<i32>,
     rates: &BTreeMap<RangeId, u64>,
 ) -> ClusterView {
     let mut leaders: BTreeMap<i32, u64> = BTreeMap::new();
@@ -188,6 +193,7 @@ pub fn cluster(
                     rack: b.registration.rack.clone(),
                     fenced: b.fenced,
                     controller: id == controller_id,
+                    voter: voters.contains(&id),
                     leader_partitions: leaders.get(&id).copied().unwrap_or(0),
                     replicas: replicas.get(&id).copied().unwrap_or(0),
                     bytes_in_per_sec: bytes_in.get(&id).copied().unwrap_or(0),
@@ -381,7 +387,8 @@ mod tests {
     fn the_cluster_counts_leaders_replicas_load_and_partition_health() {
         let image = image();
         let rates = BTreeMap::from([(1, 1000), (3, 5)]);
-        let view = cluster(&image, "cid", 2, 1, &rates);
+        let voters = std::collections::BTreeSet::from([1, 2]);
+        let view = cluster(&image, "cid", 2, 1, &voters, &rates);
         let rows: Vec<(i32, bool, bool, u64, usize, u64)> = view
             .brokers
             .iter()
@@ -409,6 +416,8 @@ mod tests {
         assert_eq!(view.offline_partitions, 1);
         assert_eq!(view.under_replicated_partitions, 1);
         assert_eq!(view.brokers[0].rack.as_deref(), Some("r1"));
+        let roles: Vec<bool> = view.brokers.iter().map(|b| b.voter).collect();
+        assert_eq!(roles, vec![true, true, false]);
     }
 
     #[test]

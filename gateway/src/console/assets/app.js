@@ -88,6 +88,7 @@ async function clusterPage() {
   const brokers = c.brokers.map((b) => [
     esc(b.id) + (b.controller ? ' <span class="tag">controller</span>' : "") +
       (b.id === c.node_id ? ' <span class="tag">this node</span>' : ""),
+    b.voter ? "broker, controller" : "broker",
     esc(b.host + ":" + b.port),
     esc(b.rack ?? ""),
     b.fenced ? '<span class="bad">fenced</span>' : '<span class="ok">live</span>',
@@ -104,7 +105,7 @@ async function clusterPage() {
       ${card("version", c.version)}
     </div>
     <h2>Brokers</h2>
-    ${table(["id", "address", "rack", "state", num("leads partitions"), num("active segments"), num("bytes in")], brokers)}`;
+    ${table(["id", "roles", "address", "rack", "state", num("leads partitions"), num("active segments"), num("bytes in")], brokers)}`;
 }
 
 async function topicsPage(params) {
