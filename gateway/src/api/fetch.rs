@@ -73,6 +73,30 @@ pub async fn handle(
     }
 }
 
+/// A read_uncommitted consumer's Fetch of one partition from `offset`,
+/// answered at once with what there is (up to `max_bytes`).
+pub(crate) fn consumer_fetch(
+    topic: &str,
+    partition: i32,
+    offset: i64,
+    max_bytes: i32,
+) -> FetchRequest {
+    FetchRequest::default()
+        .with_replica_id(BrokerId(-1))
+        .with_max_wait_ms(0)
+        .with_min_bytes(0)
+        .with_max_bytes(max_bytes)
+        .with_isolation_level(0)
+        .with_topics(vec![FetchTopic::default()
+            .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
+            .with_partitions(vec![FetchPartition::default()
+                .with_partition(partition)
+                .with_fetch_offset(offset)
+                .with_current_leader_epoch(-1)
+                .with_log_start_offset(-1)
+                .with_partition_max_bytes(max_bytes)])])
+}
+
 /// Stored batches of `partition` of `topic` from `offset` (about
 /// `max_bytes`, up to the high watermark), read as a consumer's Fetch is:
 /// through the partition's ancestor ranges and from the replicas of sealed
@@ -88,21 +112,8 @@ pub(crate) async fn read_internal(
 ) -> Result<(Bytes, i64), ApiError> {
     const VERSION: i16 = 12; // topic names, isolation level
     let header = RequestHeader::default().with_request_api_version(VERSION);
-    let request = FetchRequest::default()
-        .with_replica_id(BrokerId(-1))
-        .with_max_wait_ms(0)
-        .with_min_bytes(0)
-        .with_max_bytes(max_bytes)
-        .with_isolation_level(0)
-        .with_session_epoch(FINAL_EPOCH)
-        .with_topics(vec![FetchTopic::default()
-            .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
-            .with_partitions(vec![FetchPartition::default()
-                .with_partition(partition)
-                .with_fetch_offset(offset)
-                .with_current_leader_epoch(-1)
-                .with_log_start_offset(-1)
-                .with_partition_max_bytes(max_bytes)])]);
+    let request =
+        consumer_fetch(topic, partition, offset, max_bytes).with_session_epoch(FINAL_EPOCH);
     let response = handle(broker, &RequestContext::internal(header), request).await;
     let data = response
         .responses

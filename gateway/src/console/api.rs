@@ -9,9 +9,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use kafka_protocol::messages::fetch_request::{FetchPartition, FetchTopic};
 use kafka_protocol::messages::list_offsets_request::{ListOffsetsPartition, ListOffsetsTopic};
-use kafka_protocol::messages::{BrokerId, FetchRequest, ListOffsetsRequest, TopicName};
+use kafka_protocol::messages::{BrokerId, ListOffsetsRequest, TopicName};
 use kafka_protocol::protocol::StrBytes;
 use kafka_protocol::records::{Record, RecordBatchDecoder};
 use serde::Serialize;
@@ -34,6 +33,57 @@ const MAX_LIMIT: usize = 500;
 const PREVIEW_BYTES: usize = 4096;
 /// Fetch rounds per messages page (each reads up to 1 MiB).
 const FETCH_ROUNDS: usize = 8;
+
+/// A broker's Kafka listener, where the console sends a request.
+#[derive(Clone, Debug)]
+pub(super) struct Node {
+    pub id: i32,
+    pub host: String,
+    pub port: u16,
+}
+
+impl Node {
+    /// Broker `id` as the image registers it.
+    pub fn of(broker: &Broker, id: i32) -> Result<Node, Reply> {
+        let image = broker.image();
+        let b = image.brokers.get(&id).ok_or_else(|| {
+            Reply::error(
+                "503 Service Unavailable",
+                &format!("broker {id} is not registered"),
+            )
+        })?;
+        Ok(Node {
+            id,
+            host: b.registration.host.clone(),
+            port: b.registration.port,
+        })
+    }
+
+    /// This broker.
+    pub fn this(broker: &Broker) -> Result<Node, Reply> {
+        Node::of(broker, broker.config().node_id)
+    }
+}
+
+/// Sends `request` at `version` to `node` over the broker's own Kafka
+/// client (`crate::peer`); no answer is a 502 naming the node.
+pub(super) async fn ask<R: kafka_protocol::protocol::Request>(
+    broker: &Broker,
+    node: &Node,
+    version: i16,
+    request: &R,
+) -> Result<R::Response, Reply> {
+    crate::peer::call(
+        broker.inter_broker(),
+        &node.host,
+        node.port,
+        version,
+        request,
+        LEADER_TIMEOUT,
+    )
+    .await
+    .map_err(|e| Reply::error("502 Bad Gateway", &format!("broker {}: {e}", node.id)))
+}
 
 /// The query string, percent-decoded.
 pub struct Query(BTreeMap<String, String>);
@@ -191,7 +241,7 @@ fn topics(broker: &Arc<Broker>, authz: &Authz<'_>, search: &str) -> Reply {
 /// The topic, if the caller may `op` it: unknown and forbidden answer
 /// alike to one who may not describe it (Kafka does not tell them apart
 /// either).
-fn topic_for(
+pub(super) fn topic_for(
     broker: &Broker,
     authz: &Authz<'_>,
     name: &str,
@@ -205,7 +255,7 @@ fn topic_for(
     if op != Op::Describe && !authz.allows(op, Resource::Topic, name) {
         return Err(Reply::error(
             "403 Forbidden",
-            &format!("may not {op} topic {name}"),
+            &format!("not allowed to {op} topic {name}"),
         ));
     }
     Ok(topic.clone())
@@ -294,8 +344,7 @@ pub(super) async fn list_offsets(
     partitions: &[i32],
     timestamp: i64,
 ) -> BTreeMap<i32, i64> {
-    let image = broker.image();
-    let Some(b) = image.brokers.get(&leader) else {
+    let Ok(node) = Node::of(broker, leader) else {
         return BTreeMap::new();
     };
     let request = ListOffsetsRequest::default()
@@ -313,15 +362,7 @@ pub(super) async fn list_offsets(
                     })
                     .collect(),
             )]);
-    let answer = crate::peer::call(
-        broker.inter_broker(),
-        &b.registration.host,
-        b.registration.port,
-        LIST_OFFSETS_VERSION,
-        &request,
-        LEADER_TIMEOUT,
-    )
-    .await;
+    let answer = ask(broker, &node, LIST_OFFSETS_VERSION, &request).await;
     match answer {
         Ok(response) => response
             .topics
@@ -331,7 +372,7 @@ pub(super) async fn list_offsets(
             .map(|p| (p.partition_index, p.offset))
             .collect(),
         Err(e) => {
-            tracing::debug!(leader, topic, error = %e, "console: no offsets from the leader");
+            tracing::debug!(leader, topic, error = %e.body, "console: no offsets from the leader");
             BTreeMap::new()
         }
     }
@@ -545,43 +586,15 @@ async fn read(
     limit: usize,
     needle: &str,
 ) -> Result<(Vec<Record>, Option<i64>), Reply> {
-    let image = broker.image();
-    let b = image.brokers.get(&leader).ok_or_else(|| {
-        Reply::error(
-            "503 Service Unavailable",
-            &format!("broker {leader} is not registered"),
-        )
-    })?;
+    let node = Node::of(broker, leader)?;
     let mut out = Vec::new();
     let mut offset = from;
     for _ in 0..FETCH_ROUNDS {
         if out.len() >= limit || end.is_some_and(|e| offset >= e) {
             break;
         }
-        let request = FetchRequest::default()
-            .with_replica_id(BrokerId(-1))
-            .with_max_wait_ms(0)
-            .with_min_bytes(0)
-            .with_max_bytes(1 << 20)
-            .with_isolation_level(0)
-            .with_topics(vec![FetchTopic::default()
-                .with_topic(TopicName(StrBytes::from_string(topic.to_string())))
-                .with_partitions(vec![FetchPartition::default()
-                    .with_partition(partition)
-                    .with_fetch_offset(offset)
-                    .with_current_leader_epoch(-1)
-                    .with_log_start_offset(-1)
-                    .with_partition_max_bytes(1 << 20)])]);
-        let response = crate::peer::call(
-            broker.inter_broker(),
-            &b.registration.host,
-            b.registration.port,
-            FETCH_VERSION,
-            &request,
-            LEADER_TIMEOUT,
-        )
-        .await
-        .map_err(|e| Reply::error("502 Bad Gateway", &format!("broker {leader}: {e}")))?;
+        let request = crate::api::fetch::consumer_fetch(topic, partition, offset, 1 << 20);
+        let response = ask(broker, &node, FETCH_VERSION, &request).await?;
         let Some(data) = response
             .responses
             .into_iter()

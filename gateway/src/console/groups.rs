@@ -15,7 +15,7 @@ use kafka_protocol::messages::{
 use kafka_protocol::protocol::{Decodable, StrBytes};
 use serde::Serialize;
 
-use super::api::{leaders, list_offsets, LEADER_TIMEOUT};
+use super::api::{ask, leaders, list_offsets, Node};
 use super::Reply;
 use crate::authz::{Authz, Op, Resource};
 use crate::broker::Broker;
@@ -70,18 +70,21 @@ pub async fn list(broker: &Arc<Broker>, authz: &Authz<'_>) -> Reply {
     let image = broker.image();
     let mut asks = tokio::task::JoinSet::new();
     for b in image.brokers.values().filter(|b| !b.fenced) {
-        let (broker, id) = (broker.clone(), b.registration.broker_id);
-        let (host, port) = (b.registration.host.clone(), b.registration.port);
+        let broker = broker.clone();
+        let id = b.registration.broker_id;
         asks.spawn(async move {
-            let answer = crate::peer::call(
-                broker.inter_broker(),
-                &host,
-                port,
-                LIST_GROUPS_VERSION,
-                &ListGroupsRequest::default(),
-                LEADER_TIMEOUT,
-            )
-            .await;
+            let answer = match Node::of(&broker, id) {
+                Ok(node) => {
+                    ask(
+                        &broker,
+                        &node,
+                        LIST_GROUPS_VERSION,
+                        &ListGroupsRequest::default(),
+                    )
+                    .await
+                }
+                Err(e) => Err(e),
+            };
             match answer {
                 Ok(r) => r
                     .groups
@@ -94,7 +97,7 @@ pub async fn list(broker: &Arc<Broker>, authz: &Authz<'_>) -> Reply {
                     })
                     .collect(),
                 Err(e) => {
-                    tracing::debug!(broker = id, error = %e, "console: ListGroups failed");
+                    tracing::debug!(broker = id, error = %e.body, "console: ListGroups failed");
                     Vec::new()
                 }
             }
@@ -127,32 +130,17 @@ pub fn decode_assignment(bytes: &[u8]) -> Vec<(String, Vec<i32>)> {
     }
 }
 
-/// Where a group's coordinator is.
-pub(super) struct Coordinator {
-    pub node_id: i32,
-    pub host: String,
-    pub port: u16,
-}
-
 /// The coordinator of `group`, by FindCoordinator to this node.
-pub(super) async fn coordinator_of(broker: &Broker, group: &str) -> Result<Coordinator, Reply> {
-    let image = broker.image();
-    let me = image
-        .brokers
-        .get(&broker.config().node_id)
-        .ok_or_else(|| Reply::error("503 Service Unavailable", "this node is not registered"))?;
-    let found = crate::peer::call(
-        broker.inter_broker(),
-        &me.registration.host,
-        me.registration.port,
+pub(super) async fn coordinator_of(broker: &Broker, group: &str) -> Result<Node, Reply> {
+    let found = ask(
+        broker,
+        &Node::this(broker)?,
         FIND_COORDINATOR_VERSION,
         &FindCoordinatorRequest::default()
             .with_key(StrBytes::from_string(group.to_string()))
             .with_key_type(0),
-        LEADER_TIMEOUT,
     )
-    .await
-    .map_err(|e| Reply::error("502 Bad Gateway", &e))?;
+    .await?;
     if found.error_code != 0 {
         return Err(Reply::error(
             "503 Service Unavailable",
@@ -162,8 +150,8 @@ pub(super) async fn coordinator_of(broker: &Broker, group: &str) -> Result<Coord
             ),
         ));
     }
-    Ok(Coordinator {
-        node_id: found.node_id.0,
+    Ok(Node {
+        id: found.node_id.0,
         host: found.host.to_string(),
         port: u16::try_from(found.port).unwrap_or(0),
     })
@@ -183,36 +171,29 @@ pub async fn describe(
     }
     let image = broker.image();
     let found = coordinator_of(broker, group).await?;
-    let (host, port) = (found.host.clone(), found.port);
-    let described = crate::peer::call(
-        broker.inter_broker(),
-        &host,
-        port,
+    let described = ask(
+        broker,
+        &found,
         DESCRIBE_GROUPS_VERSION,
         &DescribeGroupsRequest::default()
             .with_groups(vec![GroupId(StrBytes::from_string(group.to_string()))]),
-        LEADER_TIMEOUT,
     )
-    .await
-    .map_err(|e| Reply::error("502 Bad Gateway", &e))?;
+    .await?;
     let Some(g) = described.groups.into_iter().next() else {
         return Err(Reply::error(
             "502 Bad Gateway",
             "DescribeGroups answered no group",
         ));
     };
-    let fetched = crate::peer::call(
-        broker.inter_broker(),
-        &host,
-        port,
+    let fetched = ask(
+        broker,
+        &found,
         OFFSET_FETCH_VERSION,
         &OffsetFetchRequest::default()
             .with_group_id(GroupId(StrBytes::from_string(group.to_string())))
             .with_topics(None),
-        LEADER_TIMEOUT,
     )
-    .await
-    .map_err(|e| Reply::error("502 Bad Gateway", &e))?;
+    .await?;
     let mut committed: BTreeMap<String, Vec<(i32, i64)>> = BTreeMap::new();
     for t in fetched.topics {
         let name = t.name.to_string();
@@ -273,7 +254,7 @@ pub async fn describe(
         state: g.group_state.to_string(),
         protocol_type: g.protocol_type.to_string(),
         protocol: g.protocol_data.to_string(),
-        coordinator: found.node_id,
+        coordinator: found.id,
         members: g
             .members
             .into_iter()

@@ -23,7 +23,7 @@ use serde::{Deserialize, Serialize};
 use tessera_metadata::acl::{AclOperation, AclPermissionType, PatternType, ResourceType};
 use tessera_metadata::{MetadataImage, QuotaEntityName};
 
-use super::api::LEADER_TIMEOUT;
+use super::api::{ask, Node};
 use super::Reply;
 use crate::authz::{Authz, Op};
 use crate::broker::Broker;
@@ -241,21 +241,7 @@ async fn ask_self<R: Request>(
     version: i16,
     request: &R,
 ) -> Result<R::Response, Reply> {
-    let image = broker.image();
-    let me = image
-        .brokers
-        .get(&broker.config().node_id)
-        .ok_or_else(|| Reply::error("503 Service Unavailable", "this node is not registered"))?;
-    crate::peer::call(
-        broker.inter_broker(),
-        &me.registration.host,
-        me.registration.port,
-        version,
-        request,
-        LEADER_TIMEOUT,
-    )
-    .await
-    .map_err(|e| Reply::error("502 Bad Gateway", &e))
+    ask(broker, &Node::this(broker)?, version, request).await
 }
 
 fn outcome(code: i16, message: Option<&StrBytes>, done: serde_json::Value) -> Result<Reply, Reply> {

@@ -16,7 +16,7 @@ use kafka_protocol::messages::{DeleteGroupsRequest, GroupId, OffsetCommitRequest
 use kafka_protocol::protocol::StrBytes;
 use serde::Deserialize;
 
-use super::api::{leaders, list_offsets, LEADER_TIMEOUT};
+use super::api::{ask, leaders, list_offsets};
 use super::groups::coordinator_of;
 use super::Reply;
 use crate::alter_config::ConfigChange;
@@ -165,15 +165,7 @@ async fn create_topic(
 
 /// The topic's id, if the caller may describe it and do `op` on it.
 fn topic_for(broker: &Broker, authz: &Authz<'_>, name: &str, op: Op) -> Result<uuid::Uuid, Reply> {
-    let image = broker.image();
-    let topic = image
-        .topic_by_name(name)
-        .filter(|_| authz.may(Op::Describe, Resource::Topic, name))
-        .ok_or_else(|| Reply::error("404 Not Found", &format!("unknown topic {name}")))?;
-    if !authz.allows(op, Resource::Topic, name) {
-        return Err(forbidden(&format!("{op} topic {name}")));
-    }
-    Ok(topic.id)
+    super::api::topic_for(broker, authz, name, op).map(|t| t.id)
 }
 
 async fn delete_topic(broker: &Arc<Broker>, authz: &Authz<'_>, name: &str) -> Result<Reply, Reply> {
@@ -358,16 +350,7 @@ async fn reset_offsets(
                     })
                     .collect(),
             )]);
-    let answer = crate::peer::call(
-        broker.inter_broker(),
-        &coordinator.host,
-        coordinator.port,
-        OFFSET_COMMIT_VERSION,
-        &request,
-        LEADER_TIMEOUT,
-    )
-    .await
-    .map_err(|e| Reply::error("502 Bad Gateway", &e))?;
+    let answer = ask(broker, &coordinator, OFFSET_COMMIT_VERSION, &request).await?;
     let errors: Vec<i16> = answer
         .topics
         .iter()
@@ -405,17 +388,14 @@ async fn delete_group(
         return Err(forbidden(&format!("DELETE group {group}")));
     }
     let coordinator = coordinator_of(broker, group).await?;
-    let answer = crate::peer::call(
-        broker.inter_broker(),
-        &coordinator.host,
-        coordinator.port,
+    let answer = ask(
+        broker,
+        &coordinator,
         DELETE_GROUPS_VERSION,
         &DeleteGroupsRequest::default()
             .with_groups_names(vec![GroupId(StrBytes::from_string(group.to_string()))]),
-        LEADER_TIMEOUT,
     )
-    .await
-    .map_err(|e| Reply::error("502 Bad Gateway", &e))?;
+    .await?;
     match answer.results.first().map(|r| r.error_code) {
         Some(0) => {
             tracing::info!(group, "console: group deleted");
