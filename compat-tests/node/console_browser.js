@@ -16,8 +16,9 @@ async function main() {
       "--disable-component-update", "--disable-sync", "--no-first-run"],
   });
   const errors = [];
+  let page = null;
   try {
-    const page = await browser.newPage();
+    page = await browser.newPage();
     page.on("pageerror", (e) => errors.push(String(e)));
     page.on("console", (m) => m.type() === "error" && errors.push(m.text()));
     const seen = {};
@@ -91,6 +92,11 @@ async function main() {
     seen.live_charts = await page.$$eval(".chart", (charts) => charts.length);
     seen.errors = errors;
     console.log(JSON.stringify(seen));
+  } catch (e) {
+    // What the page showed when a step failed (an error box, a form's status).
+    const shown = page ? await page.textContent("main").catch(() => "") : "";
+    e.message += `\npage errors: ${JSON.stringify(errors)}\nmain showed: ${shown.slice(0, 2000)}`;
+    throw e;
   } finally {
     await browser.close();
   }

@@ -35,13 +35,21 @@ from helpers import Acks, read_back
 NODES = 3
 
 
+# Ports free_block handed out in this test process: a cluster asks for
+# three blocks before any node binds one, and a block free when asked for
+# is still free when the next is chosen, so the blocks could overlap (node
+# 2's Kafka port node 1's admin port: that node never starts).
+_handed_out: set[int] = set()
+
+
 def free_block(count: int) -> int:
-    """A base port with `count` consecutive free loopback ports."""
+    """A base port with `count` consecutive free loopback ports, none of
+    them handed out before by this process."""
     for _ in range(200):
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             base = s.getsockname()[1]
-        if base + count >= 65000:
+        if base + count >= 65000 or _handed_out.intersection(range(base, base + count)):
             continue
         ok = True
         for p in range(base, base + count):
@@ -52,6 +60,7 @@ def free_block(count: int) -> int:
                     ok = False
                     break
         if ok:
+            _handed_out.update(range(base, base + count))
             return base
     raise RuntimeError("no block of free ports")
 
@@ -156,8 +165,13 @@ def cluster(request):
 
     try:
         # Five nodes starting on two busy cores can take over a minute.
-        eventually("every node ready", lambda: all(ready(i) for i in range(nodes)),
-                   timeout=60.0 + 20.0 * max(0, nodes - 3))
+        try:
+            eventually("every node ready", lambda: all(ready(i) for i in range(nodes)),
+                       timeout=60.0 + 20.0 * max(0, nodes - 3))
+        except AssertionError as e:
+            log.flush()
+            tail = (workdir / "cluster.log").read_bytes()[-4000:].decode(errors="replace")
+            raise AssertionError(f"{e}\n--- cluster.log (tail) ---\n{tail}") from None
         yield info
     finally:
         procguard.kill(proc)
