@@ -261,12 +261,7 @@ async fn read_body<S: AsyncRead + AsyncWrite + Unpin>(
     head: &str,
     received: &[u8],
 ) -> std::io::Result<Result<Vec<u8>, &'static str>> {
-    let length = head.lines().skip(1).find_map(|line| {
-        let (name, value) = line.split_once(':')?;
-        name.trim()
-            .eq_ignore_ascii_case("content-length")
-            .then(|| value.trim().parse::<usize>())
-    });
+    let length = admin_auth::header(head, "content-length").map(str::parse::<usize>);
     let length = match length {
         None => return Ok(Ok(Vec::new())),
         Some(Ok(n)) if n <= MAX_BODY_BYTES => n,

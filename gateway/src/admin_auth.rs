@@ -62,15 +62,18 @@ pub enum Caller {
     Unauthenticated(&'static str),
 }
 
+/// The value of header `name` (case-insensitive) in an HTTP request head.
+pub fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
+    head.lines().skip(1).find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
 /// The user and password of an `Authorization: Basic` header in the
 /// request head, None without one.
 pub fn basic_credentials(head: &str) -> Result<Option<(String, String)>, &'static str> {
-    let Some(value) = head.lines().skip(1).find_map(|line| {
-        let (name, value) = line.split_once(':')?;
-        name.trim()
-            .eq_ignore_ascii_case("authorization")
-            .then(|| value.trim())
-    }) else {
+    let Some(value) = header(head, "authorization") else {
         return Ok(None);
     };
     let Some((scheme, token)) = value.split_once(' ') else {

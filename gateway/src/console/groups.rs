@@ -130,6 +130,19 @@ pub fn decode_assignment(bytes: &[u8]) -> Vec<(String, Vec<i32>)> {
     }
 }
 
+/// Whether the caller may describe `group`: one who may not is answered
+/// as about an unknown group (Kafka does not tell them apart either).
+pub(super) fn visible(authz: &Authz<'_>, group: &str) -> Result<(), Reply> {
+    if authz.may(Op::Describe, Resource::Group, group) {
+        Ok(())
+    } else {
+        Err(Reply::error(
+            "404 Not Found",
+            &format!("unknown group {group}"),
+        ))
+    }
+}
+
 /// The coordinator of `group`, by FindCoordinator to this node.
 pub(super) async fn coordinator_of(broker: &Broker, group: &str) -> Result<Node, Reply> {
     let found = ask(
@@ -163,12 +176,7 @@ pub async fn describe(
     authz: &Authz<'_>,
     group: &str,
 ) -> Result<Reply, Reply> {
-    if !authz.may(Op::Describe, Resource::Group, group) {
-        return Err(Reply::error(
-            "404 Not Found",
-            &format!("unknown group {group}"),
-        ));
-    }
+    visible(authz, group)?;
     let image = broker.image();
     let found = coordinator_of(broker, group).await?;
     let described = ask(

@@ -55,6 +55,16 @@ impl Reply {
         }
     }
 
+    /// A Kafka error as the console answers it: the message Kafka clients
+    /// get, and its error code.
+    pub fn kafka(message: &str, code: i16) -> Reply {
+        Reply {
+            status: "400 Bad Request",
+            content_type: "application/json",
+            body: serde_json::json!({ "error": message, "code": code }).to_string(),
+        }
+    }
+
     fn asset(content_type: &'static str, body: &str) -> Reply {
         Reply {
             status: "200 OK",
@@ -98,14 +108,6 @@ pub fn csrf_token(principal: &str) -> String {
         .iter()
         .map(|b| format!("{b:02x}"))
         .collect()
-}
-
-/// The value of header `name` (case-insensitive) in a request head.
-fn header<'h>(head: &'h str, name: &str) -> Option<&'h str> {
-    head.lines().skip(1).find_map(|line| {
-        let (n, v) = line.split_once(':')?;
-        n.trim().eq_ignore_ascii_case(name).then(|| v.trim())
-    })
 }
 
 /// One request to the console, its head and body read.
@@ -170,7 +172,7 @@ async fn write(
         );
     }
     let expected = csrf_token(principal);
-    let sent = header(request.head, CSRF_HEADER).unwrap_or("");
+    let sent = crate::admin_auth::header(request.head, CSRF_HEADER).unwrap_or("");
     if !crate::sasl::constant_time_eq(sent.as_bytes(), expected.as_bytes()) {
         return Reply::error(
             "403 Forbidden",
@@ -204,7 +206,7 @@ mod tests {
     #[test]
     fn headers_are_found_whatever_their_case() {
         let head = "POST /api/v1/topics HTTP/1.1\r\nHost: x\r\nX-Tessera-CSRF: abc \r\n\r\n";
-        assert_eq!(header(head, CSRF_HEADER), Some("abc"));
-        assert_eq!(header(head, "authorization"), None);
+        assert_eq!(crate::admin_auth::header(head, CSRF_HEADER), Some("abc"));
+        assert_eq!(crate::admin_auth::header(head, "authorization"), None);
     }
 }

@@ -252,9 +252,7 @@ fn outcome(code: i16, message: Option<&StrBytes>, done: serde_json::Value) -> Re
         || format!("{:?}", kafka_protocol::ResponseError::try_from_code(code)),
         |m| m.to_string(),
     );
-    let mut reply = Reply::error("400 Bad Request", &message);
-    reply.body = serde_json::json!({ "error": message, "code": code }).to_string();
-    Err(reply)
+    Err(Reply::kafka(&message, code))
 }
 
 struct Codes {

@@ -78,10 +78,7 @@ struct ResetOffsets {
 
 /// A Kafka error as the console answers it: the message Kafka clients get.
 fn refused(e: &ApiError) -> Reply {
-    let message = e.message().unwrap_or_else(|| e.to_string());
-    let mut reply = Reply::error("400 Bad Request", &message);
-    reply.body = serde_json::json!({ "error": message, "code": e.code() }).to_string();
-    reply
+    Reply::kafka(&e.message().unwrap_or_else(|| e.to_string()), e.code())
 }
 
 fn body<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T, Reply> {
@@ -283,12 +280,7 @@ async fn reset_offsets(
     group: &str,
     r: ResetOffsets,
 ) -> Result<Reply, Reply> {
-    if !authz.may(Op::Describe, Resource::Group, group) {
-        return Err(Reply::error(
-            "404 Not Found",
-            &format!("unknown group {group}"),
-        ));
-    }
+    super::groups::visible(authz, group)?;
     if !authz.allows(Op::Read, Resource::Group, group) {
         return Err(forbidden(&format!("READ group {group}")));
     }
@@ -378,12 +370,7 @@ async fn delete_group(
     authz: &Authz<'_>,
     group: &str,
 ) -> Result<Reply, Reply> {
-    if !authz.may(Op::Describe, Resource::Group, group) {
-        return Err(Reply::error(
-            "404 Not Found",
-            &format!("unknown group {group}"),
-        ));
-    }
+    super::groups::visible(authz, group)?;
     if !authz.allows(Op::Delete, Resource::Group, group) {
         return Err(forbidden(&format!("DELETE group {group}")));
     }
