@@ -442,6 +442,15 @@ async fn write_responses<W: AsyncWrite + Unpin>(
                     return None;
                 }
             }
+            Reply::Chunks(chunks) => {
+                // Small chunks gather in the buffer; a chunk larger than it
+                // goes to the socket straight from the buffer it was read into.
+                for chunk in chunks {
+                    if writer.write_all(&chunk).await.is_err() {
+                        return None;
+                    }
+                }
+            }
             Reply::Nothing => {}
             Reply::Close(reason) => {
                 tracing::info!(%reason, "closing connection");

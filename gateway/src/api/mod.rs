@@ -69,6 +69,9 @@ use crate::wire::try_encode_response;
 pub enum Reply {
     /// A complete response frame, size prefix included.
     Frame(Bytes),
+    /// A complete response frame in pieces written back to back: a Fetch
+    /// response whose record batches are the buffers they were read into.
+    Chunks(Vec<Bytes>),
     /// No response (Produce with acks=0).
     Nothing,
     /// Close the connection after the responses already queued (Kafka's
@@ -144,6 +147,34 @@ pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
         .iter()
         .find(|(k, _, _)| *k == api)
         .map(|(_, lo, hi)| (*lo, *hi))
+}
+
+/// A Fetch response whose record batches go out without being copied into
+/// the frame (Kafka sends them from the segment files the same way).
+fn fetch_frame(
+    version: i16,
+    correlation_id: i32,
+    response: &kafka_protocol::messages::FetchResponse,
+) -> Reply {
+    let records: Vec<Bytes> = response
+        .responses
+        .iter()
+        .flat_map(|t| &t.partitions)
+        .filter_map(|p| p.records.clone())
+        .collect();
+    match crate::wire::try_encode_response_sharing(
+        ApiKey::Fetch,
+        version,
+        correlation_id,
+        response,
+        &records,
+    ) {
+        Ok(chunks) => Reply::Chunks(chunks),
+        Err(e) => {
+            tracing::error!(version, error = %e, "fetch response does not encode");
+            Reply::Close(format!("response to Fetch v{version} does not encode: {e}"))
+        }
+    }
 }
 
 fn frame<R: Encodable>(api: ApiKey, version: i16, correlation_id: i32, body: &R) -> Reply {
@@ -309,7 +340,7 @@ async fn dispatch(
                     fetch::handle(&broker, &ctx, r)
                 })
                 .await;
-                frame(api, v, id, &response)
+                fetch_frame(v, id, &response)
             })
         }
         ApiKey::ListOffsets => call!(list_offsets),

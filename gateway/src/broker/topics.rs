@@ -11,7 +11,7 @@ use tessera_planner::TopicSpec;
 
 use super::Broker;
 use crate::error::ApiError;
-use crate::topic_config::validate_topic_name;
+use crate::topic_config::{validate_topic_configs, validate_topic_name};
 
 /// A topic creation request, already decoded.
 pub struct NewTopic {
@@ -41,6 +41,10 @@ impl Broker {
         validate_only: bool,
     ) -> Result<Arc<TopicImage>, ApiError> {
         validate_topic_name(&topic.name)?;
+        // Every creator's configs are checked here, whoever calls (CreateTopics,
+        // the console, auto-creation, internal topics), as Kafka's
+        // `LogConfig.validate` does before any plan is made.
+        let configs = validate_topic_configs(topic.configs.into_iter().map(|(k, v)| (k, Some(v))))?;
         let _guard = self.admin.lock().await;
         let image = self.image();
         let spec = TopicSpec {
@@ -48,7 +52,7 @@ impl Broker {
             name: topic.name,
             partitions: topic.partitions,
             replication_factor: topic.replication_factor,
-            configs: topic.configs,
+            configs,
         };
         let records =
             tessera_planner::create_topic_assigned(&image, spec.clone(), assignments.as_deref())?;

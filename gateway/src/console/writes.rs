@@ -127,11 +127,6 @@ async fn create_topic(
         return Err(forbidden(&format!("create topic {}", t.name)));
     }
     let config = broker.config();
-    // What CreateTopics checks before the broker plans the topic.
-    let configs = crate::topic_config::validate_topic_configs(
-        t.configs.into_iter().map(|(k, v)| (k, Some(v))),
-    )
-    .map_err(|e| refused(&e))?;
     let partitions = t.partitions.unwrap_or(config.num_partitions);
     if partitions == 0 {
         return Err(refused(&ApiError::InvalidPartitions(
@@ -146,7 +141,7 @@ async fn create_topic(
                 replication_factor: t
                     .replication_factor
                     .unwrap_or(config.default_replication_factor),
-                configs,
+                configs: t.configs,
             },
             false,
         )

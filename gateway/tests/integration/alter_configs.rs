@@ -590,3 +590,42 @@ async fn dynamic_broker_configs_apply_and_survive_a_restart() {
     );
     running.shutdown().await;
 }
+
+/// A topic created through the broker itself (not the CreateTopics
+/// handler: the console, auto-creation) has its configs checked as
+/// CreateTopics checks them; nothing is created when one is bad.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_topic_created_by_the_broker_itself_has_its_configs_checked() {
+    let dir = tempfile::tempdir().unwrap();
+    let running = start(dir.path()).await;
+    for (key, value) in [
+        ("retention.ms", "soon"),
+        ("cleanup.policy", "sometimes"),
+        ("no.such.config", "1"),
+    ] {
+        let refused = running
+            .broker
+            .create_topic(
+                NewTopic {
+                    name: "checked".into(),
+                    partitions: 1,
+                    replication_factor: 1,
+                    configs: [(key.to_string(), value.to_string())].into(),
+                },
+                false,
+            )
+            .await
+            .expect_err(key);
+        assert_eq!(refused.code(), INVALID_CONFIG, "{key}={value}: {refused:?}");
+    }
+    assert!(running.broker.image().topic_by_name("checked").is_none());
+    // A valid value is stored as given, trimmed as CreateTopics trims it.
+    create(&running, "checked", &[("retention.ms", " 60000 ")]).await;
+    let image = running.broker.image();
+    let topic = image.topic_by_name("checked").unwrap();
+    assert_eq!(
+        topic.configs.get("retention.ms").map(String::as_str),
+        Some("60000")
+    );
+    running.shutdown().await;
+}
