@@ -12,6 +12,7 @@ acks=-1 and linger.ms=5, then consumes them all from the beginning.
 Medians of the rounds, and tessera/tansu ratios, as markdown on stdout.
 
     bench/c_client.sh [--records 300000] [--rounds 3] [--codecs none,lz4,zstd]
+    bench/c_client.sh --brokers tessera,cluster --replication-factor 3
 """
 
 from __future__ import annotations
@@ -20,14 +21,17 @@ import argparse
 import json
 import os
 import re
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
+import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import BrokerProc, create_topic, procguard  # noqa: E402
+from bench import BrokerProc, create_topic, free_port, procguard  # noqa: E402
 
 RECORD_SIZE = 1024
 # rdkafka_performance's closing lines, e.g.
@@ -64,6 +68,91 @@ def consume(tool: Path, bootstrap: str, topic: str, partitions: int, n: int, tim
             "consume_mbps": round(int(m[1]) * 1000 / max(int(m[2]), 1) / 1e6, 1)}
 
 
+class ClusterProc:
+    """`tessera cluster --nodes 3` (three processes, one data dir each) on
+    free loopback ports, ready once every node's /ready answers 200."""
+
+    def __init__(self, binary: Path, nodes: int = 3):
+        self.binary, self.nodes = binary, nodes
+        self.ports = [free_port() for _ in range(3)]
+        self.workdir = Path(tempfile.mkdtemp(prefix="bench-cluster-"))
+        self.log = open(self.workdir / "cluster.log", "wb")
+        self.proc = None
+
+    @property
+    def bootstrap(self) -> str:
+        return ",".join(f"127.0.0.1:{self.ports[0] + i}" for i in range(self.nodes))
+
+    def start(self):
+        # The cluster command takes a base port per kind and counts up from
+        # it: pick bases whose whole blocks are free.
+        while True:
+            bases = [free_port() for _ in range(3)]
+            apart = all(abs(a - b) >= self.nodes for a in bases for b in bases if a != b)
+            if apart and len(set(bases)) == 3 and all(self._block_free(b) for b in bases):
+                break
+        self.ports = bases
+        cmd = [str(self.binary), "cluster", "--nodes", str(self.nodes), "--base-port", str(bases[0]),
+               "--admin-base-port", str(bases[1]), "--controller-base-port", str(bases[2]),
+               "--dir", str(self.workdir / "data")]
+        env = dict(os.environ)
+        env.setdefault("RUST_LOG", "warn")
+        self.proc = procguard.spawn(cmd, stdout=self.log, stderr=self.log, stdin=subprocess.DEVNULL,
+                                    cwd=self.workdir, env=env)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"cluster exited {self.proc.returncode}; log: {self.log.name}")
+            if all(self._ready(bases[1] + i) for i in range(self.nodes)):
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"cluster not ready in 60 s; log: {self.log.name}")
+
+    def _block_free(self, base: int) -> bool:
+        import socket
+        for port in range(base, base + self.nodes):
+            with socket.socket() as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    return False
+        return True
+
+    @staticmethod
+    def _ready(admin_port: int) -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{admin_port}/ready", timeout=1) as r:
+                return r.status == 200
+        except OSError:
+            return False
+
+    def stop(self):
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.log.close()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+def create_replicated_topic(bootstrap: str, topic: str, partitions: int, rf: int):
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    config = {"min.insync.replicas": "2"} if rf >= 3 else {}
+    admin.create_topics([NewTopic(topic, partitions, rf, config=config)])[topic].result(30)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        t = admin.list_topics(topic=topic, timeout=10).topics.get(topic)
+        if t and t.error is None and len(t.partitions) == partitions and all(
+                p.leader >= 0 for p in t.partitions.values()):
+            return
+        time.sleep(0.2)
+    raise RuntimeError(f"topic {topic} not ready")
+
+
 DROP_CACHES = Path("/proc/sys/vm/drop_caches")
 
 
@@ -85,12 +174,15 @@ def settle_page_cache(drop: bool):
 
 
 def run_one(kind: str, binary: Path, tool: Path, codec: str, n: int, partitions: int,
-            timeout: float, drop_caches: bool) -> dict:
-    broker = BrokerProc(kind, binary)
+            timeout: float, drop_caches: bool, rf: int) -> dict:
+    broker = ClusterProc(binary) if kind == "cluster" else BrokerProc(kind, binary)
     try:
         broker.start()
         topic = f"bench-c-{codec}"
-        create_topic(broker.bootstrap, topic, partitions)
+        if kind == "cluster":
+            create_replicated_topic(broker.bootstrap, topic, partitions, rf)
+        else:
+            create_topic(broker.bootstrap, topic, partitions)
         settle_page_cache(drop_caches)
         r = {"broker": kind, "codec": codec}
         r.update(produce(tool, broker.bootstrap, topic, codec, n, timeout))
@@ -112,7 +204,7 @@ def markdown(runs: list[dict], args) -> str:
              "| broker | codec | produce rec/s | consume rec/s | consume MB/s | runs (produce rec/s) |",
              "|---|---|---:|---:|---:|---|"]
     codecs = args.codecs.split(",")
-    kinds = [k for k in ("tessera", "tansu") if any(r["broker"] == k for r in runs)]
+    kinds = [k for k in ("tessera", "cluster", "tansu") if any(r["broker"] == k for r in runs)]
     for codec in codecs:
         for kind in kinds:
             cell = [r for r in runs if r["broker"] == kind and r["codec"] == codec]
@@ -120,17 +212,23 @@ def markdown(runs: list[dict], args) -> str:
             p, c, mb = (median(cell, k) for k in ("produce_rps", "consume_rps", "consume_mbps"))
             fmt = lambda x: "-" if x is None else f"{x:,.0f}"  # noqa: E731
             lines.append(f"| {kind} | {codec} | {fmt(p)} | {fmt(c)} | {'-' if mb is None else mb} | {each} |")
-    if len(kinds) == 2:
-        lines += ["", "| codec | produce tessera/tansu | consume tessera/tansu |", "|---|---:|---:|"]
+    pairs = [(a, b) for a, b in (("tessera", "tansu"), ("cluster", "tessera"), ("cluster", "tansu"))
+             if a in kinds and b in kinds]
+    for a, b in pairs:
+        lines += ["", f"| codec | produce {a}/{b} | consume {a}/{b} |", "|---|---:|---:|"]
         for codec in codecs:
             ratio = []
             for key in ("produce_rps", "consume_rps"):
-                t = median([r for r in runs if r["broker"] == "tessera" and r["codec"] == codec], key)
-                u = median([r for r in runs if r["broker"] == "tansu" and r["codec"] == codec], key)
+                t = median([r for r in runs if r["broker"] == a and r["codec"] == codec], key)
+                u = median([r for r in runs if r["broker"] == b and r["codec"] == codec], key)
                 ratio.append(f"{t / u:.2f}x" if t and u else "-")
             lines.append(f"| {codec} | {ratio[0]} | {ratio[1]} |")
     lines += ["", "tessera stores on disk and acknowledges acks=-1 after fsync; tansu uses memory:// "
               "storage. Client and broker share the machine's cores."]
+    if "cluster" in kinds:
+        lines.append(f"cluster: `tessera cluster --nodes 3` on the same machine, the topic at replication "
+                     f"factor {args.replication_factor}"
+                     + (" with min.insync.replicas=2." if args.replication_factor >= 3 else "."))
     return "\n".join(lines)
 
 
@@ -142,7 +240,9 @@ def main() -> int:
     ap.add_argument("--partitions", type=int, default=4)
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--codecs", default="none,lz4")
-    ap.add_argument("--brokers", default="tessera,tansu")
+    ap.add_argument("--brokers", default="tessera,tansu",
+                    help="any of tessera (one node), cluster (tessera cluster --nodes 3), tansu")
+    ap.add_argument("--replication-factor", type=int, default=1, help="of the cluster's topic")
     ap.add_argument("--timeout", type=float, default=180, help="seconds per produce / consume")
     ap.add_argument("--tessera-bin", default=os.environ.get("TESSERA_BIN"))
     ap.add_argument("--tansu-bin", default=os.environ.get("TANSU_BIN"))
@@ -151,7 +251,7 @@ def main() -> int:
                     help="do not drop the page cache before each run (see settle_page_cache)")
     args = ap.parse_args()
 
-    bins = {"tessera": Path(args.tessera_bin)} if args.tessera_bin else {}
+    bins = {"tessera": Path(args.tessera_bin), "cluster": Path(args.tessera_bin)} if args.tessera_bin else {}
     if args.tansu_bin:
         bins["tansu"] = Path(args.tansu_bin)
     else:
@@ -164,12 +264,13 @@ def main() -> int:
     runs = []
     for round_ in range(args.rounds):
         for codec in args.codecs.split(","):
-            # Alternate which broker goes first, so neither always runs on
-            # the machine the other just warmed (or filled with dirty pages).
+            # Alternate the order, so no broker always runs on the machine
+            # another just warmed (or filled with dirty pages).
             order = kinds if round_ % 2 == 0 else list(reversed(kinds))
             for kind in order:
                 r = run_one(kind, bins[kind], Path(args.tool), codec, args.records,
-                            args.partitions, args.timeout, not args.keep_caches)
+                            args.partitions, args.timeout, not args.keep_caches,
+                            args.replication_factor)
                 r["round"] = round_ + 1
                 print(json.dumps(r), file=sys.stderr, flush=True)
                 runs.append(r)
