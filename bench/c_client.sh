@@ -9,20 +9,8 @@
 # `rdkafka` crate bundles (rdkafka-sys, already in cargo's registry after
 # any build of compat-tests), into bench-results/librdkafka; set
 # RDKAFKA_PERFORMANCE to use another build (e.g. librdkafka 2.15.0's).
-set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-ROOT=$(pwd)
-VENV="$ROOT/.venv"
-
-PY=${PYTHON:-python3}
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-stamp="$VENV/.bench-requirements.sha256"
-want=$(cat compat-tests/python/requirements.txt bench/requirements.txt | sha256sum | cut -d' ' -f1)
-if [ "$(cat "$stamp" 2>/dev/null || true)" != "$want" ]; then
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -q \
-        -r compat-tests/python/requirements.txt -r bench/requirements.txt
-    echo "$want" > "$stamp"
-fi
+# shellcheck source=bench/env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 tool=${RDKAFKA_PERFORMANCE:-}
 if [ -z "$tool" ]; then
@@ -33,18 +21,11 @@ if [ -z "$tool" ]; then
 pkgs = json.load(sys.stdin)["packages"]
 print(next(pathlib.Path(p["manifest_path"]).parent / "librdkafka" for p in pkgs if p["name"] == "rdkafka-sys"))')
         echo "==> building rdkafka_performance from $src" >&2
-        rm -rf bench-results/librdkafka && mkdir -p bench-results && cp -r "$src" bench-results/librdkafka
+        rm -rf bench-results/librdkafka && cp -r "$src" bench-results/librdkafka
         (cd bench-results/librdkafka && ./configure --disable-gssapi --disable-curl >/dev/null &&
             make -j"$(nproc)" libs >/dev/null && make -C examples rdkafka_performance >/dev/null)
     fi
 fi
 
-if [ -z "${TESSERA_BIN:-}" ]; then
-    echo "==> cargo build --release -p tessera-gateway" >&2
-    cargo build --release -p tessera-gateway >&2
-    export TESSERA_BIN="$ROOT/target/release/tessera"
-fi
-
-mkdir -p bench-results
 "$VENV/bin/python" bench/c_client.py --tool "$tool" --json bench-results/c_client.json "$@" |
     tee bench-results/c_client.md

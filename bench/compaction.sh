@@ -9,22 +9,8 @@
 #
 # Markdown to stdout and bench-results/compaction.md, raw JSON to
 # bench-results/compaction.json, the disk-use plot to bench-results/compaction.png.
-set -euo pipefail
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-ROOT=$(pwd)
-VENV="$ROOT/.venv"
-
-PY=${PYTHON:-python3}
-[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/python" -c 'import confluent_kafka, matplotlib' 2>/dev/null ||
-    "$VENV/bin/python" -m pip install --disable-pip-version-check -q \
-        -r compat-tests/python/requirements.txt -r bench/requirements.txt
-
-if [ -z "${TESSERA_BIN:-}" ]; then
-    echo "==> cargo build --release -p tessera-gateway" >&2
-    cargo build --release -p tessera-gateway >&2
-    export TESSERA_BIN="$ROOT/target/release/tessera"
-fi
+# shellcheck source=bench/env.sh
+source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
 mkdir -p bench-results
 "$VENV/bin/python" bench/compaction.py --json bench-results/compaction.json \

