@@ -149,8 +149,9 @@ pub fn supported_range(api: ApiKey) -> Option<(i16, i16)> {
         .map(|(_, lo, hi)| (*lo, *hi))
 }
 
-/// A Fetch response whose record batches go out without being copied into
-/// the frame (Kafka sends them from the segment files the same way).
+/// A Fetch response whose record batches go out from the buffers they were
+/// read into, without a copy into the frame (Kafka goes further and sends
+/// them from the segment files with sendfile; not done here).
 fn fetch_frame(
     version: i16,
     correlation_id: i32,
