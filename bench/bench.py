@@ -45,6 +45,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def terminate_then_kill(proc, grace_s: float):
+    """SIGTERM, then SIGKILL if `proc` has not exited within `grace_s`."""
+    if proc and proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 class BrokerProc:
     def __init__(self, kind: str, binary: Path):
         self.kind, self.binary = kind, binary
@@ -88,13 +99,7 @@ class BrokerProc:
         raise RuntimeError(f"{self.kind} not ready in 30 s; log: {self.log.name}")
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate_then_kill(self.proc, 20)
         self.log.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -31,7 +31,7 @@ import urllib.request
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench import BrokerProc, create_topic, free_port, procguard, tansu_binary  # noqa: E402
+from bench import BrokerProc, create_topic, free_port, procguard, tansu_binary, terminate_then_kill  # noqa: E402
 
 RECORD_SIZE = 1024
 # rdkafka_performance's closing lines, e.g.
@@ -127,13 +127,7 @@ class ClusterProc:
             return False
 
     def stop(self):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate_then_kill(self.proc, 30)
         self.log.close()
         shutil.rmtree(self.workdir, ignore_errors=True)
 

@@ -15,7 +15,7 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
-from bench import free_port
+from bench import free_port, terminate_then_kill
 import procguard  # noqa: E402  (on sys.path through bench)
 
 
@@ -58,13 +58,7 @@ class TesseraProc:
         raise RuntimeError(f"tessera not ready in 30 s; log: {self.logf.name}")
 
     def stop(self, keep: bool = False):
-        if self.proc and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate_then_kill(self.proc, 20)
         self.logf.close()
         if not keep:
             shutil.rmtree(self.workdir, ignore_errors=True)
