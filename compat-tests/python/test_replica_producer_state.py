@@ -318,7 +318,8 @@ def metric(admin_url: str, name: str) -> float:
 @pytest.mark.cluster_nodes(5)
 # Re-placement would move a follower onto the restarted first primary and
 # change the replica set the steps below are planned on.
-@pytest.mark.cluster_overrides({"replica.placement.rebalance.enable": "false"})
+@pytest.mark.cluster_overrides({"replica.placement.rebalance.enable": "false",
+                                "replica.placement.roll.enable": "false"})
 def test_a_leader_without_the_history_answers_retries_and_fences_old_epochs(cluster):
     h = History(cluster, "producers")
     # Give the spare a moment to follow the segment (not asserted: without
@@ -338,6 +339,7 @@ def test_a_leader_without_the_history_answers_retries_and_fences_old_epochs(clus
 
 @pytest.mark.cluster_nodes(5)
 @pytest.mark.cluster_overrides({"replica.placement.rebalance.enable": "false",
+                                "replica.placement.roll.enable": "false",
                                 "replica.producer.snapshot.prefetch.enable": "false"})
 def test_a_leader_waits_for_the_producer_state_of_the_history_it_lacks(cluster):
     """The spare becomes the leader while the producer snapshot where its
@@ -393,6 +395,7 @@ def test_a_leader_waits_for_the_producer_state_of_the_history_it_lacks(cluster):
 
 @pytest.mark.cluster_nodes(5)
 @pytest.mark.cluster_overrides({"replica.placement.rebalance.enable": "false",
+                                "replica.placement.roll.enable": "false",
                                 "replica.producer.snapshot.prefetch.enable": "false"})
 def test_a_leader_no_replica_can_give_the_producer_state_hands_the_range_on(cluster):
     """As above, but the snapshot never comes back: `holder`'s copy of

@@ -154,6 +154,11 @@ pub struct BrokerConfig {
     /// the next segments of existing ranges onto less loaded brokers (a
     /// broker that joined) at a segment boundary. Tessera's own key.
     pub replica_placement_rebalance_enable: bool,
+    /// `replica.placement.roll.enable`: a primary's own segment roll places
+    /// the next segment (a follower on a fenced broker or out of sync
+    /// replaced, one swapped onto a less loaded broker) instead of keeping
+    /// the rolled segment's replicas. Tessera's own key.
+    pub replica_placement_roll_enable: bool,
     /// `replica.placement.rebalance.interval.ms`: how often it looks.
     pub replica_placement_rebalance_interval_ms: u64,
     /// `replica.placement.rebalance.max.ranges`: the most ranges it
@@ -348,6 +353,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("replica.heal.max.bytes.per.sec", "52428800"),
     ("replica.producer.snapshot.prefetch.enable", "true"),
     ("replica.placement.rebalance.enable", "true"),
+    ("replica.placement.roll.enable", "true"),
     ("replica.placement.rebalance.interval.ms", "10000"),
     ("replica.placement.rebalance.max.ranges", "4"),
     ("auto.leader.rebalance.enable", "true"),
@@ -1075,6 +1081,7 @@ impl BrokerConfig {
                 "replica.producer.snapshot.prefetch.enable",
             )?,
             replica_placement_rebalance_enable: parse(map, "replica.placement.rebalance.enable")?,
+            replica_placement_roll_enable: parse(map, "replica.placement.roll.enable")?,
             replica_placement_rebalance_interval_ms: parse::<u64>(
                 map,
                 "replica.placement.rebalance.interval.ms",

@@ -849,6 +849,11 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "The active controller moves the next segments of existing ranges onto less loaded brokers (one that joined), at a segment boundary.",
     ),
     (
+        "replica.placement.roll.enable",
+        1,
+        "A primary's own segment roll places the next segment: followers on fenced brokers or out of sync replaced, one swapped onto a less loaded broker.",
+    ),
+    (
         "replica.placement.rebalance.interval.ms",
         5,
         "How often the active controller looks for ranges to re-place.",

@@ -30,7 +30,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
-use tessera_metadata::{MetadataImage, MetadataRecord, SegmentId};
+use tessera_metadata::{MetadataImage, MetadataRecord, SegmentId, SegmentImage};
 use tessera_replication::{place_replicas, BrokerCandidate};
 
 use crate::dense::{for_each_active, Live};
@@ -122,22 +122,7 @@ pub fn plan_replacements(image: &MetadataImage, max_ranges: usize) -> Vec<Replac
     let live = Live::of(image);
     let n = live.len();
     let mut load = vec![0i64; n];
-    // A broker without a rack counts as a rack of its own (as `racks`).
-    let mut names: BTreeMap<String, u32> = BTreeMap::new();
-    let rack: Vec<u32> = live
-        .ids
-        .iter()
-        .map(|&b| {
-            let name = image
-                .brokers
-                .get(&b)
-                .and_then(|x| x.registration.rack.clone())
-                .unwrap_or_else(|| format!("\0broker-{b}"));
-            let next = names.len() as u32;
-            *names.entry(name).or_insert(next)
-        })
-        .collect();
-    let racks = names.len();
+    let (rack, racks) = rack_numbers(image, &live);
     let mut sets: Vec<Set> = Vec::new();
     for_each_active(image, |range, s| {
         for &r in &s.replicas {
@@ -263,6 +248,26 @@ pub fn plan_replacements(image: &MetadataImage, max_ranges: usize) -> Vec<Replac
         });
     }
     planned
+}
+
+/// Each live broker's rack, numbered, and how many racks there are. A
+/// broker without a rack counts as a rack of its own (as `racks`).
+fn rack_numbers(image: &MetadataImage, live: &Live) -> (Vec<u32>, usize) {
+    let mut names: BTreeMap<String, u32> = BTreeMap::new();
+    let rack = live
+        .ids
+        .iter()
+        .map(|&b| {
+            let name = image
+                .brokers
+                .get(&b)
+                .and_then(|x| x.registration.rack.clone())
+                .unwrap_or_else(|| format!("\0broker-{b}"));
+            let next = names.len() as u32;
+            *names.entry(name).or_insert(next)
+        })
+        .collect();
+    (rack, names.len())
 }
 
 /// An eligible active segment's replica set.
@@ -536,82 +541,152 @@ pub fn plan_follower_replacements(
     max_ranges: usize,
 ) -> Vec<Replacement> {
     let mut load = replica_load(image);
-    let live = |b: &i32| image.brokers.get(b).is_some_and(|x| !x.fenced);
     let mut planned = Vec::new();
     for range in image.ranges.values().filter(|r| r.active) {
         if planned.len() >= max_ranges {
             break;
         }
-        let Some(topic) = image.topics.get(&range.topic_id) else {
-            continue;
-        };
         let Some(seg) = image.active_segment(range.id) else {
             continue;
         };
-        let Some(primary) = seg.primary() else {
+        let Some(plan) = follower_replacement(image, &seg, out_of_sync, &load) else {
             continue;
         };
-        if seg.is_sealed() || !live(&primary) {
-            continue;
-        }
-        let want = (topic.replication_factor.max(1) as usize).max(seg.replicas.len());
-        let dead: Vec<i32> = seg.replicas[1..]
-            .iter()
-            .copied()
-            .filter(|f| !live(f))
-            .collect();
-        let lagging: Vec<i32> = seg.replicas[1..]
-            .iter()
-            .copied()
-            .filter(|f| live(f) && out_of_sync.contains(&(seg.id, *f)))
-            .collect();
-        let keep: Vec<i32> = seg
-            .replicas
-            .iter()
-            .copied()
-            .filter(|r| !dead.contains(r) && !lagging.contains(r))
-            .collect();
-        let spares = ranked_spares(image, seg.id, &seg.replicas, &keep, &load);
-        let mut replicas = keep.clone();
-        let mut added = Vec::new();
-        for s in spares {
-            if replicas.len() >= want {
-                break;
-            }
-            replicas.push(s);
-            added.push(s);
-        }
-        // A lagging follower no broker can replace stays where it is.
-        for &f in &lagging {
-            if replicas.len() < want && !replicas.contains(&f) {
-                replicas.push(f);
-            }
-        }
-        if replicas == seg.replicas
-            || replicas.iter().collect::<BTreeSet<_>>() == seg.replicas.iter().collect()
-        {
-            continue;
-        }
-        for r in &added {
+        for r in plan.replicas.iter().filter(|r| !plan.current.contains(r)) {
             if let Some(n) = load.get_mut(r) {
                 *n += 1;
             }
         }
-        let from = dead
-            .iter()
-            .chain(&lagging)
-            .copied()
-            .find(|r| !replicas.contains(r))
-            .unwrap_or(-1);
-        planned.push(Replacement {
-            segment: seg.id,
-            current: seg.replicas.clone(),
-            replicas,
-            from,
-            to: added.first().copied().unwrap_or(-1),
-        });
+        planned.push(plan);
     }
     planned
+}
+
+/// [`plan_follower_replacements`] for one active segment `seg` under
+/// `load`: `None` when none of its followers leaves (or none can be
+/// replaced and none is dead).
+fn follower_replacement(
+    image: &MetadataImage,
+    seg: &SegmentImage,
+    out_of_sync: &BTreeSet<(SegmentId, i32)>,
+    load: &BTreeMap<i32, i64>,
+) -> Option<Replacement> {
+    let live = |b: &i32| image.brokers.get(b).is_some_and(|x| !x.fenced);
+    let range = image.ranges.get(&seg.id.range).filter(|r| r.active)?;
+    let topic = image.topics.get(&range.topic_id)?;
+    let primary = seg.primary()?;
+    if seg.is_sealed() || !live(&primary) {
+        return None;
+    }
+    let want = (topic.replication_factor.max(1) as usize).max(seg.replicas.len());
+    let dead: Vec<i32> = seg.replicas[1..]
+        .iter()
+        .copied()
+        .filter(|f| !live(f))
+        .collect();
+    let lagging: Vec<i32> = seg.replicas[1..]
+        .iter()
+        .copied()
+        .filter(|f| live(f) && out_of_sync.contains(&(seg.id, *f)))
+        .collect();
+    let keep: Vec<i32> = seg
+        .replicas
+        .iter()
+        .copied()
+        .filter(|r| !dead.contains(r) && !lagging.contains(r))
+        .collect();
+    let spares = ranked_spares(image, seg.id, &seg.replicas, &keep, load);
+    let mut replicas = keep.clone();
+    let mut added = Vec::new();
+    for s in spares {
+        if replicas.len() >= want {
+            break;
+        }
+        replicas.push(s);
+        added.push(s);
+    }
+    // A lagging follower no broker can replace stays where it is.
+    for &f in &lagging {
+        if replicas.len() < want && !replicas.contains(&f) {
+            replicas.push(f);
+        }
+    }
+    if replicas == seg.replicas
+        || replicas.iter().collect::<BTreeSet<_>>() == seg.replicas.iter().collect()
+    {
+        return None;
+    }
+    let from = dead
+        .iter()
+        .chain(&lagging)
+        .copied()
+        .find(|r| !replicas.contains(r))
+        .unwrap_or(-1);
+    Some(Replacement {
+        segment: seg.id,
+        current: seg.replicas.clone(),
+        replicas,
+        from,
+        to: added.first().copied().unwrap_or(-1),
+    })
+}
+
+/// The replica set of the segment a primary's own roll opens after
+/// `rolled` (the range's active segment in `image`, which the roll seals):
+/// every segment boundary is a placement decision, not only the ones the
+/// active controller makes by sealing. `None` keeps the set.
+///
+/// The same two rules as the controller's, for this one set and with
+/// nothing sealed early: a follower whose broker is fenced (a controlled
+/// shutdown drains it) or unregistered, or that the primary has seen out of
+/// sync longer than `replica.lag.time.max.ms` (`out_of_sync`, keyed by
+/// `rolled`), is replaced as [`plan_follower_replacements`] would; else one
+/// follower is swapped for a less loaded broker when
+/// [`plan_replacements`]' no-churn rule holds (two active segments fewer,
+/// or one more rack). The primary stays: it holds the range's history and
+/// its producers' state (leadership moves are the load balance's), and a
+/// set never shrinks below two at a roll (the log is replicated; only a
+/// seal opens an unreplicated one). Unreplicated ranges are left to the
+/// controller, which moves them whole.
+pub fn place_at_roll(
+    image: &MetadataImage,
+    rolled: SegmentId,
+    out_of_sync: &BTreeSet<(SegmentId, i32)>,
+) -> Option<Vec<i32>> {
+    let seg = image.segments.get(&rolled)?;
+    if seg.is_sealed()
+        || seg.replicas.len() < 2
+        || image
+            .segments
+            .contains_key(&SegmentId::new(rolled.range, rolled.seq + 1))
+    {
+        return None;
+    }
+    let load = replica_load(image);
+    if let Some(plan) = follower_replacement(image, seg, out_of_sync, &load) {
+        return (plan.replicas.len() >= 2).then_some(plan.replicas);
+    }
+    let live = Live::of(image);
+    let set: Vec<u32> = seg
+        .replicas
+        .iter()
+        .map(|&r| live.get(r).map(|x| x as u32))
+        .collect::<Option<_>>()?;
+    let (rack, _) = rack_numbers(image, &live);
+    let counts: Vec<i64> = live.ids.iter().map(|b| load[b]).collect();
+    let swap = choose_swap(
+        seg.id,
+        exhaustive_swaps(&set, &counts, &rack),
+        &counts,
+        &live.ids,
+    )?;
+    let (from, to) = (live.ids[swap.from as usize], live.ids[swap.to as usize]);
+    Some(
+        seg.replicas
+            .iter()
+            .map(|&r| if r == from { to } else { r })
+            .collect(),
+    )
 }
 
 /// Live brokers outside `current`, in the order they should join a set

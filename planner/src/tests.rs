@@ -2551,3 +2551,166 @@ fn a_split_of_an_unreplicated_range_moves_its_second_child_whole() {
     carry_out(&mut image, &gather[0]);
     assert_eq!(primary_of(&image, children[1]), parent_primary);
 }
+
+/// The primary of `range` rolls its active segment: the roll's record as
+/// the gateway writes it (placed), committed; the next segment.
+fn roll(
+    image: &mut MetadataImage,
+    range: RangeId,
+    out_of_sync: &BTreeSet<(SegmentId, i32)>,
+) -> Arc<SegmentImage> {
+    let active = image.active_segment(range).unwrap();
+    let mut sealed = seal(range, active.id.seq, &[]);
+    sealed.leader_epoch = Some(active.leader_epoch);
+    let records = record_roll(image, range, &sealed, active.id.seq + 1, out_of_sync, true);
+    assert_eq!(commit(image, &records), 0);
+    let next = image.active_segment(range).unwrap();
+    assert_eq!(next.id.seq, active.id.seq + 1);
+    assert_eq!(
+        next.leader_epoch, active.leader_epoch,
+        "a roll keeps the epoch"
+    );
+    assert_eq!(next.primary(), active.primary(), "a roll keeps the primary");
+    assert_eq!(
+        image.segments[&active.id].replicas, active.replicas,
+        "the sealed segment stays where it was written"
+    );
+    next
+}
+
+#[test]
+fn a_roll_places_the_next_segment_on_a_joined_broker_until_balanced() {
+    // 4 RF=3 ranges on brokers 1-3 (load 4 each), broker 4 joins.
+    let mut image = joined(3, 4, 4, 3);
+    let ranges: Vec<RangeId> = image.ranges.keys().copied().collect();
+    let first = image.active_segment(ranges[0]).unwrap();
+    let next = roll(&mut image, ranges[0], &BTreeSet::new());
+    assert!(next.replicas.contains(&4), "{:?}", next.replicas);
+    assert_eq!(
+        next.replicas
+            .iter()
+            .filter(|r| !first.replicas.contains(r))
+            .count(),
+        1,
+        "one follower swapped"
+    );
+    // Every range rolls a few times: 12 replicas end at 3 per broker, and
+    // once balanced a roll keeps its set (no churn, no ping-pong).
+    for _ in 0..3 {
+        for &range in &ranges {
+            roll(&mut image, range, &BTreeSet::new());
+        }
+    }
+    assert_eq!(
+        replica_load(&image),
+        BTreeMap::from([(1, 3), (2, 3), (3, 3), (4, 3)])
+    );
+    for &range in &ranges {
+        let before = image.active_segment(range).unwrap().replicas.clone();
+        assert_eq!(roll(&mut image, range, &BTreeSet::new()).replicas, before);
+    }
+    // Without placement a roll keeps its set.
+    let mut image = joined(3, 4, 4, 3);
+    let active = image.active_segment(ranges[0]).unwrap();
+    let mut sealed = seal(ranges[0], active.id.seq, &[]);
+    sealed.leader_epoch = Some(active.leader_epoch);
+    let records = record_roll(&image, ranges[0], &sealed, 1, &BTreeSet::new(), false);
+    assert_eq!(commit(&mut image, &records), 0);
+    assert_eq!(
+        image.active_segment(ranges[0]).unwrap().replicas,
+        active.replicas
+    );
+}
+
+#[test]
+fn a_roll_drops_fenced_and_lagging_followers_but_never_shrinks_below_two() {
+    // A fenced follower (a broker in controlled shutdown) is replaced at
+    // the roll by the spare; the drained broker takes nothing.
+    let (mut image, range) = replicated_topic(4, 3);
+    let active = image.active_segment(range).unwrap();
+    let dead = active.replicas[1];
+    let spare = (1..=4).find(|b| !active.replicas.contains(b)).unwrap();
+    fence(&mut image, dead);
+    let next = roll(&mut image, range, &BTreeSet::new());
+    assert_eq!(
+        next.replicas,
+        vec![active.replicas[0], active.replicas[2], spare]
+    );
+    for _ in 0..3 {
+        assert!(!roll(&mut image, range, &BTreeSet::new())
+            .replicas
+            .contains(&dead));
+    }
+    // A follower the primary sees out of sync is replaced by the spare.
+    let (mut image, range) = replicated_topic(4, 3);
+    let active = image.active_segment(range).unwrap();
+    let spare = (1..=4).find(|b| !active.replicas.contains(b)).unwrap();
+    let lagging = BTreeSet::from([(active.id, active.replicas[2])]);
+    assert_eq!(
+        roll(&mut image, range, &lagging).replicas,
+        vec![active.replicas[0], active.replicas[1], spare]
+    );
+    // RF=2 on 2 brokers, the follower fenced: a roll cannot drop it (the
+    // log is replicated; only a seal opens an unreplicated one).
+    let (mut image, range) = replicated_topic(2, 2);
+    let active = image.active_segment(range).unwrap();
+    fence(&mut image, active.replicas[1]);
+    assert_eq!(
+        roll(&mut image, range, &BTreeSet::new()).replicas,
+        active.replicas
+    );
+    // A broker that comes back while another is gone fills the gap of a
+    // set that shrank.
+    let (mut image, range) = replicated_topic(3, 3);
+    let active = image.active_segment(range).unwrap();
+    fence(&mut image, active.replicas[2]);
+    let plans = plan_follower_replacements(&image, &BTreeSet::new(), 10);
+    replace(&mut image, &plans);
+    assert_eq!(image.active_segment(range).unwrap().replicas.len(), 2);
+    unfence(&mut image, active.replicas[2]);
+    assert_eq!(roll(&mut image, range, &BTreeSet::new()).replicas.len(), 3);
+}
+
+#[test]
+fn a_roll_leaves_unreplicated_balanced_and_racked_sets_alone() {
+    // RF=1: the controller moves those whole.
+    let mut image = joined(3, 4, 6, 1);
+    let ranges: Vec<RangeId> = image.ranges.keys().copied().collect();
+    for &range in &ranges {
+        assert_eq!(roll(&mut image, range, &BTreeSet::new()).replicas.len(), 1);
+    }
+    // One RF=3 range on 4 brokers: no gain in moving.
+    let mut image = joined(3, 4, 1, 3);
+    let range = *image.ranges.keys().next().unwrap();
+    let before = image.active_segment(range).unwrap().replicas.clone();
+    assert_eq!(roll(&mut image, range, &BTreeSet::new()).replicas, before);
+    // Racks: brokers 1, 2 in rack a, 3 in rack b, RF=2; broker 4 joins in
+    // rack a. Every placed set keeps its rack spread.
+    let mut image = MetadataImage::empty();
+    for (b, rack) in [(1, "a"), (2, "a"), (3, "b")] {
+        commit(&mut image, &register_broker(registration(b, Some(rack))));
+    }
+    for i in 0..6 {
+        let records = create_topic(&image, spec(&format!("t{i}"), 1, 2)).unwrap();
+        assert_eq!(commit(&mut image, &records), 0);
+    }
+    commit(&mut image, &register_broker(registration(4, Some("a"))));
+    let racks = |image: &MetadataImage, set: &[i32]| -> BTreeSet<String> {
+        set.iter()
+            .map(|b| image.brokers[b].registration.rack.clone().unwrap())
+            .collect()
+    };
+    let ranges: Vec<RangeId> = image.ranges.keys().copied().collect();
+    for _ in 0..2 {
+        for &range in &ranges {
+            let before = image.active_segment(range).unwrap();
+            let next = roll(&mut image, range, &BTreeSet::new());
+            assert!(
+                racks(&image, &next.replicas).len() >= racks(&image, &before.replicas).len(),
+                "{:?} -> {:?} loses rack spread",
+                before.replicas,
+                next.replicas
+            );
+        }
+    }
+}

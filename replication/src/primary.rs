@@ -73,6 +73,31 @@ struct Progress {
     followers: HashMap<i32, FollowerProgress>,
 }
 
+/// The followers of a range log's segments from `from_seq` on (the
+/// active segment the image records with them).
+///
+/// Segments before `from_seq` were committed by the replicas that held
+/// them (a roll that changes the set is recorded only once the rolled
+/// segment is committed). Those from `from_seq` on are shipped to these
+/// followers and committed by them, including any the log rolled to
+/// before the image recorded them: counting from the log's own active
+/// segment instead would commit the segments in between on the primary's
+/// copy alone.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FollowerSet {
+    pub followers: Vec<i32>,
+    pub from_seq: u32,
+}
+
+impl FollowerSet {
+    pub fn new(followers: Vec<i32>, from_seq: u32) -> Self {
+        FollowerSet {
+            followers,
+            from_seq,
+        }
+    }
+}
+
 /// Replication of one range log's active segment to its followers.
 pub struct Replication {
     log: Arc<RangeLog>,
@@ -92,19 +117,23 @@ pub struct Replication {
 
 impl Replication {
     /// Starts shipping `log` (the range's log, this broker the primary of
-    /// its active segment) to `followers`. A commit needs
-    /// [`commit_quorum`] of the replicas; a follower is in sync while it
-    /// caught up within `lag`.
+    /// its active segment) to `set`. A commit needs [`commit_quorum`] of
+    /// the replicas; a follower is in sync while it caught up within `lag`.
     pub fn start(
         log: Arc<RangeLog>,
         range: u64,
         me: i32,
-        followers: Vec<i32>,
+        set: FollowerSet,
         peers: Arc<dyn PeerAddresses>,
         min_insync: usize,
         lag: Duration,
     ) -> Arc<Replication> {
-        let (start_seq, _) = log.local_durable_end();
+        let FollowerSet {
+            followers,
+            from_seq,
+        } = set;
+        let (active_seq, _) = log.local_durable_end();
+        let start_seq = from_seq.min(active_seq);
         let r = Arc::new(Replication {
             log,
             range,

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tessera_log::batch::testing::make_batch;
 use tessera_log::{RangeLog, RangeLogOptions};
 use tessera_replication::auth::Plaintext;
-use tessera_replication::primary::{PeerAddresses, Replication};
+use tessera_replication::primary::{FollowerSet, PeerAddresses, Replication};
 use tessera_replication::protocol::{Message, SegmentKey};
 use tessera_replication::replica_store::ReplicaStore;
 use tessera_replication::service::{self, Directory, Refusal};
@@ -111,7 +111,7 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
         log.clone(),
         7,
         1,
-        vec![2],
+        FollowerSet::new(vec![2], 0),
         Arc::new(Peers(dead_addr)),
         1,
         Duration::from_secs(30),
@@ -134,7 +134,7 @@ async fn commits_wait_for_the_follower_and_both_copies_are_identical() {
         log.clone(),
         7,
         1,
-        vec![2],
+        FollowerSet::new(vec![2], 0),
         Arc::new(Peers(addr.clone())),
         1,
         Duration::from_secs(30),
@@ -937,7 +937,7 @@ async fn a_follower_is_in_sync_once_it_answered_even_on_an_idle_range() {
         log.clone(),
         7,
         1,
-        vec![2, 3],
+        FollowerSet::new(vec![2, 3], 0),
         Arc::new(peers),
         1,
         Duration::from_secs(30),
@@ -969,7 +969,7 @@ async fn min_insync_replicas_is_part_of_the_commit_quorum() {
         log.clone(),
         7,
         1,
-        vec![2, 3],
+        FollowerSet::new(vec![2, 3], 0),
         peers.clone(),
         3,
         Duration::from_secs(30),
@@ -1006,7 +1006,7 @@ async fn acks_all_waits_end_with_not_enough_replicas_once_the_followers_are_out_
         log.clone(),
         7,
         1,
-        vec![2, 3],
+        FollowerSet::new(vec![2, 3], 0),
         peers,
         2,
         Duration::from_millis(300),
@@ -1238,4 +1238,85 @@ async fn a_zombie_primarys_unrecorded_roll_is_not_served_as_the_images_segment()
             other => panic!("segment {seq} at epoch {epoch}: {other:?}"),
         }
     }
+}
+
+/// A roll that changes the replica set (placement at a primary's own
+/// roll): segment 1 is recorded on a new follower while the primary has
+/// rolled on to segment 2 already. Shipping to the new set starts at
+/// segment 1: nothing in it commits until the new follower holds it, and
+/// the follower gets both segments. Before, shipping started at the log's
+/// active segment, and the commit of segment 2's start committed all of
+/// segment 1 on the primary's copy alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_replica_set_commits_every_segment_from_where_it_starts() {
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = primary_log(a.path());
+    let (addr, _store, task) = follower(b.path().to_path_buf()).await;
+    let old = Replication::start(
+        log.clone(),
+        7,
+        1,
+        FollowerSet::new(vec![3], 0),
+        Arc::new(PeerMap(BTreeMap::from([(3, addr.clone())]))),
+        1,
+        Duration::from_secs(30),
+    );
+    let mut batch = make_batch(2, 1000);
+    let end0 = log.append(0, &mut batch, None).unwrap().end_position;
+    tokio::time::timeout(Duration::from_secs(10), log.wait_durable(end0))
+        .await
+        .expect("segment 0 committed by the old set")
+        .unwrap();
+    old.stop();
+    log.roll().unwrap().expect("segment 0 rolled");
+    let mut batch = make_batch(2, 2000);
+    let end1 = log.append(0, &mut batch, None).unwrap().end_position;
+    log.roll()
+        .unwrap()
+        .expect("segment 1 rolled ahead of its record");
+    let mut batch = make_batch(2, 3000);
+    let end2 = log.append(1, &mut batch, None).unwrap().end_position;
+    log.wait_local_durable(end2).await.unwrap();
+    assert_eq!(log.local_durable_end().0, 2);
+
+    // Segment 1's set is [1, 2]; broker 2 does not answer yet.
+    let silent: Arc<dyn PeerAddresses> =
+        Arc::new(PeerMap(BTreeMap::from([(2, dead_address().await)])));
+    let r = Replication::start(
+        log.clone(),
+        7,
+        1,
+        FollowerSet::new(vec![2], 1),
+        silent,
+        1,
+        Duration::from_secs(30),
+    );
+    let waited = tokio::time::timeout(Duration::from_millis(800), log.wait_durable(end1)).await;
+    assert!(
+        waited.is_err(),
+        "segment 1 committed without its new follower"
+    );
+    r.stop();
+
+    // Broker 2 answers: both segments are shipped to it and commit.
+    let r = Replication::start(
+        log.clone(),
+        7,
+        1,
+        FollowerSet::new(vec![2], 1),
+        Arc::new(PeerMap(BTreeMap::from([(2, addr)]))),
+        1,
+        Duration::from_secs(30),
+    );
+    tokio::time::timeout(Duration::from_secs(10), log.wait_durable(end2))
+        .await
+        .expect("segments 1 and 2 committed by the new set")
+        .unwrap();
+    for seq in [1, 2] {
+        let primary = std::fs::read(tessera_log::segment::log_path(a.path(), seq)).unwrap();
+        let follower = std::fs::read(tessera_log::segment::log_path(b.path(), seq)).unwrap();
+        assert_eq!(primary, follower, "segment {seq}");
+    }
+    r.stop();
+    task.abort();
 }

@@ -921,12 +921,31 @@ async fn record_range_rolls(
                 continue 'rolls;
             }
             let image = broker.image();
-            let records = tessera_planner::record_local_segments(
+            // Every boundary is a placement decision: the next segment
+            // opens without followers on drained or lagging brokers, and
+            // on a less loaded broker when one holds clearly fewer.
+            let rolled = SegmentId::new(range, sealed.seq);
+            let out_of_sync = broker
+                .out_of_sync_of(range)
+                .into_iter()
+                .map(|f| (rolled, f))
+                .collect();
+            let records = tessera_planner::record_roll(
                 &image,
                 range,
-                &[seal_of(range, &sealed)],
-                Some(sealed.next_seq),
+                &seal_of(range, &sealed),
+                sealed.next_seq,
+                &out_of_sync,
+                broker.config.replica_placement_roll_enable,
             );
+            if let Some(placed) = placed_elsewhere(&image, rolled, &records) {
+                tracing::info!(
+                    segment = %SegmentId::new(range, sealed.next_seq),
+                    from = ?image.segments.get(&rolled).map(|s| s.replicas.clone()),
+                    to = ?placed,
+                    "segment roll: the next segment is placed on other replicas"
+                );
+            }
             if records.is_empty() {
                 // Recorded already (a reopen, or a write whose outcome was
                 // unknown, recorded it), unless leadership moved on.
@@ -949,6 +968,24 @@ async fn record_range_rolls(
             pause = (pause * 2).min(ROLL_RECORD_RETRY_MAX);
         }
     }
+}
+
+/// The replicas the roll's `records` open the next segment on, when they
+/// differ from the rolled segment's.
+fn placed_elsewhere(
+    image: &MetadataImage,
+    rolled: SegmentId,
+    records: &[tessera_metadata::MetadataRecord],
+) -> Option<Vec<i32>> {
+    let current = &image.segments.get(&rolled)?.replicas;
+    records.iter().find_map(|r| match r {
+        tessera_metadata::MetadataRecord::OpenSegment(open)
+            if open.segment.seq == rolled.seq + 1 && open.replicas != *current =>
+        {
+            Some(open.replicas.clone())
+        }
+        _ => None,
+    })
 }
 
 /// How long a failed roll record waits before its first retry, and at most.

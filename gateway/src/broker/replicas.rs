@@ -18,7 +18,7 @@ use tessera_log::producer_snapshot_file::snapshot_path;
 use tessera_log::RangeLog;
 use tessera_metadata::{MetadataImage, PartitionSpan, RangeId, SegmentId, SegmentImage};
 use tessera_replication::auth::Connector;
-use tessera_replication::primary::{PeerAddresses, Replication};
+use tessera_replication::primary::{FollowerSet, PeerAddresses, Replication};
 use tessera_replication::protocol::{Message, ProtocolError, SegmentKey};
 use tessera_replication::replica_store::ReplicaStore;
 use tessera_replication::service::{self, Directory, Refusal};
@@ -323,7 +323,7 @@ impl Broker {
                 log.clone(),
                 range,
                 self.config.node_id,
-                followers,
+                FollowerSet::new(followers, segment.id.seq),
                 peers,
                 min_insync,
                 Duration::from_millis(self.config.replica_lag_time_max_ms),
@@ -399,6 +399,18 @@ impl Broker {
                     .then(|| (seg, r.clone()))
             })
             .collect()
+    }
+
+    /// The followers of `range` this broker ships to that have been out of
+    /// sync longer than `replica.lag.time.max.ms` (none when it ships
+    /// nothing).
+    pub(super) fn out_of_sync_of(&self, range: RangeId) -> Vec<i32> {
+        self.replicas
+            .shipping
+            .lock()
+            .get(&range)
+            .map(|r| r.out_of_sync_for().into_iter().map(|(f, _)| f).collect())
+            .unwrap_or_default()
     }
 
     /// Stops shipping a range (its log closed, or leadership moved).

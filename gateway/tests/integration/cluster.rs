@@ -869,3 +869,101 @@ fn snapshot_file(
         .is_dir()
         .then(|| tessera_log::producer_snapshot_file::snapshot_path(&range_dir, seq))
 }
+
+/// A primary's own segment roll is a placement decision. With the
+/// controller's re-placement off, two RF=2 ranges on brokers 1 and 2 and
+/// broker 3 holding none: the busy range's next segment opens at a roll
+/// with its follower on broker 3, the same primary and leader epoch
+/// (nothing sealed by quorum, nothing copied), appends after it are
+/// acknowledged by the new set (a quorum of [1, 3] needs broker 3), and
+/// every record is read back once at its offset. Before, a roll kept its
+/// replica set for good and only the controller's seals moved followers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_roll_places_the_next_segment_on_the_broker_holding_fewest() {
+    let dir = tempfile::tempdir().unwrap();
+    let nodes = start_cluster_with(
+        dir.path(),
+        3,
+        &[
+            ("replica.placement.rebalance.enable", "false"),
+            ("auto.leader.rebalance.enable", "false"),
+        ],
+    )
+    .await;
+    // Every append past the first of a segment rolls "rolling".
+    for (name, segment_bytes) in [("rolling", "14"), ("idle", "1048576")] {
+        nodes[0]
+            .broker
+            .create_topic_assigned(
+                NewTopic {
+                    name: name.into(),
+                    partitions: 1,
+                    replication_factor: 2,
+                    configs: BTreeMap::from([(
+                        "segment.bytes".to_string(),
+                        segment_bytes.to_string(),
+                    )]),
+                },
+                Some(vec![vec![1, 2]]),
+                false,
+            )
+            .await
+            .unwrap();
+    }
+    let range = range_of(&nodes, "rolling", 0);
+    let idle = range_of(&nodes, "idle", 0);
+    let first = nodes[0].broker.image().active_segment(range).unwrap();
+    assert_eq!(first.replicas, vec![1, 2]);
+    let on_3 = || {
+        nodes[0]
+            .broker
+            .image()
+            .segments_of(range)
+            .iter()
+            .any(|s| s.replicas.contains(&3))
+    };
+    let mut next = 0;
+    while !on_3() {
+        assert!(next < 20, "no roll placed a segment on broker 3");
+        assert_eq!(produce_to(&nodes, "rolling", 0, next).await, next);
+        next += 1;
+    }
+    for _ in 0..6 {
+        assert_eq!(produce_to(&nodes, "rolling", 0, next).await, next);
+        next += 1;
+    }
+    let image = nodes[0].broker.image();
+    let segments = image.segments_of(range);
+    let placed = segments.iter().find(|s| s.replicas.contains(&3)).unwrap();
+    assert_eq!(placed.replicas, vec![1, 3], "follower 2 swapped for 3");
+    for s in &segments {
+        assert_eq!(s.primary(), Some(1), "the primary stays");
+        assert_eq!(
+            s.leader_epoch, first.leader_epoch,
+            "placed at a roll, not by a seal: {segments:?}"
+        );
+        if s.id.seq < placed.id.seq {
+            assert_eq!(s.replicas, vec![1, 2], "written segments stay put");
+        } else {
+            assert_eq!(s.replicas, vec![1, 3], "balanced: no churn after");
+        }
+    }
+    assert_eq!(
+        image.active_segment(idle).unwrap().replicas,
+        vec![1, 2],
+        "a range that does not roll keeps its set"
+    );
+    let leader = leader_of(&nodes, "rolling", 0).await;
+    let t = image.topic_by_name("rolling").unwrap().clone();
+    let offsets: Vec<i64> = leader
+        .read_records(&t, 0)
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.offset)
+        .collect();
+    assert_eq!(offsets, (0..next).collect::<Vec<_>>());
+    for r in nodes {
+        r.shutdown().await;
+    }
+}
