@@ -619,6 +619,8 @@ struct Stats {
     /// Local rolls, and those the controller recorded.
     rolls: u64,
     rolls_recorded: u64,
+    /// Recorded rolls that opened the next segment on another replica set.
+    rolls_placed: u64,
     /// Files a restart dropped (unrecorded rolls, other epochs).
     stale_files: u64,
     snapshot_transfers: u64,
@@ -657,6 +659,7 @@ impl Stats {
         self.resignations += o.resignations;
         self.rolls += o.rolls;
         self.rolls_recorded += o.rolls_recorded;
+        self.rolls_placed += o.rolls_placed;
         self.stale_files += o.stale_files;
         self.snapshot_transfers += o.snapshot_transfers;
         self.segments += o.segments;
@@ -675,6 +678,9 @@ struct Sim {
     /// Draws controller failovers in chaos runs, apart from `rng` so that
     /// the other faults of a seed stay what they were before they existed.
     ctrl_failover_rng: Option<Rng>,
+    /// Draws of the placement at recorded rolls (its own stream: the other
+    /// draws stay as they were).
+    roll_placement_rng: Rng,
     now: u64,
     nodes: Vec<Node>,
     ctrl: Controller,
@@ -732,6 +738,7 @@ impl Sim {
             faults,
             rng,
             ctrl_failover_rng: faulty.then(|| Rng::new(seed ^ 0x00c0_ffee_0000_0001)),
+            roll_placement_rng: Rng::new(seed ^ 0x0000_0000_7011_0001),
             now: 0,
             nodes,
             ctrl: Controller {
@@ -2167,9 +2174,9 @@ impl Sim {
             done: vec![false; meta.replicas.len()],
             rolled: true,
         };
-        let (replicas, base, primary_inc) =
+        let (rolled_on, base, primary_inc) =
             (meta.replicas.clone(), meta.base + size, meta.primary_inc);
-        for &r in &replicas {
+        for &r in &rolled_on {
             self.outbox.push(out(
                 CTRL,
                 r,
@@ -2187,9 +2194,10 @@ impl Sim {
                 "segment {seg} recorded at {size} (offset {base}) cuts acknowledged record {id} at offset {off}"
             ));
         }
+        let replicas = self.place_at_roll(rolled_on);
         trace!(
             self,
-            "segment {seg} rolled at {size}; segment {} opens at offset {base}",
+            "segment {seg} rolled at {size}; segment {} opens at offset {base} on {replicas:?}",
             seg + 1
         );
         self.outbox.push(Out {
@@ -2211,6 +2219,27 @@ impl Sim {
             state: SegState::Active,
         });
         self.stats.segments += 1;
+    }
+
+    /// Every boundary is a placement decision (the broker's
+    /// `tessera_planner::place_at_roll`): now and then a recorded roll
+    /// opens the next segment with one follower swapped for a live node
+    /// outside the set, at the same epoch with the same primary; the
+    /// primary's shipping of it goes to the new set.
+    fn place_at_roll(&mut self, mut replicas: Vec<usize>) -> Vec<usize> {
+        if replicas.len() < 2 || !self.roll_placement_rng.chance(0.3) {
+            return replicas;
+        }
+        let spares: Vec<usize> = (0..NODES)
+            .filter(|&n| !replicas.contains(&n) && self.ctrl_live(n))
+            .collect();
+        if spares.is_empty() {
+            return replicas;
+        }
+        let leaving = 1 + self.roll_placement_rng.below(replicas.len() as u64 - 1) as usize;
+        replicas[leaving] = spares[self.roll_placement_rng.below(spares.len() as u64) as usize];
+        self.stats.rolls_placed += 1;
+        replicas
     }
 
     /// Opens the next segment once the last is sealed and enough nodes are live.
@@ -2725,7 +2754,10 @@ fn chaos_sweep_loses_no_acknowledged_record() {
     );
     assert!(t.truncations > 0 && t.repairs > 0, "{t:?}");
     assert!(t.lead_waits > 0 && t.history_reads > 0, "{t:?}");
-    assert!(t.rolls_recorded > 0 && t.stale_files > 0, "{t:?}");
+    assert!(
+        t.rolls_recorded > 0 && t.rolls_placed > 0 && t.stale_files > 0,
+        "{t:?}"
+    );
     assert!(t.controller_failovers > 0, "{t:?}");
     assert!(
         t.duplicates_refused > 0 && t.snapshot_waits > 0 && t.snapshot_transfers > 0,
