@@ -18,9 +18,12 @@
 //!    Zipf-distributed load (bytes in per second) spread evenly over its
 //!    partitions;
 //! 2. **hot topic**: the busiest topic's load x10, its ranges split once;
-//! 3. **brokers join**: 10 % more brokers, then controller passes (leader
-//!    balance and re-placement, bounded per pass as in the broker) until
-//!    none plans anything or 50 passes;
+//! 3. **brokers join**: 10 % more brokers, then an hour of traffic: each
+//!    range rolls once per `segment.bytes` (1 GiB) of its bytes in (at most
+//!    4 times), every roll placing its next segment (`place_at_roll`, as a
+//!    primary's roll does), then controller passes (leader balance and
+//!    re-placement, bounded per pass as in the broker) until none plans
+//!    anything or 50 passes;
 //! 4. **rack lost**: every broker of one rack fenced; each active segment
 //!    whose primary is fenced fails over (seal-by-quorum), then healing;
 //! 5. **brokers removed**: 10 % of the brokers unregistered, then healing.
@@ -43,9 +46,10 @@ use std::time::{Duration, Instant};
 use tessera_metadata::records::BrokerRegistration;
 use tessera_metadata::{decode_committed_value, MetadataImage, MetadataRecord, RangeId, TopicId};
 use tessera_planner::{
-    create_topic_with, heal_segments_with, plan_balance, plan_boundary_moves, seal_and_replace,
-    seal_by_quorum, seal_by_quorum_with, split_range, spread_split_children, LeaderMove,
-    LoadBalanceSettings, PlacementLoad, QuorumSeal, Replacement, TopicSpec,
+    create_topic_with, heal_segments_with, place_at_roll_with, plan_balance, plan_boundary_moves,
+    record_roll, seal_and_replace, seal_by_quorum, seal_by_quorum_with, split_range,
+    spread_split_children, LeaderMove, LoadBalanceSettings, PlacementLoad, QuorumSeal, Replacement,
+    TopicSpec,
 };
 
 /// The broker's defaults: 10 % above the mean sheds, from 1 MiB/s.
@@ -57,6 +61,11 @@ const BALANCE: LoadBalanceSettings = LoadBalanceSettings {
 /// Moves one controller pass plans at most (the broker's bound).
 const MOVES_PER_PASS: usize = 8;
 const PASSES: usize = 50;
+/// `segment.bytes` (Kafka's default, 1 GiB): a range rolls once per this
+/// many bytes in.
+const SEGMENT_BYTES: f64 = 1073741824.0;
+/// Rolls per range simulated in the hour after a join, at most.
+const MAX_ROLLS: u64 = 4;
 
 struct Rng(u64);
 
@@ -354,6 +363,65 @@ impl Cluster {
         }
     }
 
+    /// A primary's own roll of `range`'s active segment, recorded as the
+    /// broker records it: the next segment placed by `place_at_roll` (from
+    /// the kept counts). True when it opened on another replica set.
+    fn roll(&mut self, range: RangeId) -> bool {
+        let Some(active) = self.image.active_segment(range) else {
+            return false;
+        };
+        let seal = tessera_metadata::SegmentSealRecord {
+            segment: active.id,
+            size_bytes: 0,
+            spans: vec![],
+            leader_epoch: Some(active.leader_epoch),
+        };
+        let (placed, records) = self.plan(|img, counts| {
+            let load = counts
+                .replicas_held(img)
+                .into_iter()
+                .map(|(b, n)| (b, n as i64))
+                .collect();
+            let placed = place_at_roll_with(img, active.id, &BTreeSet::new(), &load);
+            let moved = placed.is_some();
+            (
+                moved,
+                record_roll(img, range, &seal, active.id.seq + 1, placed),
+            )
+        });
+        self.commit(&records);
+        placed
+    }
+
+    /// An hour of traffic: every active range rolls once per
+    /// `SEGMENT_BYTES` of its bytes in (at most `MAX_ROLLS` times), the
+    /// ranges taking turns. Returns (rolls, rolls that placed elsewhere).
+    fn an_hour_of_rolls(&mut self) -> (u64, u64) {
+        let rolling: Vec<(RangeId, u64)> = self
+            .range_rates()
+            .into_iter()
+            .map(|(r, rate)| {
+                (
+                    r,
+                    ((rate as f64 * 3600.0 / SEGMENT_BYTES) as u64).min(MAX_ROLLS),
+                )
+            })
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        let (mut rolls, mut placed) = (0, 0);
+        for round in 0..MAX_ROLLS {
+            for &(range, n) in &rolling {
+                if n > round {
+                    rolls += 1;
+                    if self.roll(range) {
+                        placed += 1;
+                    }
+                }
+            }
+        }
+        (rolls, placed)
+    }
+
     /// Fails over every active segment whose primary is fenced or gone
     /// (the controller's seal-by-quorum, the first live replica holding
     /// the end), then heals the sealed copies of `gone`.
@@ -557,19 +625,30 @@ fn run(o: &Options, brokers: i32, csv: &mut Vec<String>) {
     }
     row(&mut c, "hot topic x10, split", before, t);
 
-    // 3. brokers join, controller passes
+    // 3. brokers join: an hour of segment rolls (each a placement
+    // decision), then controller passes
     let before = mark(&c);
     let joining = (brokers / 10).max(1);
     for id in brokers + 1..=brokers + joining {
         c.register(id, o.racks);
     }
+    let (rolls, placed) = c.an_hour_of_rolls();
+    row(
+        &mut c,
+        &format!(
+            "{joining} brokers join, an hour of rolls ({rolls} rolls, {placed} placed elsewhere)"
+        ),
+        before,
+        t,
+    );
+    let before = mark(&c);
     let mut passes = 0;
     while passes < PASSES && c.controller_pass() > 0 {
         passes += 1;
     }
     row(
         &mut c,
-        &format!("{joining} brokers join ({passes} passes)"),
+        &format!("then controller passes ({passes})"),
         before,
         t,
     );

@@ -1034,30 +1034,30 @@ pub fn record_local_segments(
 
 /// The entry recording a primary's own roll of `seal`'s segment to
 /// `next_seq` ([`record_local_segments`] of that one seal), the next
-/// segment placed by [`place_at_roll`] when `place` (else on the rolled
-/// segment's replicas). Only a roll from the image's newest segment is
-/// placed: a log that rolled further ahead records its later segments on
-/// the replicas this one gets.
+/// segment opened on `next_replicas` when given ([`place_at_roll`]'s
+/// answer) and the roll is from the image's newest segment, else on the
+/// rolled segment's replicas (a log that rolled further ahead records its
+/// later segments on the replicas this one gets).
 pub fn record_roll(
     image: &MetadataImage,
     range: RangeId,
     seal: &SegmentSealRecord,
     next_seq: u32,
-    out_of_sync: &std::collections::BTreeSet<(SegmentId, i32)>,
-    place: bool,
+    next_replicas: Option<Vec<i32>>,
 ) -> Vec<MetadataRecord> {
     let mut records =
         record_local_segments(image, range, std::slice::from_ref(seal), Some(next_seq));
     let newest = image.segments_of(range).last().map(|s| s.id);
-    if !place || newest != Some(seal.segment) || next_seq != seal.segment.seq + 1 {
+    let Some(replicas) = next_replicas else {
+        return records;
+    };
+    if newest != Some(seal.segment) || next_seq != seal.segment.seq + 1 {
         return records;
     }
-    if let Some(replicas) = place_at_roll(image, seal.segment, out_of_sync) {
-        for r in &mut records {
-            if let MetadataRecord::OpenSegment(open) = r {
-                if open.segment.seq == next_seq {
-                    open.replicas = replicas.clone();
-                }
+    for r in &mut records {
+        if let MetadataRecord::OpenSegment(open) = r {
+            if open.segment.seq == next_seq {
+                open.replicas = replicas.clone();
             }
         }
     }
@@ -1219,8 +1219,8 @@ mod move_placement;
 pub use move_placement::{complete_moves, gather_for_merge, spread_split_children};
 mod replacement;
 pub use replacement::{
-    place_at_roll, plan_follower_replacements, plan_replacements, replica_load, seal_and_replace,
-    Replacement,
+    place_at_roll, place_at_roll_with, plan_follower_replacements, plan_replacements, replica_load,
+    seal_and_replace, Replacement,
 };
 mod unreplicated;
 pub use unreplicated::{plan_boundary_moves, plan_unreplicated_moves};

@@ -653,6 +653,19 @@ pub fn place_at_roll(
     rolled: SegmentId,
     out_of_sync: &BTreeSet<(SegmentId, i32)>,
 ) -> Option<Vec<i32>> {
+    place_at_roll_with(image, rolled, out_of_sync, &replica_load(image))
+}
+
+/// [`place_at_roll`] with the replicas of active segments each live broker
+/// holds (`load`, [`replica_load`] of `image`) counted already, as a
+/// controller keeping [`crate::PlacementLoad`] has them: no walk of the
+/// image per roll.
+pub fn place_at_roll_with(
+    image: &MetadataImage,
+    rolled: SegmentId,
+    out_of_sync: &BTreeSet<(SegmentId, i32)>,
+    load: &BTreeMap<i32, i64>,
+) -> Option<Vec<i32>> {
     let seg = image.segments.get(&rolled)?;
     if seg.is_sealed()
         || seg.replicas.len() < 2
@@ -662,8 +675,7 @@ pub fn place_at_roll(
     {
         return None;
     }
-    let load = replica_load(image);
-    if let Some(plan) = follower_replacement(image, seg, out_of_sync, &load) {
+    if let Some(plan) = follower_replacement(image, seg, out_of_sync, load) {
         return (plan.replicas.len() >= 2).then_some(plan.replicas);
     }
     let live = Live::of(image);
@@ -673,7 +685,11 @@ pub fn place_at_roll(
         .map(|&r| live.get(r).map(|x| x as u32))
         .collect::<Option<_>>()?;
     let (rack, _) = rack_numbers(image, &live);
-    let counts: Vec<i64> = live.ids.iter().map(|b| load[b]).collect();
+    let counts: Vec<i64> = live
+        .ids
+        .iter()
+        .map(|b| load.get(b).copied().unwrap_or(0))
+        .collect();
     let swap = choose_swap(
         seg.id,
         exhaustive_swaps(&set, &counts, &rack),

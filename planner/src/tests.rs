@@ -2562,7 +2562,8 @@ fn roll(
     let active = image.active_segment(range).unwrap();
     let mut sealed = seal(range, active.id.seq, &[]);
     sealed.leader_epoch = Some(active.leader_epoch);
-    let records = record_roll(image, range, &sealed, active.id.seq + 1, out_of_sync, true);
+    let placed = place_at_roll(image, active.id, out_of_sync);
+    let records = record_roll(image, range, &sealed, active.id.seq + 1, placed);
     assert_eq!(commit(image, &records), 0);
     let next = image.active_segment(range).unwrap();
     assert_eq!(next.id.seq, active.id.seq + 1);
@@ -2614,7 +2615,7 @@ fn a_roll_places_the_next_segment_on_a_joined_broker_until_balanced() {
     let active = image.active_segment(ranges[0]).unwrap();
     let mut sealed = seal(ranges[0], active.id.seq, &[]);
     sealed.leader_epoch = Some(active.leader_epoch);
-    let records = record_roll(&image, ranges[0], &sealed, 1, &BTreeSet::new(), false);
+    let records = record_roll(&image, ranges[0], &sealed, 1, None);
     assert_eq!(commit(&mut image, &records), 0);
     assert_eq!(
         image.active_segment(ranges[0]).unwrap().replicas,

@@ -930,13 +930,17 @@ async fn record_range_rolls(
                 .into_iter()
                 .map(|f| (rolled, f))
                 .collect();
+            let placed = broker
+                .config
+                .replica_placement_roll_enable
+                .then(|| tessera_planner::place_at_roll(&image, rolled, &out_of_sync))
+                .flatten();
             let records = tessera_planner::record_roll(
                 &image,
                 range,
                 &seal_of(range, &sealed),
                 sealed.next_seq,
-                &out_of_sync,
-                broker.config.replica_placement_roll_enable,
+                placed,
             );
             if let Some(placed) = placed_elsewhere(&image, rolled, &records) {
                 tracing::info!(
