@@ -128,38 +128,86 @@ impl Replication {
         min_insync: usize,
         lag: Duration,
     ) -> Arc<Replication> {
-        let FollowerSet {
-            followers,
-            from_seq,
-        } = set;
-        let (active_seq, _) = log.local_durable_end();
-        let start_seq = from_seq.min(active_seq);
-        let r = Arc::new(Replication {
+        let r = Replication {
             log,
             range,
             me,
-            replicas: followers.len() + 1,
+            replicas: 0,
             min_insync: AtomicUsize::new(min_insync),
             lag,
             started: Instant::now(),
             progress: Mutex::new(Progress {
-                base_seq: start_seq,
-                followers: followers
-                    .iter()
-                    .map(|f| {
-                        (
-                            *f,
-                            FollowerProgress {
-                                ship_seq: start_seq,
-                                ..Default::default()
-                            },
-                        )
-                    })
-                    .collect(),
+                base_seq: 0,
+                followers: HashMap::new(),
             }),
-            followers,
+            followers: Vec::new(),
             stop: watch::channel(false).0,
+        };
+        r.launch(set, HashMap::new(), peers)
+    }
+
+    /// This log's shipping continued on another set (a roll placed the
+    /// next segment on other followers): this one stops, and followers in
+    /// both sets keep their acknowledged ends and in-sync clocks in the
+    /// new one, so a follower swap costs the others nothing (acks=all
+    /// with `min.insync.replicas` sees no gap in the in-sync set).
+    pub fn continue_on(&self, set: FollowerSet, peers: Arc<dyn PeerAddresses>) -> Arc<Replication> {
+        self.stop();
+        let kept: HashMap<i32, FollowerProgress> = {
+            let progress = self.progress.lock();
+            set.followers
+                .iter()
+                .filter_map(|f| progress.followers.get(f).map(|p| (*f, p.clone())))
+                .collect()
+        };
+        let r = Replication {
+            log: self.log.clone(),
+            range: self.range,
+            me: self.me,
+            replicas: 0,
+            min_insync: AtomicUsize::new(self.min_insync.load(Ordering::Relaxed)),
+            lag: self.lag,
+            started: Instant::now(),
+            progress: Mutex::new(Progress {
+                base_seq: 0,
+                followers: HashMap::new(),
+            }),
+            followers: Vec::new(),
+            stop: watch::channel(false).0,
+        };
+        r.launch(set, kept, peers)
+    }
+
+    /// Sets up the progress of `set` (from `kept` where given) and starts
+    /// one shipping task per follower and the monitor.
+    fn launch(
+        mut self,
+        set: FollowerSet,
+        mut kept: HashMap<i32, FollowerProgress>,
+        peers: Arc<dyn PeerAddresses>,
+    ) -> Arc<Replication> {
+        let FollowerSet {
+            followers,
+            from_seq,
+        } = set;
+        let (active_seq, _) = self.log.local_durable_end();
+        let start_seq = from_seq.min(active_seq);
+        let progress = followers
+            .iter()
+            .map(|f| {
+                let mut p = kept.remove(f).unwrap_or_default();
+                p.durable.retain(|s, _| *s >= start_seq);
+                p.ship_seq = p.ship_seq.max(start_seq);
+                (*f, p)
+            })
+            .collect();
+        self.replicas = followers.len() + 1;
+        self.progress = Mutex::new(Progress {
+            base_seq: start_seq,
+            followers: progress,
         });
+        self.followers = followers;
+        let r = Arc::new(self);
         for &f in &r.followers {
             tokio::spawn(ship(r.clone(), f, peers.clone()));
         }

@@ -1320,3 +1320,53 @@ async fn a_new_replica_set_commits_every_segment_from_where_it_starts() {
     r.stop();
     task.abort();
 }
+
+/// A follower swap at a roll costs the follower that stays nothing: the
+/// shipping continued on the new set still counts it in sync at once (no
+/// NOT_ENOUGH_REPLICAS gap for acks=all), and commits with it and the
+/// primary while the joining follower never answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_kept_across_a_set_change_stays_in_sync() {
+    let dirs: Vec<_> = (0..3).map(|_| tempfile::tempdir().unwrap()).collect();
+    let log = primary_log(dirs[0].path());
+    let (addr2, _s2, t2) = follower(dirs[1].path().to_path_buf()).await;
+    let (addr3, _s3, t3) = follower(dirs[2].path().to_path_buf()).await;
+    let peers: Arc<dyn PeerAddresses> = Arc::new(PeerMap(BTreeMap::from([
+        (2, addr2),
+        (3, addr3),
+        (4, dead_address().await),
+    ])));
+    let r = Replication::start(
+        log.clone(),
+        7,
+        1,
+        FollowerSet::new(vec![2, 3], 0),
+        peers.clone(),
+        2,
+        Duration::from_secs(30),
+    );
+    let mut batch = make_batch(2, 1000);
+    let end0 = log.append(0, &mut batch, None).unwrap().end_position;
+    tokio::time::timeout(Duration::from_secs(10), log.wait_durable(end0))
+        .await
+        .expect("committed by the first set")
+        .unwrap();
+    eventually("both followers in sync", || r.in_sync() == vec![1, 2, 3]).await;
+    log.roll().unwrap().expect("rolled");
+    // Segment 1 is recorded on [1, 2, 4]: broker 3 leaves, 4 joins (and
+    // never answers).
+    let next = r.continue_on(FollowerSet::new(vec![2, 4], 1), peers);
+    assert_eq!(next.in_sync(), vec![1, 2], "broker 2 is still in sync");
+    let mut batch = make_batch(2, 2000);
+    let end1 = log.append(0, &mut batch, None).unwrap().end_position;
+    tokio::time::timeout(Duration::from_secs(10), log.wait_durable(end1))
+        .await
+        .expect("committed by the primary and broker 2")
+        .unwrap();
+    let follower = std::fs::read(tessera_log::segment::log_path(dirs[1].path(), 1)).unwrap();
+    let primary = std::fs::read(tessera_log::segment::log_path(dirs[0].path(), 1)).unwrap();
+    assert_eq!(follower, primary);
+    next.stop();
+    t2.abort();
+    t3.abort();
+}

@@ -305,9 +305,18 @@ impl Broker {
     ) {
         let mut shipping = self.replicas.shipping.lock();
         let followers: Vec<i32> = segment.replicas[1..].to_vec();
+        let peers: Arc<dyn PeerAddresses> = Arc::new(View(self.weak()));
         if let Some(r) = shipping.get(&range) {
-            if Arc::ptr_eq(r.log(), log) && r.followers() == followers.as_slice() {
+            let same_log = Arc::ptr_eq(r.log(), log);
+            if same_log && r.followers() == followers.as_slice() {
                 r.set_min_insync(min_insync);
+                return;
+            }
+            if same_log && !followers.is_empty() {
+                // A roll placed the next segment on another set.
+                let next = r.continue_on(FollowerSet::new(followers, segment.id.seq), peers);
+                next.set_min_insync(min_insync);
+                shipping.insert(range, next);
                 return;
             }
             r.stop();
@@ -316,7 +325,6 @@ impl Broker {
             shipping.remove(&range);
             return;
         }
-        let peers: Arc<dyn PeerAddresses> = Arc::new(View(self.weak()));
         shipping.insert(
             range,
             Replication::start(
