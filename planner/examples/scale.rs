@@ -32,8 +32,10 @@
 //! primary, of primaries, of replicas of active segments), the segments
 //! newly placed or moved, the metadata records written, the image's size
 //! (its snapshot, `to_records`, encoded) and the time to replay it, and the
-//! planning time per decision. `--csv` writes the max/mean bytes-in ratio
-//! every 50 steps (every `ranges / 1,000` steps in images of more than
+//! planning time per decision. `--csv` writes the max/mean ratios of bytes
+//! in, primaries and replicas, with the event in progress (0-5: creation,
+//! hot topic, join and rolls, controller passes, rack lost, removed), every
+//! 50 steps (every `ranges / 1,000` steps in images of more than
 //! 50,000 ranges), for docs/SCALE.md's plot.
 //!
 //! Creation, failover and healing read the per-broker counts from a
@@ -148,6 +150,9 @@ struct Cluster {
     next_sample: u64,
     csv: Vec<String>,
     size: i32,
+    /// The event in progress (the number of rows printed so far), for the
+    /// `--csv` samples.
+    event: u32,
 }
 
 impl Cluster {
@@ -173,11 +178,13 @@ impl Cluster {
             self.next_sample = self.step + 50.max(self.image.ranges.len() as u64 / 1000);
             let l = self.loads();
             self.csv.push(format!(
-                "{},{},{:.3},{:.3}",
+                "{},{},{},{:.3},{:.3},{:.3}",
                 self.size,
                 self.step,
+                self.event,
                 l.bytes.ratio(),
-                l.primaries.ratio()
+                l.primaries.ratio(),
+                l.replicas.ratio()
             ));
         }
     }
@@ -507,6 +514,7 @@ fn snapshot_figures(image: &MetadataImage) -> (u64, Duration) {
 }
 
 fn row(c: &mut Cluster, event: &str, before: (u64, u64, u64, Duration), started: Instant) {
+    c.event += 1;
     assert_eq!(c.counts, PlacementLoad::of(&c.image), "kept counts");
     let l = c.loads();
     let (bytes, replay) = snapshot_figures(&c.image);
@@ -547,6 +555,7 @@ fn run(o: &Options, brokers: i32, csv: &mut Vec<String>) {
         next_sample: 50,
         csv: Vec::new(),
         size: brokers,
+        event: 0,
     };
     for id in 1..=brokers {
         c.register(id, o.racks);
@@ -691,7 +700,10 @@ fn main() {
     println!(
         "| ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"
     );
-    let mut csv = vec!["brokers,step,bytes_max_over_mean,primaries_max_over_mean".to_string()];
+    let mut csv = vec![
+        "brokers,step,event,bytes_max_over_mean,primaries_max_over_mean,replicas_max_over_mean"
+            .to_string(),
+    ];
     for &b in &o.brokers {
         run(&o, b, &mut csv);
     }

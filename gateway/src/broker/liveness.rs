@@ -20,6 +20,9 @@ const HEAL_SEGMENTS_PER_TICK: usize = 16;
 /// Heartbeats this broker to the active controller until the broker is gone.
 pub(super) async fn heartbeat(broker: Weak<Broker>) {
     let reporting = Arc::new(AtomicBool::new(false));
+    // How much later than asked the last sleep ended: this node did not
+    // run meanwhile (paused, starved).
+    let mut stall = Duration::ZERO;
     loop {
         let Some(b) = broker.upgrade() else { return };
         if b.is_shutting_down() {
@@ -44,18 +47,26 @@ pub(super) async fn heartbeat(broker: Weak<Broker>) {
         // keeps failing, its disk refuses, it is too slow) is replaced at
         // the next segment boundary, as the controller replaces fenced ones.
         let image = b.image();
+        // After this node did not run for a while its followers look out
+        // of sync by its own clock only (their acks are queued, not
+        // missing): judged on the next tick, not replaced now.
+        let stalled = stall > Duration::from_millis(b.config.replica_lag_time_max_ms) / 2;
         let lagging = b.out_of_sync_followers(&image);
-        if !lagging.is_empty() {
+        if !lagging.is_empty() && !stalled {
             replace_followers(&b, &image, &lagging);
         }
         // Its in-sync replicas, as Metadata shows them on every broker
         // (Kafka's leader shrinks and expands the ISR with AlterPartition).
-        let reports = tessera_planner::in_sync_reports(
-            &image,
-            b.config.node_id,
-            &b.shipped_segments(&image),
-            &lagging,
-        );
+        let reports = if stalled {
+            Vec::new()
+        } else {
+            tessera_planner::in_sync_reports(
+                &image,
+                b.config.node_id,
+                &b.shipped_segments(&image),
+                &lagging,
+            )
+        };
         // Written beside the heartbeats, never in their way (a quorum
         // that is away must not cost this broker its session), one write
         // at a time; a report lost is made again on a later tick.
@@ -72,8 +83,16 @@ pub(super) async fn heartbeat(broker: Weak<Broker>) {
             });
         }
         drop(b);
-        tokio::time::sleep(interval).await;
+        stall = sleep_measuring_stall(interval).await;
     }
+}
+
+/// Sleeps `interval`; how much later than that it woke (the process did
+/// not run meanwhile: a SIGSTOP, a VM pause, a starved runtime).
+async fn sleep_measuring_stall(interval: Duration) -> Duration {
+    let asleep = Instant::now();
+    tokio::time::sleep(interval).await;
+    asleep.elapsed().saturating_sub(interval)
 }
 
 /// On the active controller: fences brokers whose session expired or who
@@ -82,7 +101,8 @@ pub(super) async fn heartbeat(broker: Weak<Broker>) {
 /// judges by them at once; only in the first session after this process
 /// started has it not heard from everyone yet (the grace).
 pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
-    let started = Instant::now();
+    let mut started = Instant::now();
+    let mut stall = Duration::ZERO;
     // When this controller first saw each broker fenced (for healing).
     let mut fenced_since: HashMap<i32, Instant> = HashMap::new();
     // When this controller last looked for ranges to re-place, and last
@@ -93,6 +113,21 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
         let Some(b) = broker.upgrade() else { return };
         let interval = Duration::from_millis(b.config.broker_heartbeat_interval_ms.max(1));
         let session = Duration::from_millis(b.config.broker_session_timeout_ms);
+        // A controller that did not run for half a session (paused,
+        // starved) heard no heartbeat meanwhile either, and its raft role
+        // may be all that is left of its leadership: it judges sessions
+        // again only after a whole one, the grace it has after starting.
+        // Judging at once fenced every broker, itself included, and failed
+        // over every range of the cluster the moment it resumed (a 3 s
+        // SIGSTOP in the fault runs). Kafka's controller, likewise, fences
+        // at most one stale broker at a time.
+        if stall > session / 2 {
+            tracing::warn!(
+                stalled_ms = stall.as_millis() as u64,
+                "this node did not run for half a broker session; judging sessions again after a whole one"
+            );
+            started = Instant::now();
+        }
         if b.controller.is_leader() {
             let image = b.image();
             let alive: BTreeSet<i32> = image
@@ -212,7 +247,7 @@ pub(super) async fn fence_expired_sessions(broker: Weak<Broker>) {
             last_leader_check = None;
         }
         drop(b);
-        tokio::time::sleep(interval).await;
+        stall = sleep_measuring_stall(interval).await;
     }
 }
 
