@@ -12,20 +12,7 @@
 # shellcheck source=bench/env.sh
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 
-tool=${RDKAFKA_PERFORMANCE:-}
-if [ -z "$tool" ]; then
-    tool="$ROOT/bench-results/librdkafka/examples/rdkafka_performance"
-    if [ ! -x "$tool" ]; then
-        src=$(cargo metadata --format-version 1 --manifest-path compat-tests/Cargo.toml |
-            "$VENV/bin/python" -c 'import json, sys, pathlib
-pkgs = json.load(sys.stdin)["packages"]
-print(next(pathlib.Path(p["manifest_path"]).parent / "librdkafka" for p in pkgs if p["name"] == "rdkafka-sys"))')
-        echo "==> building rdkafka_performance from $src" >&2
-        rm -rf bench-results/librdkafka && cp -r "$src" bench-results/librdkafka
-        (cd bench-results/librdkafka && ./configure --disable-gssapi --disable-curl >/dev/null &&
-            make -j"$(nproc)" libs >/dev/null && make -C examples rdkafka_performance >/dev/null)
-    fi
-fi
+tool=$(rdkafka_performance)
 
 "$VENV/bin/python" bench/c_client.py --tool "$tool" --json bench-results/c_client.json "$@" |
     tee bench-results/c_client.md

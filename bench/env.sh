@@ -21,3 +21,25 @@ if [ -z "${TESSERA_BIN:-}" ]; then
     export TESSERA_BIN="$ROOT/target/release/tessera"
 fi
 mkdir -p bench-results
+
+# rdkafka_performance: $RDKAFKA_PERFORMANCE, else built once from the
+# librdkafka source the `rdkafka` crate bundles (rdkafka-sys, in cargo's
+# registry after any build of compat-tests) into bench-results/librdkafka.
+rdkafka_performance() {
+    local tool=${RDKAFKA_PERFORMANCE:-}
+    if [ -z "$tool" ]; then
+        tool="$ROOT/bench-results/librdkafka/examples/rdkafka_performance"
+        if [ ! -x "$tool" ]; then
+            local src
+            src=$(cargo metadata --format-version 1 --manifest-path compat-tests/Cargo.toml |
+                "$VENV/bin/python" -c 'import json, sys, pathlib
+pkgs = json.load(sys.stdin)["packages"]
+print(next(pathlib.Path(p["manifest_path"]).parent / "librdkafka" for p in pkgs if p["name"] == "rdkafka-sys"))')
+            echo "==> building rdkafka_performance from $src" >&2
+            rm -rf bench-results/librdkafka && cp -r "$src" bench-results/librdkafka
+            (cd bench-results/librdkafka && ./configure --disable-gssapi --disable-curl >/dev/null &&
+                make -j"$(nproc)" libs >/dev/null && make -C examples rdkafka_performance >/dev/null)
+        fi
+    fi
+    echo "$tool"
+}
