@@ -38,6 +38,9 @@ pub struct Metrics {
     pub follower_replacements: AtomicU64,
     /// Re-placements planned by the active controller.
     pub replacements_planned: AtomicU64,
+    /// Segment rolls this node recorded with the next segment on other
+    /// replicas than the rolled one (placement at a roll).
+    pub roll_placements: AtomicU64,
     /// Leadership moves planned by the active controller, and those that
     /// ended with the planned follower leading.
     pub leader_moves_planned: AtomicU64,
@@ -97,6 +100,7 @@ impl Default for Metrics {
             history_repair_waits: AtomicU64::new(0),
             follower_replacements: AtomicU64::new(0),
             replacements_planned: AtomicU64::new(0),
+            roll_placements: AtomicU64::new(0),
             leader_moves_planned: AtomicU64::new(0),
             leader_moves_done: AtomicU64::new(0),
             authentications_succeeded: AtomicU64::new(0),
@@ -316,6 +320,11 @@ impl Metrics {
                 "tessera_segment_replacements_planned_total",
                 "Re-placements this node planned as the active controller (some end as plain seals when the image moved on).",
                 &self.replacements_planned,
+            ),
+            (
+                "tessera_segment_roll_placements_total",
+                "Segment rolls this node recorded with the next segment on other replicas than the rolled one (replica.placement.roll.enable).",
+                &self.roll_placements,
             ),
             (
                 "tessera_leader_moves_planned_total",

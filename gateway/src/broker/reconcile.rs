@@ -942,14 +942,6 @@ async fn record_range_rolls(
                 sealed.next_seq,
                 placed,
             );
-            if let Some(placed) = placed_elsewhere(&image, rolled, &records) {
-                tracing::info!(
-                    segment = %SegmentId::new(range, sealed.next_seq),
-                    from = ?image.segments.get(&rolled).map(|s| s.replicas.clone()),
-                    to = ?placed,
-                    "segment roll: the next segment is placed on other replicas"
-                );
-            }
             if records.is_empty() {
                 // Recorded already (a reopen, or a write whose outcome was
                 // unknown, recorded it), unless leadership moved on.
@@ -958,9 +950,21 @@ async fn record_range_rolls(
                 }
                 continue 'rolls;
             }
+            let placed_elsewhere = placed_elsewhere(&image, rolled, &records);
+            if let Some(placed) = &placed_elsewhere {
+                tracing::info!(
+                    segment = %SegmentId::new(range, sealed.next_seq),
+                    from = ?image.segments.get(&rolled).map(|s| s.replicas.clone()),
+                    to = ?placed,
+                    "segment roll: the next segment is placed on other replicas"
+                );
+            }
             match broker.controller.write(records).await {
                 Ok(_) => {
                     log.set_recorded_active(sealed.next_seq);
+                    if placed_elsewhere.is_some() {
+                        crate::metrics::Metrics::add(&broker.metrics.roll_placements, 1);
+                    }
                     continue 'rolls;
                 }
                 Err(e) => {

@@ -953,6 +953,15 @@ async fn a_roll_places_the_next_segment_on_the_broker_holding_fewest() {
         vec![1, 2],
         "a range that does not roll keeps its set"
     );
+    assert_eq!(
+        nodes[0]
+            .broker
+            .metrics()
+            .roll_placements
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "tessera_segment_roll_placements_total counts the one placement"
+    );
     let leader = leader_of(&nodes, "rolling", 0).await;
     let t = image.topic_by_name("rolling").unwrap().clone();
     let offsets: Vec<i64> = leader
