@@ -727,3 +727,47 @@ def test_unreplicated_topics_piled_on_one_broker_spread_under_load(cluster):
         committed = {k: v for k, v in acks.of(t).items() if not v.startswith(b"aborted")}
         assert read_back({"bootstrap.servers": boot}, t, 2,
                          **{"isolation.level": "read_committed"}) == committed, t
+
+
+@pytest.mark.cluster_overrides({"controller.quorum.fetch.timeout.ms": "20000",
+                                "replica.lag.time.max.ms": "30000"})
+def test_a_paused_controller_leader_resumes_without_fencing_anyone(cluster):
+    """The active controller (the metadata quorum's leader) is paused
+    (SIGSTOP) for longer than a broker session (3 s) but shorter than the
+    voters wait before an election (`controller.quorum.fetch.timeout.ms`,
+    Kafka's key, raised to 20 s here): it resumes still the leader, having
+    heard no heartbeat while stopped. Every broker was alive throughout, so
+    no range may fail over. Before, the resumed leader judged the sessions
+    at once by its stale heartbeats: it fenced every broker, itself
+    included, and sealed every range by quorum onto itself (the fault
+    harness, seed 17: a 3 s pause). Now it judges sessions again only after
+    a whole one."""
+    boot = cluster["bootstrap"]
+    create(",".join(boot), "paused-controller", 6)
+    a = admin_client(",".join(boot))
+    leader = a.describe_cluster(request_timeout=10).result(10).controller.id
+
+    def active_segments():
+        return {s["range"]: (s["seq"], s["leader_epoch"], tuple(s["replicas"]))
+                for s in http(cluster["admin"][leader % len(boot)] + "/segments")
+                if s["sealed_bytes"] is None}
+
+    before = eventually("every node's image agrees",
+                        lambda: (s := active_segments()) and len(s) >= 3 and s)
+    time.sleep(2)
+    before = active_segments()
+    pid = node_pid(cluster["workdir"], leader)
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        time.sleep(4.5)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    # Two sessions after it resumed.
+    time.sleep(6)
+    assert a.describe_cluster(request_timeout=10).result(10).controller.id == leader, \
+        "the paused node lost its leadership: the pause did not test what it is for"
+    after = active_segments()
+    moved = {r: (before[r], after.get(r)) for r in before if after.get(r) != before[r]}
+    assert not moved, f"ranges failed over though every broker was alive: {moved}"
+    log = (cluster["workdir"] / "cluster.log").read_text(errors="replace")
+    assert "judging sessions again after a whole one" in log

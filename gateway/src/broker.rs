@@ -143,6 +143,7 @@ pub fn controller_config(config: &BrokerConfig) -> anyhow::Result<ControllerConf
     });
     let controller = ControllerConfig {
         snapshot_interval_entries: config.metadata_snapshot_interval_entries,
+        fetch_timeout: Duration::from_millis(config.controller_quorum_fetch_timeout_ms),
         ..ControllerConfig::new(config.node_id as u64, config.data_dir.join("meta"))
     }
     .with_voters(voters)

@@ -211,6 +211,10 @@ pub struct BrokerConfig {
     pub log_message_timestamp_type: String,
     /// `metadata.snapshot.interval.entries`: raft entries between metadata snapshots.
     pub metadata_snapshot_interval_entries: u64,
+    /// `controller.quorum.fetch.timeout.ms`: how long a voter hears nothing
+    /// from the quorum's leader before it stands for election (Kafka's key
+    /// and default, 2000).
+    pub controller_quorum_fetch_timeout_ms: u64,
     /// `group.initial.rebalance.delay.ms`: how long the first rebalance of an
     /// empty classic group waits for more members.
     pub group_initial_rebalance_delay_ms: i64,
@@ -374,6 +378,7 @@ const DEFAULTS: &[(&str, &str)] = &[
     ("compression.type", "producer"),
     ("log.message.timestamp.type", "CreateTime"),
     ("metadata.snapshot.interval.entries", "1000"),
+    ("controller.quorum.fetch.timeout.ms", "2000"),
     ("group.initial.rebalance.delay.ms", "3000"),
     ("group.min.session.timeout.ms", "6000"),
     ("group.max.session.timeout.ms", "1800000"),
@@ -1130,6 +1135,7 @@ impl BrokerConfig {
             log_cleanup_policy: get("log.cleanup.policy"),
             log_message_timestamp_type: get("log.message.timestamp.type"),
             metadata_snapshot_interval_entries: parse(map, "metadata.snapshot.interval.entries")?,
+            controller_quorum_fetch_timeout_ms: parse(map, "controller.quorum.fetch.timeout.ms")?,
             group_initial_rebalance_delay_ms: parse(map, "group.initial.rebalance.delay.ms")?,
             group_min_session_timeout_ms: parse(map, "group.min.session.timeout.ms")?,
             group_max_session_timeout_ms: parse(map, "group.max.session.timeout.ms")?,

@@ -944,6 +944,11 @@ const STATIC_KEYS: &[(&str, i8, &str)] = &[
         "Metadata log entries between snapshots.",
     ),
     (
+        "controller.quorum.fetch.timeout.ms",
+        3,
+        "How long a controller voter hears nothing from the quorum's leader before it stands for election.",
+    ),
+    (
         "group.initial.rebalance.delay.ms",
         3,
         "How long the first rebalance of an empty group waits for more members.",

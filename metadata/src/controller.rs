@@ -104,6 +104,11 @@ pub struct ControllerConfig {
     /// controller listener is SSL or SASL_* (see
     /// [`crate::network_auth`]). `None`: PLAINTEXT.
     pub security: Option<Arc<dyn crate::network_auth::TransportSecurity>>,
+    /// Kafka's `controller.quorum.fetch.timeout.ms`: how long a voter hears
+    /// nothing from the leader before it stands for election (openraft's
+    /// election timeout, drawn between half of this and this). Default
+    /// 2000, Kafka's. Multi-voter quorums only.
+    pub fetch_timeout: Duration,
 }
 
 impl ControllerConfig {
@@ -118,6 +123,7 @@ impl ControllerConfig {
             start_timeout: DEFAULT_START_TIMEOUT,
             learner_listener: None,
             security: None,
+            fetch_timeout: Duration::from_millis(2000),
         }
     }
 
@@ -344,8 +350,9 @@ impl Controller {
                 // The heartbeat interval is also openraft's deadline for one
                 // AppendEntries round trip (the follower's fsync included).
                 heartbeat_interval: 250,
-                election_timeout_min: 1000,
-                election_timeout_max: 2000,
+                // Above the heartbeat interval whatever was configured.
+                election_timeout_min: (cfg.fetch_timeout.as_millis() as u64 / 2).max(500),
+                election_timeout_max: (cfg.fetch_timeout.as_millis() as u64).max(1000),
                 install_snapshot_timeout: 10_000,
                 snapshot_max_chunk_size: 1 << 20,
                 snapshot_policy: SnapshotPolicy::LogsSinceLast(interval),
