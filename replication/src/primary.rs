@@ -128,7 +128,18 @@ impl Replication {
         min_insync: usize,
         lag: Duration,
     ) -> Arc<Replication> {
-        let r = Replication {
+        Replication::unlaunched(log, range, me, min_insync, lag).launch(set, HashMap::new(), peers)
+    }
+
+    /// A replication of `log` with no followers yet, for [`Replication::launch`].
+    fn unlaunched(
+        log: Arc<RangeLog>,
+        range: u64,
+        me: i32,
+        min_insync: usize,
+        lag: Duration,
+    ) -> Replication {
+        Replication {
             log,
             range,
             me,
@@ -142,8 +153,7 @@ impl Replication {
             }),
             followers: Vec::new(),
             stop: watch::channel(false).0,
-        };
-        r.launch(set, HashMap::new(), peers)
+        }
     }
 
     /// This log's shipping continued on another set (a roll placed the
@@ -160,22 +170,14 @@ impl Replication {
                 .filter_map(|f| progress.followers.get(f).map(|p| (*f, p.clone())))
                 .collect()
         };
-        let r = Replication {
-            log: self.log.clone(),
-            range: self.range,
-            me: self.me,
-            replicas: 0,
-            min_insync: AtomicUsize::new(self.min_insync.load(Ordering::Relaxed)),
-            lag: self.lag,
-            started: Instant::now(),
-            progress: Mutex::new(Progress {
-                base_seq: 0,
-                followers: HashMap::new(),
-            }),
-            followers: Vec::new(),
-            stop: watch::channel(false).0,
-        };
-        r.launch(set, kept, peers)
+        Replication::unlaunched(
+            self.log.clone(),
+            self.range,
+            self.me,
+            self.min_insync.load(Ordering::Relaxed),
+            self.lag,
+        )
+        .launch(set, kept, peers)
     }
 
     /// Sets up the progress of `set` (from `kept` where given) and starts
