@@ -1561,10 +1561,9 @@ fn fenced_replicas_or_brokers_are_left_to_failover() {
     assert!(plans.iter().all(|p| !p.current.contains(&2)));
 }
 
-#[test]
-fn re_placement_keeps_and_improves_rack_spread() {
-    // Brokers 1, 2 in rack a, 3 in rack b; RF=2 ranges. Broker 4 joins in
-    // rack c.
+/// Brokers 1 and 2 in rack a, 3 in rack b, six RF=2 topics on them; then
+/// broker 4 joins in rack a.
+fn racked_rf2_topics() -> MetadataImage {
     let mut image = MetadataImage::empty();
     for (b, rack) in [(1, "a"), (2, "a"), (3, "b")] {
         commit(&mut image, &register_broker(registration(b, Some(rack))));
@@ -1574,6 +1573,14 @@ fn re_placement_keeps_and_improves_rack_spread() {
         assert_eq!(commit(&mut image, &records), 0);
     }
     commit(&mut image, &register_broker(registration(4, Some("a"))));
+    image
+}
+
+#[test]
+fn re_placement_keeps_and_improves_rack_spread() {
+    // Brokers 1, 2 in rack a, 3 in rack b; RF=2 ranges. Broker 4 joins in
+    // rack a.
+    let image = racked_rf2_topics();
     let rack = |b: i32| image.brokers[&b].registration.rack.clone().unwrap();
     for p in plan_replacements(&image, 10) {
         let before: std::collections::BTreeSet<_> = p.current.iter().map(|b| rack(*b)).collect();
@@ -2687,15 +2694,7 @@ fn a_roll_leaves_unreplicated_balanced_and_racked_sets_alone() {
     assert_eq!(roll(&mut image, range, &BTreeSet::new()).replicas, before);
     // Racks: brokers 1, 2 in rack a, 3 in rack b, RF=2; broker 4 joins in
     // rack a. Every placed set keeps its rack spread.
-    let mut image = MetadataImage::empty();
-    for (b, rack) in [(1, "a"), (2, "a"), (3, "b")] {
-        commit(&mut image, &register_broker(registration(b, Some(rack))));
-    }
-    for i in 0..6 {
-        let records = create_topic(&image, spec(&format!("t{i}"), 1, 2)).unwrap();
-        assert_eq!(commit(&mut image, &records), 0);
-    }
-    commit(&mut image, &register_broker(registration(4, Some("a"))));
+    let mut image = racked_rf2_topics();
     let racks = |image: &MetadataImage, set: &[i32]| -> BTreeSet<String> {
         set.iter()
             .map(|b| image.brokers[b].registration.rack.clone().unwrap())
