@@ -21,7 +21,8 @@ splits), creates the topic, settles the page cache (see c_client.py), then:
 Sweeps (each can be narrowed, e.g. `--partitions 1,100`):
   partitions   1, 10, 100, 1,000, 10,000 (1 KiB records)
   producers    1, 10, 100, 1,000 connections (one librdkafka producer each,
-               one topic of 100 partitions, the same total rate)
+               one topic of 100 partitions, the same total rate; throughput
+               from the latency driver flat out with that many producers)
   sizes        100 B, 1 KiB, 10 KiB, 100 KiB, 1 MiB (100 partitions, about
                the same bytes per run)
   ranges       1, 2, 4, 8, 16 ranges of one 100-partition topic
@@ -130,7 +131,8 @@ def latency(driver: Path, bootstrap: str, topic: str, rate: int, size: int, prod
         return {"error": f"driver exited {out.returncode}: {out.stderr[-300:]}"}
     return {"produce_p50_ms": r["produce"]["p50_ms"], "produce_p99_ms": r["produce"]["p99_ms"],
             "e2e_p50_ms": r["end_to_end"]["p50_ms"], "e2e_p99_ms": r["end_to_end"]["p99_ms"],
-            "achieved_rps": r["produced_per_s"], "rss_during_mib": round(peak[0], 1)}
+            "achieved_rps": r["produced_per_s"], "consumed_rps": r["consumed_per_s"],
+            "rss_during_mib": round(peak[0], 1)}
 
 
 def point(args, sweep: str, x: int, *, partitions: int, size: int, producers: int, ranges: int,
@@ -147,7 +149,21 @@ def point(args, sweep: str, x: int, *, partitions: int, size: int, producers: in
             b.split_to(topic, ranges)
         time.sleep(1)
         r["rss_idle_mib"] = round(b.rss_mib(), 1)
-        if not args.no_throughput:
+        if args.no_throughput:
+            pass
+        elif sweep == "producers":
+            # Flat out with `producers` connections: the driver itself (one
+            # rdkafka_performance is one connection).
+            settle_page_cache(not args.keep_caches)
+            flat = latency(args.driver, b.bootstrap, topic, 0, size, producers, 5, b)
+            if "error" in flat:
+                r["error"] = flat["error"]
+            else:
+                r["produce_rps"] = flat["achieved_rps"]
+                r["produce_mbps"] = flat["achieved_rps"] * size / MB
+                r["consume_rps"] = flat["consumed_rps"]
+                r["consume_mbps"] = flat["consumed_rps"] * size / MB
+        else:
             settle_page_cache(not args.keep_caches)
             r.update(produce(args.tool, b.bootstrap, topic, size, records, args.timeout))
             if "error" not in r:
