@@ -106,9 +106,13 @@ def consume(tool: Path, bootstrap: str, topic: str, partitions: int, n: int, tim
 def latency(driver: Path, bootstrap: str, topic: str, rate: int, size: int, producers: int,
             seconds: int, broker: Broker) -> dict:
     """The driver at `rate` records/s; the broker's peak RSS while it ran."""
+    # 256 MiB of queue over all producers (librdkafka's default is 1 GiB
+    # each: a thousand producers flat out would fill the machine).
+    queue = max(512, (256 << 10) // producers)
     cmd = [str(driver), "--bootstrap", bootstrap, "--topic", topic, "--rate", str(rate),
            "--size", str(size), "--producers", str(producers), "--consumers", "1",
-           "--linger-ms", "5", "--seconds", str(seconds), "--warmup", "3"]
+           "--linger-ms", "5", "--seconds", str(seconds), "--warmup", "3",
+           "--queue-kbytes", str(queue)]
     peak = [0.0]
     done = threading.Event()
 

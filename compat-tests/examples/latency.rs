@@ -41,6 +41,9 @@ struct Args {
     linger_ms: u64,
     acks: String,
     compression: String,
+    /// librdkafka's `queue.buffering.max.kbytes` per producer (its default
+    /// when unset): many producers flat out would otherwise queue a GiB each.
+    queue_kbytes: Option<u64>,
 }
 
 fn parse_args() -> Args {
@@ -56,6 +59,7 @@ fn parse_args() -> Args {
         linger_ms: 5,
         acks: "all".into(),
         compression: "none".into(),
+        queue_kbytes: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -72,6 +76,7 @@ fn parse_args() -> Args {
             "--linger-ms" => a.linger_ms = value().parse().expect("--linger-ms"),
             "--acks" => a.acks = value(),
             "--compression" => a.compression = value(),
+            "--queue-kbytes" => a.queue_kbytes = Some(value().parse().expect("--queue-kbytes")),
             other => panic!("unknown flag {other} (see the module docs)"),
         }
     }
@@ -244,11 +249,20 @@ fn main() {
     let per_producer = args.rate as f64 / args.producers as f64;
     let run_until = Instant::now() + Duration::from_secs(args.warmup + args.seconds);
     for _ in 0..args.producers {
-        let producer: ThreadedProducer<Deliveries> = ClientConfig::new()
+        let mut config = ClientConfig::new();
+        config
             .set("bootstrap.servers", &args.bootstrap)
             .set("acks", &args.acks)
             .set("linger.ms", args.linger_ms.to_string())
-            .set("compression.type", &args.compression)
+            .set("compression.type", &args.compression);
+        if args.size > 900_000 {
+            // librdkafka refuses records above its 1,000,000-byte default.
+            config.set("message.max.bytes", (2 * args.size).to_string());
+        }
+        if let Some(kbytes) = args.queue_kbytes {
+            config.set("queue.buffering.max.kbytes", kbytes.to_string());
+        }
+        let producer: ThreadedProducer<Deliveries> = config
             .create_with_context(Deliveries {
                 window: window.clone(),
                 latency: Mutex::new(histogram()),
@@ -272,7 +286,9 @@ fn main() {
                     let due = began + Duration::from_secs_f64(n as f64 / per_producer);
                     let now = Instant::now();
                     if due > now {
-                        std::thread::sleep((due - now).min(Duration::from_millis(1)));
+                        // Until the next record is due (a thousand slow
+                        // producers must not wake a thousand times a second).
+                        std::thread::sleep((due - now).min(Duration::from_millis(100)));
                         continue;
                     }
                 }
