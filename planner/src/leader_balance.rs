@@ -77,6 +77,18 @@ pub(crate) fn replicated_active_segments(
 /// every segment per move, which
 /// `equivalence::fast_planners_are_the_reference_ones` checks.
 pub fn plan_leader_moves(image: &MetadataImage, max_moves: usize) -> Vec<LeaderMove> {
+    plan_leader_moves_except(image, max_moves, &std::collections::BTreeSet::new())
+}
+
+/// [`plan_leader_moves`] with the segments in `pinned` kept where they are
+/// (they count for their primary's load, they are never moved): a caller
+/// that refuses one of the moves asks again without it, and gets the next
+/// best moves instead of none.
+pub fn plan_leader_moves_except(
+    image: &MetadataImage,
+    max_moves: usize,
+    pinned: &std::collections::BTreeSet<SegmentId>,
+) -> Vec<LeaderMove> {
     let live = Live::of(image);
     let n = live.len();
     let mut load = vec![0i64; n];
@@ -101,7 +113,10 @@ pub fn plan_leader_moves(image: &MetadataImage, max_moves: usize) -> Vec<LeaderM
     // By primary and by follower, in range order.
     let mut led: Vec<Vec<usize>> = vec![Vec::new(); n];
     let mut followed: Vec<Vec<usize>> = vec![Vec::new(); n];
-    for (e, (_, replicas)) in segments.iter().enumerate() {
+    for (e, (id, replicas)) in segments.iter().enumerate() {
+        if pinned.contains(id) {
+            continue;
+        }
         led[replicas[0] as usize].push(e);
         for &t in &replicas[1..] {
             followed[t as usize].push(e);

@@ -1212,7 +1212,7 @@ mod leader_balance;
 mod placement;
 #[cfg(test)]
 mod reference;
-pub use leader_balance::{leader_load, plan_leader_moves, LeaderMove};
+pub use leader_balance::{leader_load, plan_leader_moves, plan_leader_moves_except, LeaderMove};
 mod load_balance;
 pub use load_balance::{broker_loads, plan_balance, range_rates, BalanceMove, LoadBalanceSettings};
 mod move_placement;

@@ -127,43 +127,64 @@ pub fn plan_balance(
         *counts.get_mut(&m.leader_move.from).expect("live") -= 1;
         *counts.get_mut(&m.leader_move.to).expect("live") += 1;
     }
-    for m in crate::plan_leader_moves(image, max_moves) {
-        if planned.len() >= max_moves {
-            break;
+    // The count balance's moves, minus those that would upset the loads or
+    // move a range whose rate is not known yet. Each such refusal pins its
+    // range and asks the count balance again: its moves are planned one
+    // after the other, so refusing its best one without asking again left
+    // nothing (a broker leading 3 ranges, one of them hot, and a restarted
+    // one leading 1 never evened out).
+    let mut pinned = std::collections::BTreeSet::new();
+    'ask: for _ in 0..MAX_COUNT_REPLANS {
+        let (mut load, mut counts, mut moves) = (load.clone(), counts.clone(), Vec::new());
+        for m in crate::plan_leader_moves_except(image, max_moves, &pinned) {
+            if planned.len() + moves.len() >= max_moves {
+                break;
+            }
+            if planned.iter().any(|p| p.leader_move.segment == m.segment) {
+                continue;
+            }
+            let (from, to) = (m.from, m.to);
+            // With reports at all, a range without one is one whose rate is
+            // not known yet (it just moved): not moved by count meanwhile.
+            let Some(x) = rates
+                .get(&m.segment.range)
+                .copied()
+                .or(rates.is_empty().then_some(0))
+            else {
+                pinned.insert(m.segment);
+                continue 'ask;
+            };
+            if counts[&from] - counts[&to] < 2 {
+                continue;
+            }
+            let keeps_order = load[&to] + x <= load[&from].saturating_sub(x) && x <= load[&from];
+            if !keeps_order {
+                pinned.insert(m.segment);
+                continue 'ask;
+            }
+            *load.get_mut(&from).expect("live") -= x;
+            *load.get_mut(&to).expect("live") += x;
+            *counts.get_mut(&from).expect("live") -= 1;
+            *counts.get_mut(&to).expect("live") += 1;
+            moves.push(BalanceMove {
+                reason: format!(
+                    "leader count: broker {from} leads {} ranges, broker {to} {}",
+                    counts[&from] + 1,
+                    counts[&to] - 1
+                ),
+                leader_move: m,
+                bytes_per_sec: x,
+            });
         }
-        if planned.iter().any(|p| p.leader_move.segment == m.segment) {
-            continue;
-        }
-        let (from, to) = (m.from, m.to);
-        // With reports at all, a range without one is one whose rate is
-        // not known yet (it just moved): not moved by count meanwhile.
-        let Some(x) = rates
-            .get(&m.segment.range)
-            .copied()
-            .or(rates.is_empty().then_some(0))
-        else {
-            continue;
-        };
-        let keeps_order = load[&to] + x <= load[&from].saturating_sub(x) && x <= load[&from];
-        if counts[&from] - counts[&to] < 2 || !keeps_order {
-            continue;
-        }
-        *load.get_mut(&from).expect("live") -= x;
-        *load.get_mut(&to).expect("live") += x;
-        *counts.get_mut(&from).expect("live") -= 1;
-        *counts.get_mut(&to).expect("live") += 1;
-        planned.push(BalanceMove {
-            reason: format!(
-                "leader count: broker {from} leads {} ranges, broker {to} {}",
-                counts[&from] + 1,
-                counts[&to] - 1
-            ),
-            leader_move: m,
-            bytes_per_sec: x,
-        });
+        planned.extend(moves);
+        break;
     }
     planned
 }
+
+/// How many times [`plan_balance`] asks the count balance again after
+/// refusing one of its moves, at most (each time one more range pinned).
+const MAX_COUNT_REPLANS: usize = 16;
 
 /// The load moves of [`plan_balance`], `load` updated with each.
 fn plan_load_moves(

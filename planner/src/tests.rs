@@ -2714,3 +2714,45 @@ fn a_roll_leaves_unreplicated_balanced_and_racked_sets_alone() {
         }
     }
 }
+
+#[test]
+fn a_count_move_refused_for_the_loads_gives_way_to_the_next_best() {
+    // After a restart: broker 3 leads three ranges (the first one hot),
+    // broker 2 two, broker 1 (back) one; every range on every broker. The
+    // count balance's best move is the hot range (lowest id), which would
+    // turn the loads' order over; the next best, a cool range of broker 3,
+    // is made instead. Before, the refusal left no move at all, for good.
+    let (image, ranges) = assigned_cluster(
+        3,
+        &[
+            vec![3, 1, 2],
+            vec![3, 1, 2],
+            vec![3, 2, 1],
+            vec![2, 1, 3],
+            vec![2, 3, 1],
+            vec![1, 2, 3],
+        ],
+    );
+    let rates: BTreeMap<RangeId, u64> = ranges
+        .iter()
+        .copied()
+        .zip([100_000, 20_000, 20_000, 20_000, 10_000, 25_000])
+        .collect();
+    let settings = LoadBalanceSettings {
+        imbalance: 0.1,
+        min_bytes_per_sec: 1 << 20, // no load move: rates below the floor
+    };
+    let counts_only = plan_leader_moves(&image, 1);
+    assert_eq!(
+        counts_only[0].segment.range, ranges[0],
+        "the hot range first"
+    );
+    let moves = plan_balance(&image, &rates, settings, 4);
+    assert_eq!(moves.len(), 1, "{moves:?}");
+    let m = &moves[0].leader_move;
+    assert_eq!((m.from, m.to), (3, 1));
+    assert!(
+        [ranges[1], ranges[2]].contains(&m.segment.range),
+        "a cool range of broker 3 moves: {m:?}"
+    );
+}
