@@ -144,6 +144,10 @@ pub struct MetadataImage {
     /// Index of `ranges` by topic, maintained by [`MetadataImage::apply`],
     /// so per-request routing does not scan every range of every topic.
     pub topic_ranges: BTreeSet<(TopicId, RangeId)>,
+    /// Index of the active ranges by (topic, first partition), maintained
+    /// by [`MetadataImage::apply`]: whether a new range overlaps an active
+    /// one is its predecessor's question (active ranges never overlap).
+    pub active_ranges_by_lo: BTreeMap<(TopicId, u32), RangeId>,
     /// The first producer id not yet handed out: every id below it belongs
     /// to an applied `AllocateProducerIds` block. 0 in an empty image.
     pub next_producer_id: i64,
@@ -177,6 +181,7 @@ impl Default for MetadataImage {
             segments: BTreeMap::new(),
             log_start_offsets: BTreeMap::new(),
             topic_ranges: BTreeSet::new(),
+            active_ranges_by_lo: BTreeMap::new(),
             next_producer_id: 0,
             last_producer_id_broker: -1,
             broker_configs: BTreeMap::new(),
