@@ -519,17 +519,13 @@ impl MetadataImage {
             .range((topic_id, RangeId::MIN)..=(topic_id, RangeId::MAX))
             .map(|(_, r)| *r)
             .collect();
-        let starts: Vec<(crate::TopicId, u32)> = self
-            .active_ranges_by_lo
-            .range((topic_id, 0)..=(topic_id, u32::MAX))
-            .map(|(k, _)| *k)
-            .collect();
-        for k in starts {
-            self.active_ranges_by_lo.remove(&k);
-        }
         for r in ranges {
             self.topic_ranges.remove(&(topic_id, r));
-            self.ranges.remove(&r);
+            if let Some(gone) = self.ranges.remove(&r) {
+                if self.active_ranges_by_lo.get(&(topic_id, gone.lo)) == Some(&r) {
+                    self.active_ranges_by_lo.remove(&(topic_id, gone.lo));
+                }
+            }
             let segs: Vec<SegmentId> = self
                 .segments
                 .range(
