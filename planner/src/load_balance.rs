@@ -25,7 +25,9 @@
 //! Every move lowers `(sum of squared loads, sum of squared counts)`, so a
 //! sequence of passes ends and a move is never reversed by the next.
 //! Brokers within `imbalance` of the mean, or a cluster whose mean is below
-//! `min_bytes_per_sec` (idle: rates are noise there), shed nothing by load.
+//! `min_bytes_per_sec` (idle: rates are noise there), shed nothing by load;
+//! in an idle cluster the count balance ignores the rates (Kafka's), and
+//! crossing the floor may then undo a count move by load (the load changed).
 
 use std::collections::BTreeMap;
 
@@ -118,10 +120,17 @@ pub fn plan_balance(
     max_moves: usize,
 ) -> Vec<BalanceMove> {
     let mut load = broker_loads(image, rates);
+    // An idle cluster's rates are noise: the count balance is Kafka's
+    // there, blind to them. Before, a restarted broker leading one range
+    // that happened to report a little more than each of the three ranges
+    // of the busiest broker was refused every count move, for good.
+    let idle = is_idle(&load, settings);
     let mut planned = plan_load_moves(image, rates, &mut load, settings, max_moves);
     if planned.len() >= max_moves {
         return planned;
     }
+    let no_rates = BTreeMap::new();
+    let rates = if idle { &no_rates } else { rates };
     let mut counts = leader_load(image);
     for m in &planned {
         *counts.get_mut(&m.leader_move.from).expect("live") -= 1;
@@ -195,13 +204,10 @@ fn plan_load_moves(
     max_moves: usize,
 ) -> Vec<BalanceMove> {
     let mut planned: Vec<BalanceMove> = Vec::new();
-    if load.is_empty() {
+    if is_idle(load, settings) {
         return planned;
     }
-    let mean = load.values().sum::<u64>() as f64 / load.len() as f64;
-    if mean < settings.min_bytes_per_sec.max(1) as f64 {
-        return planned;
-    }
+    let mean = mean_load(load);
     let over = mean * (1.0 + settings.imbalance.max(0.0));
     let candidates = movable(image, load);
     // Each broker's ranges, so that a hot broker's are looked at alone (a
@@ -284,6 +290,17 @@ fn plan_load_moves(
         });
     }
     planned
+}
+
+/// The mean bytes in per second of the live brokers (`load` is not empty).
+fn mean_load(load: &BTreeMap<i32, u64>) -> f64 {
+    load.values().sum::<u64>() as f64 / load.len() as f64
+}
+
+/// True when the live brokers' mean load is below the floor under which
+/// rates are noise (nothing moves by load, and counts ignore loads).
+fn is_idle(load: &BTreeMap<i32, u64>, settings: LoadBalanceSettings) -> bool {
+    load.is_empty() || mean_load(load) < settings.min_bytes_per_sec.max(1) as f64
 }
 
 /// The live broker other than `but` with the least load (ties: lowest id).
