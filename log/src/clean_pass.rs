@@ -148,11 +148,7 @@ pub fn prepare(
                     b
                 }
             };
-            let frame_crc = crc32c::crc32c_append(crc32c::crc32c(&p.to_be_bytes()), &kept);
-            let mut header = [0u8; FRAME_HEADER_LEN as usize];
-            header[..4].copy_from_slice(&(kept.len() as u32).to_be_bytes());
-            header[4..8].copy_from_slice(&p.to_be_bytes());
-            header[8..].copy_from_slice(&frame_crc.to_be_bytes());
+            let header = segment::frame_header(*p, &kept);
             file.write_all(&header)?;
             file.write_all(&kept)?;
             crc = crc32c::crc32c_append(crc32c::crc32c_append(crc, &header), &kept);

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
-use std::io::{BufReader, Read, Write};
+use std::io::{BufReader, IoSlice, Read, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -207,16 +207,16 @@ impl Segment {
         if self.sealed {
             return Err(LogError::SegmentSealed);
         }
-        let mut frame = Vec::with_capacity(FRAME_HEADER_LEN as usize + batch_bytes.len());
-        frame.extend_from_slice(&(batch_bytes.len() as u32).to_be_bytes());
-        frame.extend_from_slice(&partition.to_be_bytes());
-        let mut crc = crc32c::crc32c(&partition.to_be_bytes());
-        crc = crc32c::crc32c_append(crc, batch_bytes);
-        frame.extend_from_slice(&crc.to_be_bytes());
-        frame.extend_from_slice(batch_bytes);
-        (&*self.file).write_all(&frame)?;
+        // One writev of the header and the batch where it lies: copying
+        // them into one frame first was a second copy of every produced
+        // byte before the one into the page cache.
+        let header = frame_header(partition, batch_bytes);
+        write_all_vectored(
+            &*self.file,
+            &mut [IoSlice::new(&header), IoSlice::new(batch_bytes)],
+        )?;
         let position = self.size + FRAME_HEADER_LEN;
-        self.size += frame.len() as u64;
+        self.size += FRAME_HEADER_LEN + batch_bytes.len() as u64;
         entry.position = position;
         self.index.push(partition, entry);
         Ok(self.size)
@@ -412,6 +412,31 @@ fn read_index(path: &Path, file_size: u64) -> Option<SegmentIndex> {
         );
     }
     Some(index)
+}
+
+/// The header of `batch_bytes`'s frame: its length, its partition, and a
+/// CRC-32C of the partition and the batch.
+pub(crate) fn frame_header(partition: u32, batch_bytes: &[u8]) -> [u8; FRAME_HEADER_LEN as usize] {
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&partition.to_be_bytes()), batch_bytes);
+    let mut header = [0u8; FRAME_HEADER_LEN as usize];
+    header[..4].copy_from_slice(&(batch_bytes.len() as u32).to_be_bytes());
+    header[4..8].copy_from_slice(&partition.to_be_bytes());
+    header[8..].copy_from_slice(&crc.to_be_bytes());
+    header
+}
+
+/// Writes every byte of `bufs`, in order, with as few writev calls as the
+/// file takes (a regular file takes them whole, short writes are resumed).
+fn write_all_vectored(mut out: impl Write, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    while !bufs.is_empty() {
+        match out.write_vectored(bufs) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
 }
 
 /// Checks one frame (`header` + `batch`) and returns its partition and index
