@@ -88,8 +88,12 @@ def produce(tool: Path, bootstrap: str, topic: str, size: int, n: int, timeout: 
 
 
 def consume(tool: Path, bootstrap: str, topic: str, partitions: int, n: int, timeout: float) -> dict:
+    # librdkafka's long poll (fetch.wait.max.ms 500) on the first partitions
+    # whose offsets resolve, and its queue-full backoff (1 s), stalled
+    # half-second runs for 0.5-1 s at random: short waits measure the broker.
     cmd = [str(tool), "-C", "-t", topic, "-b", bootstrap, "-o", "beginning", "-c", str(n),
-           "-X", f"fetch.message.max.bytes={4 << 20}"]
+           "-X", f"fetch.message.max.bytes={4 << 20}",
+           "-X", "fetch.wait.max.ms=10", "-X", "fetch.queue.backoff.ms=10"]
     for p in range(partitions):
         cmd += ["-p", str(p)]
     try:

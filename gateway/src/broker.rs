@@ -389,6 +389,30 @@ impl Broker {
         topic: &TopicImage,
         partition: i32,
     ) -> Result<PartitionRoute, ApiError> {
+        self.route_with(image, topic, partition, self.topic_config(image, topic))
+    }
+
+    /// The configs `topic`'s logs run with (its own, else the broker's
+    /// dynamic value, else its static one). A request that routes many
+    /// partitions of a topic resolves them once and calls
+    /// [`Broker::route_with`]: resolving per partition was a tenth of a
+    /// broker's CPU in a fetch of 10,000 partitions.
+    pub fn topic_config(&self, image: &MetadataImage, topic: &TopicImage) -> EffectiveTopicConfig {
+        EffectiveTopicConfig::resolve(
+            &topic.configs,
+            &crate::dynamic_config::BrokerView::new(&self.config, image),
+        )
+    }
+
+    /// [`Broker::route`] with `topic`'s configs resolved by the caller
+    /// ([`Broker::topic_config`]).
+    pub fn route_with(
+        &self,
+        image: &MetadataImage,
+        topic: &TopicImage,
+        partition: i32,
+        config: EffectiveTopicConfig,
+    ) -> Result<PartitionRoute, ApiError> {
         if partition < 0 || partition as u32 >= topic.partitions {
             return Err(ApiError::UnknownTopicOrPartition);
         }
@@ -415,10 +439,7 @@ impl Broker {
             range_id: range.id,
             log,
             leader_epoch: segment.leader_epoch,
-            config: EffectiveTopicConfig::resolve(
-                &topic.configs,
-                &crate::dynamic_config::BrokerView::new(&self.config, image),
-            ),
+            config,
         })
     }
 

@@ -591,7 +591,7 @@ pub fn describe_topic_configs(
 /// The configs the log of a topic runs with: the topic's own, else the
 /// broker's dynamic value (its own, then the cluster default), else its
 /// static one.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EffectiveTopicConfig {
     pub segment_bytes: u64,
     pub segment_ms: i64,

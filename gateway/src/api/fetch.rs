@@ -28,6 +28,7 @@ use crate::broker::{past_cleaned_segment_at, SealedSource};
 use crate::error::ApiError;
 use crate::metrics::Metrics;
 use crate::request_context::RequestContext;
+use crate::topic_config::EffectiveTopicConfig;
 
 /// Session epochs with a meaning of their own (Kafka's FetchMetadata).
 const INITIAL_EPOCH: i32 = 0;
@@ -208,16 +209,22 @@ fn gather(
                 .cloned()
                 .ok_or(ApiError::UnknownTopicOrPartition)
         };
+        // The topic's configs once, not per partition.
+        let resolved = resolved.map(|t| {
+            let config = broker.topic_config(&image, &t);
+            (t, config)
+        });
         let mut partitions = Vec::with_capacity(topic.partitions.len());
         for (partition_index, p) in topic.partitions.iter().enumerate() {
             let data = match &resolved {
                 Err(e) => Err(e.clone()),
-                Ok(t) => read_partition(
+                Ok((t, config)) => read_partition(
                     broker,
                     &image,
                     t,
                     p,
                     Reader {
+                        config: *config,
                         read_committed,
                         rack: request.rack_id.as_str(),
                         first_in_response: total == 0,
@@ -279,6 +286,8 @@ fn gather(
 
 /// Who asks, as far as one partition's read is concerned.
 struct Reader<'a> {
+    /// The topic's configs ([`Broker::topic_config`]).
+    config: EffectiveTopicConfig,
     read_committed: bool,
     /// The consumer's `client.rack` (v11+), for fetches from followers.
     rack: &'a str,
@@ -297,12 +306,13 @@ fn read_partition(
     remaining: &mut usize,
 ) -> Result<(PartitionData, Option<RemoteRead>), ApiError> {
     let Reader {
+        config,
         read_committed,
         rack,
         first_in_response,
         from_broker,
     } = reader;
-    let route = match broker.route(image, topic, p.partition) {
+    let route = match broker.route_with(image, topic, p.partition, config) {
         Ok(route) => route,
         // A consumer sent here as the preferred read replica (KIP-392), or
         // a leader reading a sealed segment it lacks.

@@ -97,10 +97,15 @@ pub async fn append(
             None => Err(ApiError::UnknownTopicOrPartition),
         };
         let image = broker.image();
+        // The topic's configs once, not per partition.
+        let resolved = resolved.map(|t| {
+            let config = broker.topic_config(&image, &t);
+            (t, config)
+        });
         for p in &topic.partition_data {
             let result = match &resolved {
                 Err(e) => Err(e.clone()),
-                Ok(t) => match broker.route(&image, t, p.index) {
+                Ok((t, config)) => match broker.route_with(&image, t, p.index, *config) {
                     Err(e) => Err(e),
                     Ok(route) => append_partition(
                         broker,
