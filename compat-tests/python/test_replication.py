@@ -418,8 +418,15 @@ def test_sigterm_moves_leadership_before_the_broker_exits(cluster):
     assert lost == [], f"{len(lost)} acknowledged records not consumed: {lost[:5]}"
 
 
+# The segments keep their replica set here (no placement at a roll, no
+# re-placement): the test kills a follower of every sealed segment and
+# watches those copies heal; a boundary placed by load may already have
+# moved the follower off some of them (CI on 039db4b: "victim in every
+# sealed segment" failed; 0 of 6 local runs).
 @pytest.mark.cluster_nodes(5)
-@pytest.mark.cluster_overrides({"replica.heal.delay.ms": "2000", "log.segment.bytes": "65536"})
+@pytest.mark.cluster_overrides({"replica.heal.delay.ms": "2000", "log.segment.bytes": "65536",
+                                "replica.placement.roll.enable": "false",
+                                "replica.placement.rebalance.enable": "false"})
 def test_a_dead_brokers_sealed_copies_heal_back_to_three(cluster):
     boot = ",".join(cluster["bootstrap"])
     topic = "healing"
