@@ -2722,22 +2722,7 @@ fn a_count_move_refused_for_the_loads_gives_way_to_the_next_best() {
     // count balance's best move is the hot range (lowest id), which would
     // turn the loads' order over; the next best, a cool range of broker 3,
     // is made instead. Before, the refusal left no move at all, for good.
-    let (image, ranges) = assigned_cluster(
-        3,
-        &[
-            vec![3, 1, 2],
-            vec![3, 1, 2],
-            vec![3, 2, 1],
-            vec![2, 1, 3],
-            vec![2, 3, 1],
-            vec![1, 2, 3],
-        ],
-    );
-    let rates: BTreeMap<RangeId, u64> = ranges
-        .iter()
-        .copied()
-        .zip([100_000, 20_000, 20_000, 20_000, 10_000, 25_000])
-        .collect();
+    let (image, ranges, rates) = after_a_restart([100_000, 20_000, 20_000, 20_000, 10_000, 25_000]);
     let settings = LoadBalanceSettings {
         imbalance: 100.0, // no load move: no broker 100 times the mean
         min_bytes_per_sec: 1_000,
@@ -2763,22 +2748,7 @@ fn an_idle_cluster_balances_counts_whatever_its_noisy_rates() {
     // more than each of broker 3's three (idle: below the floor, rates are
     // noise). Every count move from 3 to 1 would turn the noisy loads'
     // order over; the count balance ignores them and moves one.
-    let (image, ranges) = assigned_cluster(
-        3,
-        &[
-            vec![3, 1, 2],
-            vec![3, 2, 1],
-            vec![3, 1, 2],
-            vec![2, 1, 3],
-            vec![2, 3, 1],
-            vec![1, 2, 3],
-        ],
-    );
-    let rates: BTreeMap<RangeId, u64> = ranges
-        .iter()
-        .copied()
-        .zip([9_000, 9_500, 9_200, 20_000, 20_000, 18_500])
-        .collect();
+    let (image, _, rates) = after_a_restart([9_000, 9_500, 9_200, 20_000, 20_000, 18_500]);
     let idle = LoadBalanceSettings {
         imbalance: 0.1,
         min_bytes_per_sec: 1 << 20,
@@ -2794,4 +2764,23 @@ fn an_idle_cluster_balances_counts_whatever_its_noisy_rates() {
         min_bytes_per_sec: 1_000,
     };
     assert!(plan_balance(&image, &rates, busy, 4).is_empty());
+}
+
+/// Three brokers after broker 1 restarted: broker 3 leads three ranges,
+/// broker 2 two, broker 1 one, every range on every broker; `rates` are
+/// the six ranges' reported bytes in per second, in that order.
+fn after_a_restart(rates: [u64; 6]) -> (MetadataImage, Vec<RangeId>, BTreeMap<RangeId, u64>) {
+    let (image, ranges) = assigned_cluster(
+        3,
+        &[
+            vec![3, 1, 2],
+            vec![3, 1, 2],
+            vec![3, 2, 1],
+            vec![2, 1, 3],
+            vec![2, 3, 1],
+            vec![1, 2, 3],
+        ],
+    );
+    let rates = ranges.iter().copied().zip(rates).collect();
+    (image, ranges, rates)
 }
