@@ -404,6 +404,17 @@ impl Broker {
         )
     }
 
+    /// `topic` with its configs ([`Broker::topic_config`]), for routing
+    /// its partitions with [`Broker::route_with`].
+    pub fn with_config(
+        &self,
+        image: &MetadataImage,
+        topic: Arc<TopicImage>,
+    ) -> (Arc<TopicImage>, EffectiveTopicConfig) {
+        let config = self.topic_config(image, &topic);
+        (topic, config)
+    }
+
     /// [`Broker::route`] with `topic`'s configs resolved by the caller
     /// ([`Broker::topic_config`]).
     pub fn route_with(

@@ -210,10 +210,7 @@ fn gather(
                 .ok_or(ApiError::UnknownTopicOrPartition)
         };
         // The topic's configs once, not per partition.
-        let resolved = resolved.map(|t| {
-            let config = broker.topic_config(&image, &t);
-            (t, config)
-        });
+        let resolved = resolved.map(|t| broker.with_config(&image, t));
         let mut partitions = Vec::with_capacity(topic.partitions.len());
         for (partition_index, p) in topic.partitions.iter().enumerate() {
             let data = match &resolved {

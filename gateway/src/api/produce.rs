@@ -98,10 +98,7 @@ pub async fn append(
         };
         let image = broker.image();
         // The topic's configs once, not per partition.
-        let resolved = resolved.map(|t| {
-            let config = broker.topic_config(&image, &t);
-            (t, config)
-        });
+        let resolved = resolved.map(|t| broker.with_config(&image, t));
         for p in &topic.partition_data {
             let result = match &resolved {
                 Err(e) => Err(e.clone()),
