@@ -15,7 +15,13 @@
 # num.partitions=4, auto-create on, Kafka's other defaults (the tests
 # count rebalances that group.initial.rebalance.delay.ms=3000 makes one), and an authorizer with
 # allow.everyone.if.no.acl.found=true so the ACL tests run. Add
-# `-- -o auto.create.topics.enable=false` for the auto-create-off group.
+# `-- -o auto.create.topics.enable=false` for the auto-create-off group
+# (upstream's `noautocreate` scenario: the runner then runs only the tests
+# marked for it, as librdkafka's `make` does for each of its SCENARIOS).
+#
+# Tests that shell out to Kafka's tools (`$KAFKA_PATH/bin/kafka-topics.sh`,
+# `kafka-acls.sh`: 0052, 0077, 0109, 0115, 0119) get scripts/kafka-tools,
+# the same commands over the Kafka protocol (no JVM here).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 ROOT=$(pwd)
@@ -57,6 +63,14 @@ done
 echo "==> cluster on 127.0.0.1:$base-$((base + 2)), logs in $work/cluster.log"
 printf 'bootstrap.servers=127.0.0.1:%d,127.0.0.1:%d,127.0.0.1:%d\n' \
     $base $((base + 1)) $((base + 2)) >"$src/tests/test.conf"
+scenario=default
+for o in "${extra[@]}"; do
+    [ "$o" = auto.create.topics.enable=false ] && scenario=noautocreate
+done
 cd "$src/tests"
 export LD_LIBRARY_PATH=../src:../src-cpp
+export KAFKA_PATH="$ROOT/scripts/kafka-tools"
+export BROKERS="127.0.0.1:$base,127.0.0.1:$((base + 1)),127.0.0.1:$((base + 2))"
+export TEST_SCENARIO=${TEST_SCENARIO:-$scenario}
+[ -x "$ROOT/.venv/bin/python" ] || { echo "scripts/kafka-tools needs the venv: run ./scripts/test.sh once (or set TESSERA_PYTHON)" >&2; exit 1; }
 TEST_KAFKA_VERSION=${TEST_KAFKA_VERSION:-3.9.0} TESTS=$tests ./test-runner -p2
