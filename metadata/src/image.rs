@@ -166,6 +166,14 @@ pub struct MetadataImage {
     /// Client quotas (`ClientQuota`) by entity, then key; an entity whose
     /// last key was removed is removed.
     pub client_quotas: BTreeMap<ClientQuotaEntity, BTreeMap<String, f64>>,
+    /// Every range id below this was taken by a range of a topic since
+    /// deleted (`DeleteTopic` raises it, `RetireRangeIds` carries it
+    /// through a snapshot): a new range never takes such an id. Ids name a
+    /// range's log, its segments' copies and replication streams on every
+    /// broker; an id handed out again once its topic was deleted met the
+    /// old range's leftovers (librdkafka's 0107_topic_recreate on 3 nodes:
+    /// followers refused the new range's frames for good).
+    pub retired_range_ids_below: RangeId,
 }
 
 /// The empty image: `offset` is -1 (nothing applied), not 0, because 0 is
@@ -188,6 +196,7 @@ impl Default for MetadataImage {
             scram_credentials: BTreeMap::new(),
             acls: BTreeMap::new(),
             client_quotas: BTreeMap::new(),
+            retired_range_ids_below: 0,
         }
     }
 }
@@ -286,12 +295,15 @@ impl MetadataImage {
         offline
     }
 
-    /// The id a new range should get: one above the largest existing.
-    ///
-    /// Note: ids of a deleted topic's ranges can be handed out again once
-    /// they are no longer the largest.
+    /// The id a new range should get: one above the largest existing and
+    /// above every id a deleted topic's ranges had (ids are never handed
+    /// out twice).
     pub fn next_range_id(&self) -> RangeId {
-        self.ranges.keys().next_back().map_or(1, |id| id + 1)
+        self.ranges
+            .keys()
+            .next_back()
+            .map_or(1, |id| id + 1)
+            .max(self.retired_range_ids_below)
     }
 
     /// The next seq for a new segment of `range`.
@@ -401,6 +413,12 @@ impl MetadataImage {
                     value: Some(crate::records::QuotaValue(*value)),
                 });
             }
+        }
+        // After the ranges: live ranges may have ids below it.
+        if self.retired_range_ids_below > 0 {
+            out.push(MetadataRecord::RetireRangeIds {
+                below: self.retired_range_ids_below,
+            });
         }
         out
     }

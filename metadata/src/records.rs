@@ -342,6 +342,13 @@ pub enum MetadataRecord {
         key: String,
         value: Option<QuotaValue>,
     },
+    /// No new range takes an id below `below` (a deleted topic's ranges
+    /// had them). `DeleteTopic` retires its ranges' ids by itself; this
+    /// record carries the mark through a snapshot, where the deleted
+    /// ranges are not. Replay raises the mark, never lowers it.
+    RetireRangeIds {
+        below: RangeId,
+    },
 }
 
 /// Record type numbers. Never reuse or renumber: they are in the log.
@@ -371,8 +378,9 @@ pub mod record_type {
     pub const CLIENT_QUOTA: u16 = 22;
     pub const UNREGISTER_BROKER: u16 = 23;
     pub const SET_SEGMENT_IN_SYNC: u16 = 24;
+    pub const RETIRE_RANGE_IDS: u16 = 25;
     /// The largest type number this build reads.
-    pub const MAX: u16 = SET_SEGMENT_IN_SYNC;
+    pub const MAX: u16 = RETIRE_RANGE_IDS;
 }
 
 impl MetadataRecord {
@@ -405,6 +413,7 @@ impl MetadataRecord {
             MetadataRecord::RemoveAcl { .. } => REMOVE_ACL,
             MetadataRecord::CleanSegments(_) => CLEAN_SEGMENTS,
             MetadataRecord::ClientQuota { .. } => CLIENT_QUOTA,
+            MetadataRecord::RetireRangeIds { .. } => RETIRE_RANGE_IDS,
         }
     }
 
@@ -483,6 +492,7 @@ impl MetadataRecord {
                 }
             }
             MetadataRecord::SealRange { range_id } => w.u64(*range_id),
+            MetadataRecord::RetireRangeIds { below } => w.u64(*below),
             MetadataRecord::OpenSegment(s) => {
                 w.segment(&s.segment);
                 w.replicas(&s.replicas);
@@ -726,6 +736,9 @@ impl MetadataRecord {
             }
             SEAL_RANGE => MetadataRecord::SealRange {
                 range_id: r.u64("range_id")?,
+            },
+            RETIRE_RANGE_IDS => MetadataRecord::RetireRangeIds {
+                below: r.u64("below")?,
             },
             OPEN_SEGMENT => {
                 let segment = r.segment()?;
@@ -987,6 +1000,7 @@ impl MetadataRecord {
                 Ok(())
             }
             MetadataRecord::SealRange { range_id } => check_range_id("range_id", *range_id),
+            MetadataRecord::RetireRangeIds { below } => check_range_id("below", *below),
             MetadataRecord::OpenSegment(s) => {
                 check_range_id("segment range", s.segment.range)?;
                 check_replicas(&s.replicas)?;
@@ -1603,6 +1617,7 @@ pub(crate) mod tests {
                     })
                 }),
             (1u64..).prop_map(|range_id| MetadataRecord::SealRange { range_id }),
+            (1u64..).prop_map(|below| MetadataRecord::RetireRangeIds { below }),
             (
                 arb_segment(),
                 proptest::collection::btree_set(0i32.., 1..5),
@@ -2101,9 +2116,20 @@ pub(crate) mod tests {
         rejects(increase(0, 5));
         increase(9, MAX_PARTITIONS).validate().unwrap();
         assert_eq!(
-            MetadataRecord::decode(&[0, 25, 0, 0]),
-            Err(RecordDecodeError::UnknownType(25))
+            MetadataRecord::decode(&[0, 26, 0, 0]),
+            Err(RecordDecodeError::UnknownType(26))
         );
+    }
+
+    #[test]
+    fn retire_range_ids_codec() {
+        let rec = MetadataRecord::RetireRangeIds { below: 7 };
+        assert_eq!(record_type::RETIRE_RANGE_IDS, 25);
+        let bytes = rec.encode();
+        assert_eq!(bytes, [0u8, 25, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7]);
+        assert_eq!(MetadataRecord::decode(&bytes), Ok(rec));
+        rejects(MetadataRecord::RetireRangeIds { below: 0 });
+        assert!(MetadataRecord::decode(&[0, 25, 0, 0, 0, 0, 0, 0, 0, 0, 7]).is_err());
     }
 
     #[test]

@@ -61,7 +61,8 @@ impl MetadataImage {
             | R::RegisterBroker(_)
             | R::SetBrokerConfig { .. }
             | R::SetScramCredential(_)
-            | R::ClientQuota { .. } => None,
+            | R::ClientQuota { .. }
+            | R::RetireRangeIds { .. } => None,
             R::RemoveScramCredential { user, mechanism } => fail(
                 !self
                     .scram_credentials
@@ -87,6 +88,11 @@ impl MetadataImage {
                 };
                 if self.ranges.contains_key(&r.range_id) {
                     return Some("range id exists");
+                }
+                // Planned on an image from before a deletion: its id may
+                // be one a deleted range had.
+                if r.range_id < self.retired_range_ids_below {
+                    return Some("range id of a deleted range");
                 }
                 if r.hi > topic.partitions {
                     return Some("range beyond the topic's partitions");
@@ -308,6 +314,9 @@ impl MetadataImage {
                 );
             }
             R::DeleteTopic { topic_id } => self.delete_topic(*topic_id),
+            R::RetireRangeIds { below } => {
+                self.retired_range_ids_below = self.retired_range_ids_below.max(*below);
+            }
             R::SetTopicConfig {
                 topic_id,
                 key,
@@ -519,6 +528,9 @@ impl MetadataImage {
             .range((topic_id, RangeId::MIN)..=(topic_id, RangeId::MAX))
             .map(|(_, r)| *r)
             .collect();
+        if let Some(&last) = ranges.iter().max() {
+            self.retired_range_ids_below = self.retired_range_ids_below.max(last + 1);
+        }
         for r in ranges {
             self.topic_ranges.remove(&(topic_id, r));
             if let Some(gone) = self.ranges.remove(&r) {
@@ -1293,6 +1305,38 @@ mod tests {
         assert_eq!(img.all_ranges(tid(1)), vec![]);
         // The name is free again.
         assert!(last_applies(&with(v, topic(3, "t", 1))));
+    }
+
+    /// librdkafka's 0107_topic_recreate on 3 nodes: the topic with the
+    /// largest range ids deleted and created again under its name got the
+    /// same ids, and the followers, still holding the old ranges' state,
+    /// refused every frame of the new ones.
+    #[test]
+    fn a_deleted_topics_range_ids_are_never_handed_out_again() {
+        let v = vec![
+            topic(1, "t", 1),
+            topic(2, "u", 2),
+            range(1, 1, 0, 1, vec![]),
+            range(2, 2, 0, 1, vec![]),
+            range(3, 2, 1, 2, vec![]),
+            MetadataRecord::DeleteTopic { topic_id: tid(2) },
+        ];
+        let (img, applied) = replay(&v);
+        assert!(applied.iter().all(|a| *a));
+        assert_eq!(img.ranges.keys().copied().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(img.next_range_id(), 4);
+        // A creation planned before the deletion (ids 2 and 3) is refused.
+        let again = with(v.clone(), topic(3, "u", 1));
+        assert!(!last_applies(&with(again.clone(), range(2, 3, 0, 1, vec![]))));
+        assert!(last_applies(&with(again, range(4, 3, 0, 1, vec![]))));
+        // The mark survives a snapshot, where the deleted ranges are not.
+        let records = img.to_records();
+        assert!(records.contains(&MetadataRecord::RetireRangeIds { below: 4 }));
+        let (from_snapshot, _) = replay(&records);
+        assert_eq!(from_snapshot.next_range_id(), 4);
+        // It only ever rises.
+        let (lower, _) = replay(&with(records, MetadataRecord::RetireRangeIds { below: 2 }));
+        assert_eq!(lower.retired_range_ids_below, 4);
     }
 
     #[test]
