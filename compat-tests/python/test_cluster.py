@@ -345,6 +345,48 @@ def test_a_topic_auto_created_through_any_node_has_its_partition_count_at_once(c
     assert answers == [(KafkaError._UNKNOWN_PARTITION, 4)] * (2 * NODES), answers
 
 
+def test_a_fenced_producer_cannot_write_into_its_successors_transaction(cluster):
+    """Zombie fencing across brokers: p1 writes in a transaction, p2 with
+    the same transactional id calls InitProducerId (its coordinator aborts
+    p1's transaction under a bumped epoch), then p1 writes again. When the
+    coordinator and the partition's leader were different brokers, the
+    leader took the abort marker without raising the producer's epoch,
+    accepted p1's late batch, and p2's commit committed it:
+    read_committed saw ['from-p1-again', 'from-p2'] (5 of 6 runs of
+    test_transactions.py's fencing test under COMPAT_BROKER=cluster). One
+    topic led by each broker, so at least two of them are remote from the
+    coordinator."""
+    boot = ",".join(cluster["bootstrap"])
+    a = admin_client(boot)
+    txn_id = "fence-across-brokers"
+    for leader in (1, 2, 3):
+        topic = f"fenced-{leader}"
+        a.create_topics([NewTopic(topic, 1, replica_assignment=[[leader]])],
+                        request_timeout=30)[topic].result(30)
+        eventually(f"{topic} led by {leader}",
+                   lambda: a.list_topics(topic, timeout=10).topics[topic].partitions[0].leader
+                   == leader)
+        conf = {"bootstrap.servers": boot, "transactional.id": txn_id}
+        p1 = Producer(conf)
+        p1.init_transactions(30)
+        p1.begin_transaction()
+        p1.produce(topic, value=b"from-p1", partition=0)
+        assert p1.flush(30) == 0
+        p2 = Producer(conf)
+        p2.init_transactions(30)  # aborts p1's transaction, fences p1
+        with pytest.raises(KafkaException) as fenced:
+            p1.produce(topic, value=b"from-p1-again", partition=0)
+            p1.commit_transaction(30)
+        assert fenced.value.args[0].code() in (
+            KafkaError._FENCED, KafkaError.PRODUCER_FENCED, KafkaError.INVALID_PRODUCER_EPOCH,
+        ), fenced.value
+        p2.begin_transaction()
+        p2.produce(topic, value=b"from-p2", partition=0)
+        p2.commit_transaction(30)
+        read = read_back({"bootstrap.servers": boot}, topic, 1, **{"isolation.level": "read_committed"})
+        assert sorted(read.values()) == [b"from-p2"], (leader, read)
+
+
 @pytest.mark.cluster_overrides({"auto.create.topics.enable": "false"})
 def test_a_topic_deleted_and_created_again_replicates_from_its_first_record(cluster):
     """librdkafka's 0107_topic_recreate (its auto-create-off scenario) on 3

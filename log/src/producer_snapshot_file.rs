@@ -94,6 +94,23 @@ pub fn rows_of(producers: &ProducerStates, txns: &TxnState) -> Vec<SnapshotRow> 
     let mut rows = Vec::new();
     for id in ids {
         let entry = producers.get(id).expect("listed above");
+        if entry.batches.is_empty() {
+            // An epoch a transaction marker set, with no batch of it yet:
+            // Kafka's marker-only row.
+            rows.push(SnapshotRow {
+                facts: ProducerSnapshotEntryFacts {
+                    producer_id: id,
+                    producer_epoch: entry.epoch,
+                    last_sequence: -1,
+                    last_offset: -1,
+                    offset_delta: 0,
+                    coordinator_epoch: -1,
+                    current_txn_first_offset: -1,
+                },
+                timestamp: -1,
+            });
+            continue;
+        }
         let newest = entry.batches.len().saturating_sub(1);
         for (k, b) in entry.batches.iter().enumerate() {
             rows.push(SnapshotRow {
@@ -137,10 +154,20 @@ pub fn state_of(offset: i64, rows: &[SnapshotRow]) -> Option<PartitionProducerSt
             batches: VecDeque::new(),
         };
         let mut txn_first = None;
+        // Kafka's marker-only row (an epoch with no batch yet) stands alone.
+        if rows[i].facts.last_offset == -1 {
+            if !producer_snapshot_entry_valid(offset, rows[i].facts)
+                || rows.get(i + 1).is_some_and(|r| r.facts.producer_id == pid)
+            {
+                return None;
+            }
+            producers.insert(pid, entry);
+            i += 1;
+            continue;
+        }
         while i < rows.len() && rows[i].facts.producer_id == pid {
             let row = rows[i];
             let f = row.facts;
-            // Tessera never writes Kafka's marker-only sentinel row.
             if !producer_snapshot_entry_valid(offset, f)
                 || f.last_offset < 0
                 || f.producer_epoch != epoch
@@ -471,6 +498,8 @@ pub fn replay(state: &mut PartitionProducerState, segments: &[&[IndexEntry]], fr
                     e.producer_epoch,
                     crate::range_log::batch_metadata(e),
                 );
+            } else {
+                state.0.record_marker(e.producer_id, e.producer_epoch);
             }
             state
                 .1
@@ -838,6 +867,42 @@ mod tests {
         let mut sections = decode(&bytes).unwrap();
         sections[0].offset = 5;
         assert!(state_of(5, &sections[0].rows).is_none());
+    }
+
+    /// A coordinator fenced producer 2 by aborting its transaction under
+    /// epoch 4: the marker-only state (epoch 4, no batch) survives a
+    /// snapshot as Kafka's sentinel row, so a reload still refuses epoch 3.
+    #[test]
+    fn an_epoch_set_by_a_marker_round_trips_as_a_marker_only_row() {
+        let log = vec![
+            entry(0, 1, 1, 0, 0, 0),
+            entry(1, 1, 2, 3, 0, FLAG_TRANSACTIONAL),
+            entry(2, 1, 2, 4, -1, FLAG_CONTROL),
+        ];
+        let state = state_at(&log, 3);
+        let fenced = state.0.get(2).unwrap();
+        assert_eq!((fenced.epoch, fenced.batches.len()), (4, 0));
+        assert_eq!(state.1.ongoing().count(), 0);
+        let bytes = encoded(3, &state);
+        let loaded = load_bytes(&bytes).unwrap();
+        assert_eq!(loaded.0, state.0);
+        assert!(matches!(
+            loaded.0.check(2, 3, 1, 1),
+            Err(crate::producer_state::SequenceError::InvalidProducerEpoch { .. })
+        ));
+        // A marker-only row next to a batch row of the same producer is not
+        // a state Tessera writes: the section is corrupt.
+        let mut sections = decode(&bytes).unwrap();
+        let sentinel = sections[0]
+            .rows
+            .iter()
+            .position(|r| r.facts.producer_id == 2)
+            .unwrap();
+        let mut batch_row = sections[0].rows[0];
+        batch_row.facts.producer_id = 2;
+        batch_row.facts.producer_epoch = 4;
+        sections[0].rows.insert(sentinel + 1, batch_row);
+        assert!(state_of(3, &sections[0].rows).is_none());
     }
 
     #[test]

@@ -153,6 +153,30 @@ impl ProducerStates {
         }
     }
 
+    /// Records a transaction marker (control batch) of `producer_id`, as
+    /// Kafka's `appendEndTxnMarker` does: the marker's epoch becomes the
+    /// producer's, and a new epoch starts with no batches (its first batch
+    /// is sequence 0). A coordinator fences a producer by aborting its
+    /// transaction under a bumped epoch; from then on this partition
+    /// refuses the old epoch's batches. Without it, a fenced producer's
+    /// write after its successor's InitProducerId joined the successor's
+    /// transaction here and was committed with it (3 nodes, the
+    /// coordinator on another broker than the partition's leader). A
+    /// marker never lowers the epoch.
+    pub fn record_marker(&mut self, producer_id: i64, epoch: i16) {
+        let entry = self
+            .map_mut()
+            .entry(producer_id)
+            .or_insert_with(|| ProducerEntry {
+                epoch,
+                batches: VecDeque::new(),
+            });
+        if epoch > entry.epoch {
+            entry.epoch = epoch;
+            entry.batches.clear();
+        }
+    }
+
     /// Records an appended (or replayed) batch.
     pub fn record(&mut self, producer_id: i64, epoch: i16, batch: BatchMetadata) {
         let entry = self.map_mut().entry(producer_id).or_default();
@@ -233,6 +257,36 @@ mod tests {
         ));
         s.record(1, 4, meta(0, 3, 10));
         assert_eq!(s.get(1).unwrap().batches.len(), 1);
+    }
+
+    /// The coordinator fences a producer by aborting its transaction under
+    /// a bumped epoch: the marker's epoch is the producer's from then on.
+    #[test]
+    fn a_marker_under_a_bumped_epoch_fences_the_old_epoch() {
+        let mut s = ProducerStates::default();
+        s.record(1, 0, meta(0, 0, 0));
+        s.record_marker(1, 1);
+        assert_eq!(
+            s.check(1, 0, 1, 1),
+            Err(SequenceError::InvalidProducerEpoch { got: 0, current: 1 })
+        );
+        // The new epoch starts at sequence 0, with its own batches only.
+        assert_eq!(s.check(1, 2, 0, 0), Ok(Verdict::Append));
+        assert_eq!(s.get(1).unwrap().batches.len(), 0);
+        // A marker of the same epoch (a commit by the producer itself)
+        // keeps its sequences; an older one lowers nothing.
+        s.record(1, 1, meta(0, 4, 5));
+        s.record_marker(1, 1);
+        s.record_marker(1, 0);
+        assert_eq!(s.get(1).unwrap().epoch, 1);
+        assert_eq!(s.check(1, 1, 5, 5), Ok(Verdict::Append));
+        // A producer this partition never saw a batch of (it added the
+        // partition, then was fenced) is fenced too.
+        s.record_marker(9, 3);
+        assert!(matches!(
+            s.check(9, 2, 0, 0),
+            Err(SequenceError::InvalidProducerEpoch { .. })
+        ));
     }
 
     #[test]

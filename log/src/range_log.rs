@@ -726,6 +726,8 @@ impl RangeLog {
                 header.producer_epoch,
                 batch_metadata(&entry),
             );
+        } else if header.is_control() && header.producer_id >= 0 {
+            inner.producers[pi].record_marker(header.producer_id, header.producer_epoch);
         }
         inner.txns[pi].on_batch(header.producer_id, base_offset, last_offset, flags);
         let end_position = inner.written_position();

@@ -1327,7 +1327,10 @@ mod tests {
         assert_eq!(img.next_range_id(), 4);
         // A creation planned before the deletion (ids 2 and 3) is refused.
         let again = with(v.clone(), topic(3, "u", 1));
-        assert!(!last_applies(&with(again.clone(), range(2, 3, 0, 1, vec![]))));
+        assert!(!last_applies(&with(
+            again.clone(),
+            range(2, 3, 0, 1, vec![])
+        )));
         assert!(last_applies(&with(again, range(4, 3, 0, 1, vec![]))));
         // The mark survives a snapshot, where the deleted ranges are not.
         let records = img.to_records();
