@@ -11,6 +11,7 @@
 #   SKIP_RUST=1           skip fmt/clippy/build/test (compat tests only; the
 #                         release binary must already exist)
 #   PYTEST_ARGS="..."     extra pytest args (e.g. "-k admin -x")
+#   COMPAT_CLUSTER=0      skip the compat files run again on a 3-node cluster
 #   TESSERA_BIN=path      binary for the compat tests (default target/release/tessera)
 #   FAULTS_CI=0|1         the fault-harness stage (scripts/faults.sh, about 7
 #                         minutes in all; default FAULTS_CI_DEFAULT below)
@@ -156,6 +157,27 @@ skips=$(awk -F'[][]' '/^SKIPPED \[/ { n += $2 } END { print n + 0 }' "$PYTEST_LO
 if [ "${skips:-0}" -gt 0 ]; then
     reasons=$(grep '^SKIPPED \[' "$PYTEST_LOG" | sed 's/^SKIPPED \[[0-9]*\] [^:]*:[0-9]*: //' | sort | uniq -c | sed 's/^ *//' | paste -sd ';' -)
     skipped_summary="; $skips compat test(s) skipped: $reasons"
+fi
+
+# ---- the same real-client tests on a 3-node cluster ---------------------------
+# Issue 24: the compat suite on `tessera cluster --nodes 3` as well as on one
+# node (COMPAT_BROKER=cluster: the clients bootstrap from all three nodes),
+# the files whose tests are about client behaviour (about 5 minutes);
+# tests that read one broker's own state skip there (Broker.single_node).
+CLUSTER_COMPAT_FILES="test_client_roundtrip.py test_compression.py test_transactions.py
+    test_groups.py test_groups_kip848.py test_other_clients.py test_kcat.py
+    test_consumer_positions.py test_commit_order.py test_ordering.py test_admin.py
+    test_defaults.py test_kafka_tools.py"
+run_cluster_pytest() {
+    # shellcheck disable=SC2086
+    COMPAT_BROKER=cluster "$VENV/bin/python" -m pytest -v -rs --durations=10 ${PYTEST_ARGS:-} \
+        $CLUSTER_COMPAT_FILES 2>&1 | tee "$PYTEST_LOG.cluster"
+}
+if [ "${COMPAT_CLUSTER:-1}" = "1" ]; then
+    crc=0
+    run_stage "compat tests on a cluster" "compat tests on tessera cluster --nodes 3 (COMPAT_BROKER=cluster)" \
+        run_cluster_pytest || crc=$?
+    [ $rc -ne 0 ] || rc=$crc
 fi
 
 # ---- fault harness (docs/RELIABILITY.md) -------------------------------------

@@ -1,5 +1,5 @@
 // kafkajs's admin, producer and consumer against a tessera broker:
-//   node admin_roundtrip.js HOST:PORT TOPIC
+//   node admin_roundtrip.js HOST:PORT[,HOST:PORT...] TOPIC
 // Exits 0 when every call succeeded and every check held (issue 8: kafkajs's
 // admin used to stop at the first call).
 const assert = require('assert');
@@ -9,7 +9,7 @@ const [bootstrap, topic] = process.argv.slice(2);
 const group = `${topic}-group`;
 
 (async () => {
-  const kafka = new Kafka({ clientId: 'compat', brokers: [bootstrap], logLevel: logLevel.ERROR });
+  const kafka = new Kafka({ clientId: 'compat', brokers: bootstrap.split(','), logLevel: logLevel.ERROR });
   const admin = kafka.admin();
   await admin.connect();
   assert.strictEqual(await admin.createTopics({ topics: [{ topic, numPartitions: 2 }] }), true);

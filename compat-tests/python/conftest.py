@@ -189,7 +189,7 @@ class Broker:
         cmd = self.command()
         env = dict(os.environ)
         env.update(self.env)
-        env.setdefault("RUST_LOG", "info" if self.kind == "tessera" else "warn")
+        env.setdefault("RUST_LOG", "info" if self.persistent else "warn")
         self.starts += 1
         with open(self.log_path, "ab") as log:
             log.write(

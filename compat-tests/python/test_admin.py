@@ -64,9 +64,14 @@ def test_create_topic_invalid_config_value_is_invalid_config(broker):
     assert_error(err, KafkaError.INVALID_CONFIG)
 
 
+def above_broker_count(broker) -> int:
+    """A replication factor one above the brokers this test runs against."""
+    return len(broker.bootstrap.split(",")) + 1
+
+
 def test_replication_factor_above_broker_count(broker):
     topic = unique_topic("rf3")
-    err = create_error(broker, NewTopic(topic, 1, 3))
+    err = create_error(broker, NewTopic(topic, 1, above_broker_count(broker)))
     assert_error(err, KafkaError.INVALID_REPLICATION_FACTOR)
     assert topic not in topic_names(admin(broker))
 
@@ -89,7 +94,7 @@ def test_validate_only_creates_nothing(broker):
     time.sleep(1)
     assert topic not in topic_names(admin(broker))
     # and validation still reports errors
-    err = create_error(broker, NewTopic(topic, 1, 3), validate_only=True)
+    err = create_error(broker, NewTopic(topic, 1, above_broker_count(broker)), validate_only=True)
     assert_error(err, KafkaError.INVALID_REPLICATION_FACTOR)
     # the name is still free
     create_topic(broker, topic, 1)
