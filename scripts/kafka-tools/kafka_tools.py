@@ -65,6 +65,20 @@ def wait_all(futures):
     return failed
 
 
+def topic_outcome(future, tolerated):
+    """'done', 'tolerated' (the error `--if-exists` / `--if-not-exists`
+    accepts) or 'failed' (printed as Kafka's tool prints it)."""
+    try:
+        future.result(timeout=TIMEOUT_S)
+        return "done"
+    except KafkaException as e:
+        err = e.args[0]
+        if tolerated and err.name() == tolerated:
+            return "tolerated"
+        print(f"Error while executing topic command : {err.str()}", file=sys.stderr)
+        return "failed"
+
+
 def topics(argv):
     p = argparse.ArgumentParser(prog="kafka-topics.sh")
     p.add_argument("--bootstrap-server", required=True)
@@ -96,27 +110,14 @@ def topics(argv):
             config=configs_of(args.config),
         )
         futures = client.create_topics([topic], request_timeout=TIMEOUT_S)
-        try:
-            futures[args.topic].result(timeout=TIMEOUT_S)
-        except KafkaException as e:
-            err = e.args[0]
-            if args.if_not_exists and err.name() == "TOPIC_ALREADY_EXISTS":
-                return 0
-            print(f"Error while executing topic command : {err.str()}", file=sys.stderr)
-            return 1
-        print(f"Created topic {args.topic}.")
-        return 0
+        outcome = topic_outcome(futures[args.topic], args.if_not_exists and "TOPIC_ALREADY_EXISTS")
+        if outcome == "done":
+            print(f"Created topic {args.topic}.")
+        return 1 if outcome == "failed" else 0
     if args.delete:
         futures = client.delete_topics([args.topic], request_timeout=TIMEOUT_S)
-        try:
-            futures[args.topic].result(timeout=TIMEOUT_S)
-        except KafkaException as e:
-            err = e.args[0]
-            if args.if_exists and err.name() == "UNKNOWN_TOPIC_OR_PART":
-                return 0
-            print(f"Error while executing topic command : {err.str()}", file=sys.stderr)
-            return 1
-        return 0
+        outcome = topic_outcome(futures[args.topic], args.if_exists and "UNKNOWN_TOPIC_OR_PART")
+        return 1 if outcome == "failed" else 0
     if args.alter:
         if args.partitions is None:
             p.error("--alter needs --partitions")
