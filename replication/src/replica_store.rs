@@ -299,4 +299,18 @@ impl ReplicaStore {
     pub fn close_range(&self, range: u64) {
         self.copies.lock().retain(|k, _| k.range != range);
     }
+
+    /// Closes the copies of every range `keep` refuses: ranges gone from
+    /// the image, a deleted topic's, whose files went with its directory.
+    /// Left open, such a copy held its deleted file and, while range ids
+    /// could be handed out again, was the copy a new range of the same id
+    /// was given (its followers refused every frame).
+    pub fn close_ranges_except(&self, keep: impl Fn(u64) -> bool) {
+        self.copies.lock().retain(|k, _| keep(k.range));
+    }
+
+    /// How many copies are open.
+    pub fn open_copies(&self) -> usize {
+        self.copies.lock().len()
+    }
 }

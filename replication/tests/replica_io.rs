@@ -1370,3 +1370,35 @@ async fn a_follower_kept_across_a_set_change_stays_in_sync() {
     t2.abort();
     t3.abort();
 }
+
+/// A deleted topic's follower copies are closed with it: a copy left open
+/// was, while range ids could be reused, the copy a new range of the same
+/// id was given (a different directory, a different history).
+#[tokio::test]
+async fn copies_of_ranges_gone_from_the_image_are_closed() {
+    let (old, new) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let store = ReplicaStore::default();
+    let gone = store
+        .copy(SegmentKey { range: 4, seq: 0 }, old.path())
+        .unwrap();
+    let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let log = primary_log(a.path());
+    let mut batch = make_batch(2, 100);
+    log.append(0, &mut batch, None).unwrap();
+    let frames = log.frames(0, 0, 1 << 20).unwrap().unwrap().bytes;
+    gone.lock().append(0, &frames).unwrap();
+    store
+        .copy(SegmentKey { range: 5, seq: 0 }, b.path())
+        .unwrap();
+    assert_eq!(store.open_copies(), 2);
+    store.close_ranges_except(|range| range == 5);
+    assert_eq!(store.open_copies(), 1);
+    // Range 4 asked for again (under another directory) starts empty.
+    let fresh = store
+        .copy(SegmentKey { range: 4, seq: 0 }, new.path())
+        .unwrap();
+    assert_eq!(
+        fresh.lock().append(0, &frames).unwrap(),
+        tessera_replication::Offer::Accept
+    );
+}

@@ -156,6 +156,9 @@ impl Broker {
                 log.delete()?;
             }
         }
+        self.replicas
+            .store
+            .close_ranges_except(|range| image.ranges.contains_key(&range));
         // Topic directories no longer in the image (deleted while we were down).
         if let Ok(entries) = std::fs::read_dir(self.topics_dir()) {
             for entry in entries.flatten() {

@@ -17,12 +17,26 @@ const TOPIC: &str = "replicated";
 
 /// A loopback port free at the time of asking (the controller listens on
 /// the port `controller.quorum.voters` names, so it is chosen up front).
+/// A free port for a node's controller listener, bound later by the node.
+/// Taken below the kernel's ephemeral range (32768 and up), which every
+/// listener on port 0 of the tests running beside this one draws from: a
+/// port from there was once handed to another test's listener between
+/// this check and the node's bind ("Address already in use", CI). Each
+/// port is handed out once per process.
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    const LOW: u32 = 20_000;
+    const SPAN: u32 = 12_000;
+    let start = std::process::id().wrapping_mul(7919) % SPAN;
+    loop {
+        let k = NEXT.fetch_add(1, Ordering::Relaxed);
+        assert!(k < SPAN, "no free port below the ephemeral range");
+        let port = (LOW + (start + k) % SPAN) as u16;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Starts `n` controller+broker nodes, timed as the compat tests' clusters
