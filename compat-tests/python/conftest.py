@@ -91,7 +91,9 @@ class Broker:
     ):
         self.kind = kind
         self.workdir = workdir
-        self.data_dir = workdir / "data"
+        # A cluster's nodes live under `cluster/`, where test_cluster's
+        # node_pid finds them.
+        self.data_dir = workdir / ("cluster" if kind == "cluster" else "data")
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.log_path = workdir / f"{kind}.log"
         self.host = "127.0.0.1"
@@ -271,17 +273,13 @@ class Broker:
     def kill_nodes(self):
         """SIGKILL to a cluster's node processes (the `tessera cluster`
         parent does not outlive a SIGKILL to pass it on)."""
-        marker = str(self.data_dir / "node-").encode()
-        for pid in os.listdir("/proc"):
-            if not pid.isdigit():
-                continue
-            try:
-                cmd = (Path("/proc") / pid / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if marker in cmd and b"--node-id" in cmd:
+        from test_cluster import node_pid
+
+        for node in range(1, CLUSTER_NODES + 1):
+            pid = node_pid(self.workdir, node)
+            if pid:
                 try:
-                    os.kill(int(pid), signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
                 except ProcessLookupError:
                     pass
 
